@@ -1,0 +1,78 @@
+"""Load a candidate kernel file (CONTRACTS section 1) from a real `.py` file on disk.
+
+Never `exec` a string: `@triton.jit` reads its own source with `inspect`, so the module must come
+from a file that stays on disk for as long as the kernel may be re-specialized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+
+class CandidateError(ValueError):
+    """The candidate file cannot be read or does not follow the contract."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    op: str
+    adapter: list[dict[str, str]]
+    entry: Callable[..., Any]
+    module: ModuleType
+    digest: str
+
+
+def read_source(path: str | Path) -> str:
+    path = Path(path)
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CandidateError(f"cannot read candidate file {path}: {exc}") from exc
+
+
+def source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def validate_adapter(adapter: Any) -> list[dict[str, str]]:
+    if not isinstance(adapter, list) or not all(
+        isinstance(b, dict) and set(b) == {"kernel_param", "module_attr"}
+        and all(isinstance(v, str) and v.isidentifier() for v in b.values())
+        for b in adapter
+    ):
+        raise CandidateError("ADAPTER must be a list of {'kernel_param': str, 'module_attr': str} entries")
+    return [dict(b) for b in adapter]
+
+
+def load_candidate(path: str | Path) -> Candidate:
+    """Import the file as a uniquely named module and check OP, ADAPTER and entry exist."""
+    path = Path(path).resolve()
+    source = read_source(path)
+    digest = source_digest(source)
+    module_name = f"gpuyantra_candidate_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise CandidateError(f"cannot import candidate file {path}")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before exec so triton's inspect-based source lookup resolves while decorators run.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise CandidateError(f"importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
+    op = getattr(module, "OP", None)
+    entry = getattr(module, "entry", None)
+    if not isinstance(op, str):
+        raise CandidateError(f"{path.name} defines no string OP")
+    if not callable(entry):
+        raise CandidateError(f"{path.name} defines no callable entry")
+    adapter = validate_adapter(getattr(module, "ADAPTER", None))
+    return Candidate(path=path, op=op, adapter=adapter, entry=entry, module=module, digest=digest)

@@ -1,0 +1,1 @@
+"""Subcommands of the `gpuyantra` CLI, one module each."""

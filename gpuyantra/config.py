@@ -1,0 +1,39 @@
+"""Settings read from the environment, in one place, with the defaults of a single machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CONTROL_TASK_QUEUE = "gpuyantra-control"
+GPU_TASK_QUEUE = "gpuyantra-gpu"
+CPU_TASK_QUEUE = "gpuyantra-cpu"
+
+
+def state_dir() -> Path:
+    """Folder for everything gpuyantra persists: Temporal SQLite, Qdrant folder, candidates, manifests."""
+    path = Path(os.environ.get("GPUYANTRA_STATE_DIR", ".state")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def temporal_address() -> str:
+    return os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
+
+
+def admin_token() -> str | None:
+    return os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
+
+
+def qdrant_url() -> str | None:
+    return os.environ.get("GPUYANTRA_QDRANT_URL") or None
+
+
+def qdrant_path() -> Path:
+    return Path(os.environ.get("GPUYANTRA_QDRANT_PATH", str(state_dir() / "qdrant"))).resolve()
+
+
+def candidates_dir() -> Path:
+    path = state_dir() / "candidates"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,135 @@
+"""What an op family is: reference semantics, entry signature, module binding and a roofline model.
+
+One file per family (`gpuyantra/ops/<family>.py`) builds an `OpFamily` and registers it. The
+verifier, the swap engine, the profiler and the authors only ever talk to families through this
+interface, so adding a family touches one file (plus its template kernel and its tests).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One keyword parameter of `entry`, filled from an attribute of the replaced module."""
+
+    name: str
+    # Attribute names that hold this parameter on known module classes, in preference order.
+    attr_aliases: tuple[str, ...]
+    kind: str = "tensor"  # "tensor" | "float"
+
+
+@dataclass(frozen=True)
+class OpFamily:
+    name: str
+    activations: tuple[str, ...]
+    params: tuple[ParamSpec, ...]
+    default_module: str
+    # reference(*activations, **params) -> output, the exact math of the transformers module.
+    reference: Callable[..., Tensor]
+    # make_activations(rows_shape, hidden, dtype, device, generator, scale) -> activations tuple.
+    make_activations: Callable[..., tuple[Tensor, ...]]
+    # module_call(module, *activations) -> output of the original module on those activations.
+    module_call: Callable[..., Tensor]
+    # replacement_forward(module, entry, adapter) -> function(*forward_args) to bind as `forward`.
+    replacement_forward: Callable[..., Callable[..., Any]]
+    # module_activations(module, rows_shape, dtype, device, generator) -> activations for module_call.
+    module_activations: Callable[..., tuple[Tensor, ...]] | None = None
+    # bytes_moved(shape, dtype) / flops(shape) where shape is the first activation's shape.
+    bytes_moved: Callable[[Sequence[int], torch.dtype], int] = lambda shape, dtype: 0
+    flops: Callable[[Sequence[int]], int] = lambda shape: 0
+    # Module classes (dotted) known to compute this family; matching still checks numerically.
+    known_modules: tuple[str, ...] = ()
+    # Hidden size attribute lookups to size probe inputs for a module instance.
+    hidden_of: Callable[[torch.nn.Module], int] | None = None
+    tolerances: dict[torch.dtype, tuple[float, float]] = field(
+        default_factory=lambda: {
+            torch.float32: (1e-4, 1e-4),
+            torch.float16: (2e-3, 2e-3),
+            torch.bfloat16: (1.6e-2, 1.6e-2),
+            torch.float64: (1e-9, 1e-9),
+        }
+    )
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        """(atol, rtol) for outputs of `dtype`, measured against a float64 reference."""
+        return self.tolerances.get(dtype, (1e-2, 1e-2))
+
+    def default_adapter(self, module: torch.nn.Module | type) -> list[dict[str, str]]:
+        """ADAPTER bindings for a module (instance or class) using the first alias it has."""
+        bindings: list[dict[str, str]] = []
+        for spec in self.params:
+            attr = _first_attr(module, spec.attr_aliases)
+            if attr is None:
+                raise LookupError(
+                    f"{_class_name(module)} has none of {list(spec.attr_aliases)} for parameter {spec.name!r}"
+                )
+            bindings.append({"kernel_param": spec.name, "module_attr": attr})
+        return bindings
+
+    def hidden_size(self, module: torch.nn.Module) -> int:
+        if self.hidden_of is not None:
+            return self.hidden_of(module)
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() >= 1:
+            return int(weight.shape[-1])
+        raise LookupError(f"cannot tell the hidden size of {type(module).__name__}")
+
+    def activations_for_module(
+        self, module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device: torch.device | str,
+        generator: torch.Generator, scale: float = 1.0,
+    ) -> tuple[Tensor, ...]:
+        if self.module_activations is not None:
+            return self.module_activations(module, rows, dtype, device, generator)
+        return self.make_activations(tuple(rows), self.hidden_size(module), dtype, device, generator, scale)
+
+
+def adapter_kwargs(module: torch.nn.Module, adapter: Sequence[dict[str, str]]) -> dict[str, Any]:
+    """Read the live values each ADAPTER binding names (read at call time: weights may change)."""
+    return {b["kernel_param"]: getattr(module, b["module_attr"]) for b in adapter}
+
+
+def import_class(dotted: str) -> type:
+    module_name, _, class_name = dotted.rpartition(".")
+    if not module_name:
+        raise ValueError(f"{dotted!r} is not a dotted class path like package.module.Class")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import module class {dotted!r}: {exc}") from exc
+
+
+def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str, generator: torch.Generator,
+          scale: float = 1.0) -> Tensor:
+    """Random normal values drawn on the CPU generator (reproducible across devices), then moved."""
+    values = torch.randn(tuple(shape), generator=generator, dtype=torch.float32) * scale
+    return values.to(device=device, dtype=dtype)
+
+
+def _first_attr(module: torch.nn.Module | type, aliases: Sequence[str]) -> str | None:
+    for alias in aliases:
+        if isinstance(module, type):
+            if alias in _class_attribute_names(module):
+                return alias
+        elif hasattr(module, alias):
+            return alias
+    return None
+
+
+def _class_attribute_names(cls: type) -> set[str]:
+    """Attributes an instance of `cls` will have, found on a meta-device instance when possible."""
+    from gpuyantra.ops.meta import meta_instance
+
+    instance = meta_instance(cls)
+    return set(dir(instance)) if instance is not None else set(dir(cls))
+
+
+def _class_name(module: torch.nn.Module | type) -> str:
+    return module.__name__ if isinstance(module, type) else type(module).__name__
