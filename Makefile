@@ -1,0 +1,30 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   creates .venv, installs gpuyantra, runs `gpuyantra demo` on the embedded defaults
+#   make test   creates .venv, installs gpuyantra with its test extras, runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gpuyantra demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# Unit tests only (no Temporal server, no serving processes).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
+
+clean:
+	rm -rf $(VENV) .state

@@ -1,0 +1,1 @@
+"""Temporal activities: thin adapters from workflow inputs to the `gpuyantra` core."""

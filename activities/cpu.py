@@ -1,0 +1,79 @@
+"""CPU task queue: the author (template or LLM) and the skill library."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from temporalio import activity
+
+from workflows.types import LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, WriteInput, WriteResult
+
+
+@activity.defn(name="retrieve_skills")
+def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
+    from gpuyantra.skills import Fingerprint, SkillStore, ucb1_choose
+
+    fingerprint = Fingerprint.from_target(request.target, request.hardware)
+    with SkillStore() as store:
+        skills = store.retrieve(fingerprint, request.target["op"], request.hardware)
+    chosen = ucb1_choose(skills)
+    return RetrieveResult(
+        candidates=[{"id": s.id, "op": s.op, "hardware": s.hardware, "reward": s.reward, "pulls": s.pulls}
+                    for s in skills],
+        seed=None if chosen is None else {"id": chosen.id, "op": chosen.op, "source": chosen.source,
+                                          "strategy": chosen.strategy},
+    )
+
+
+@activity.defn(name="record_outcome")
+def record_outcome(request: OutcomeInput) -> None:
+    from gpuyantra.skills import SkillStore
+
+    with SkillStore() as store:
+        store.record_outcome(request.skill_id, request.reward)
+
+
+@activity.defn(name="write_candidate")
+def write_candidate(request: WriteInput) -> WriteResult:
+    from gpuyantra.authors import Attempt, WriteRequest, get_author
+
+    target = request.target
+    seed = request.seed or {}
+    # A seed from another family (transfer) contributes its strategy, not its source.
+    same_family = seed.get("op") == target["op"]
+    written = get_author().write(WriteRequest(
+        op=target["op"], module_class=target["module_class"], adapter=target["adapter"],
+        shapes=target.get("shapes", []), dtype=target.get("dtype", "float32"), hardware=request.hardware,
+        seed_source=seed.get("source") if same_family else None, seed_strategy=seed.get("strategy"),
+        history=[Attempt(**attempt) for attempt in request.history], iteration=request.iteration,
+    ))
+    return WriteResult(source=written.source, strategy=written.strategy, author=written.author, notes=written.notes)
+
+
+@activity.defn(name="learn_skill")
+def learn_skill(request: LearnInput) -> str:
+    import torch
+    import triton
+
+    from gpuyantra.skills import Fingerprint, Skill, SkillStore
+
+    verdict, target = request.verdict, request.target
+    fingerprint = Fingerprint.from_target(target, request.hardware)
+    skill = Skill.create(
+        op=target["op"], hardware=request.hardware, source=request.source, adapter=target["adapter"],
+        strategy=request.strategy, reward=float(verdict["reward"]),
+        speedup_vs_eager=verdict.get("speedup_vs_eager"), speedup_vs_compile=verdict.get("speedup_vs_compile"),
+        shapes=verdict.get("shapes") or target.get("shapes", []), dtypes=verdict.get("dtypes") or [],
+        fingerprint=fingerprint,
+        provenance={"campaign": request.campaign_id, "iteration": request.iteration, "author": request.author,
+                    "module_class": target["module_class"]},
+        versions={"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
+    )
+    with SkillStore() as store:
+        return store.upsert(skill)
+
+
+ACTIVITIES = [retrieve_skills, record_outcome, write_candidate, learn_skill]
+
+

@@ -1,0 +1,72 @@
+"""`gpuyantra demo`: `up`, a served small model, and one campaign against it, on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import time
+
+from gpuyantra.commands.up import add_stack_arguments, start_stack, stop_all
+from gpuyantra.processes import exit_on_sigterm, StartupError, free_port, start_server
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="up + a served small model + one campaign against it",
+                                   description="Start Temporal, the workers and a served small model (random "
+                                               "weights), run one campaign and print its result.")
+    add_stack_arguments(parser)
+    parser.add_argument("--model", default="tiny-qwen2", help="preset or local model folder (default tiny-qwen2)")
+    parser.add_argument("--ops", default="rms_norm", help="op families to optimize (default rms_norm)")
+    parser.add_argument("--port", type=int, default=None, help="serving port (default: a free port)")
+    parser.add_argument("--keep", action="store_true", help="keep everything running after the campaign")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuyantra.campaign_client import start_campaign
+    from gpuyantra.triton_env import cuda_available
+    from workflows.types import CampaignInput
+
+    os.environ.setdefault("GPUYANTRA_ADMIN_TOKEN", secrets.token_urlsafe(16))
+    device = "cuda" if cuda_available() else "cpu"
+    exit_on_sigterm()
+    try:
+        processes = start_stack(args)
+    except StartupError as exc:
+        print(f"gpuyantra demo: {exc}")
+        return 1
+    temporal = processes[0]
+    try:
+        server = start_server(args.model, temporal.log_path.parent.parent, args.port or free_port(),
+                              os.environ["GPUYANTRA_ADMIN_TOKEN"], device=device)
+        processes.append(server)
+        # Speed is judged only on a GPU; on CPU a correct kernel (+1) is the best there is.
+        params = CampaignInput(server_url=server.info["url"], ops=args.ops.split(","),
+                               min_reward=3 if device == "cuda" else 1)
+        print(f"gpuyantra demo: serving {args.model} at {server.info['url']} on {device}; "
+              f"campaign for {params.ops} (min_reward {params.min_reward}) ...", flush=True)
+        started = time.monotonic()
+        result = asyncio.run(start_campaign(temporal.info["address"], params, wait=True))
+        print(json.dumps(result, indent=2))
+        print(f"\nCampaign {result['workflow_id']} finished in {time.monotonic() - started:.0f}s.\n"
+              f"  Web UI:        {temporal.info['ui']}/namespaces/default/workflows/{result['workflow_id']}\n"
+              f"  Temporal CLI:  temporal workflow show --address {temporal.info['address']} "
+              f"-w {result['workflow_id']}\n"
+              f"  Kernels:       curl -H 'Authorization: Bearer $GPUYANTRA_ADMIN_TOKEN' "
+              f"{server.info['url']}/admin/kernels\n"
+              f"  Logs:          {temporal.log_path.parent}", flush=True)
+        if args.keep:
+            print("Running until Ctrl-C.", flush=True)
+            while all(p.process.poll() is None for p in processes):
+                time.sleep(1)
+        return 0 if result["deployed"] else 1
+    except StartupError as exc:
+        print(f"gpuyantra demo: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_all(processes)

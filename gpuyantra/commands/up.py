@@ -1,0 +1,70 @@
+"""`gpuyantra up`: a Temporal dev server persisted in the state folder plus `worker all`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from gpuyantra import config
+from gpuyantra.processes import exit_on_sigterm, Managed, StartupError, start_temporal, start_worker
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default=None, help="state folder (default: $GPUYANTRA_STATE_DIR or .state)")
+    parser.add_argument("--temporal-port", type=int, default=7233, help="Temporal gRPC port (default 7233)")
+    parser.add_argument("--ui-port", type=int, default=None, help="Web UI port (default gRPC port + 1000)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("up", help="start a Temporal dev server and all workers on this machine",
+                                   description="Start `temporal server start-dev` (SQLite in the state folder) "
+                                               "and `gpuyantra worker all`; stop both on Ctrl-C.")
+    add_stack_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def state_folder(args: argparse.Namespace) -> Path:
+    if args.state_dir:
+        import os
+
+        os.environ["GPUYANTRA_STATE_DIR"] = args.state_dir
+    return config.state_dir()
+
+
+def start_stack(args: argparse.Namespace) -> list[Managed]:
+    state = state_folder(args)
+    temporal = start_temporal(state, port=args.temporal_port, ui_port=args.ui_port)
+    try:
+        worker = start_worker("all", temporal.info["address"], state)
+    except StartupError:
+        temporal.stop()
+        raise
+    return [temporal, worker]
+
+
+def stop_all(processes: list[Managed]) -> None:
+    for managed in reversed(processes):
+        managed.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    exit_on_sigterm()
+    try:
+        processes = start_stack(args)
+    except StartupError as exc:
+        print(f"gpuyantra up: {exc}")
+        return 1
+    temporal = processes[0]
+    print(f"Temporal at {temporal.info['address']}; Web UI {temporal.info['ui']}; logs in "
+          f"{temporal.log_path.parent}. Ctrl-C stops everything.", flush=True)
+    try:
+        while all(p.process.poll() is None for p in processes):
+            time.sleep(1)
+        dead = [p for p in processes if p.process.poll() is not None]
+        print(f"gpuyantra up: {dead[0].name} exited:\n{dead[0].log_tail()}")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_all(processes)

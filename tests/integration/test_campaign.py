@@ -1,0 +1,106 @@
+"""The whole loop on real parts: Temporal dev server binary, separate GPU/CPU worker processes,
+a uvicorn serving process, a Qdrant folder and real Triton kernels (in the interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+
+from gpuyantra.config import CONTROL_TASK_QUEUE
+from gpuyantra.processes import Managed, free_port, start_server, temporal_binary
+from workflows.types import CampaignInput
+
+PROMPT = "The quick brown fox"
+
+
+def logits(url: str, headers: dict[str, str]) -> list[float]:
+    response = httpx.post(f"{url}/admin/logits", json={"prompt": PROMPT}, headers=headers, timeout=120)
+    response.raise_for_status()
+    return response.json()["logits"]
+
+
+def completion(url: str) -> str:
+    response = httpx.post(f"{url}/v1/completions",
+                          json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0}, timeout=120)
+    response.raise_for_status()
+    return response.json()["choices"][0]["text"]
+
+
+def max_abs_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def rms_norm_module_count(url: str, headers: dict[str, str]) -> int:
+    profile = httpx.post(f"{url}/admin/profile", json={}, headers=headers, timeout=300).json()
+    return sum(t["modules"] for t in profile["targets"] if t["op"] == "rms_norm")
+
+
+async def run_campaign(temporal: Managed, params: CampaignInput) -> dict:
+    client = await Client.connect(temporal.info["address"])
+    return await client.execute_workflow("OptimizeCampaign", params, id=f"test-{uuid.uuid4().hex[:8]}",
+                                         task_queue=CONTROL_TASK_QUEUE)
+
+
+async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, workers, served_model, admin_headers):
+    url = served_model.info["url"]
+    before_logits = logits(url, admin_headers)
+    expected_modules = rms_norm_module_count(url, admin_headers)
+    assert expected_modules >= 3
+
+    result = await run_campaign(temporal, CampaignInput(server_url=url, ops=["rms_norm"], min_reward=1,
+                                                        max_iterations=3))
+
+    assert [d["op"] for d in result["deployed"]] == ["rms_norm"], result
+    deployed = result["deployed"][0]
+    assert deployed["reward"] == 1 and deployed["modules"] == expected_modules and deployed["skill_id"]
+    kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
+    active = [k for k in kernels["active"] if k["op"] == "rms_norm"]
+    assert len(active) == 1 and active[0]["modules"] == expected_modules
+    assert completion(url)  # still answers
+    after_logits = logits(url, admin_headers)
+    assert max_abs_diff(before_logits, after_logits) < 1e-3
+
+    rolled = httpx.post(f"{url}/admin/rollback", json={"all": True}, headers=admin_headers, timeout=60)
+    assert rolled.status_code == 200
+    assert httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()["active"] == []
+    assert logits(url, admin_headers) == before_logits  # the original forward, bit for bit
+
+
+def test_stock_temporal_cli_starts_the_campaign(temporal, workers, served_model, admin_headers):
+    url = served_model.info["url"]
+    workflow_id = f"cli-{uuid.uuid4().hex[:8]}"
+    payload = json.dumps({"server_url": url, "ops": ["rms_norm"], "min_reward": 1, "max_iterations": 2})
+    base = [temporal_binary(), "workflow"]
+    address = ["--address", temporal.info["address"]]
+    started = subprocess.run(base + ["start", "--type", "OptimizeCampaign", "--task-queue", CONTROL_TASK_QUEUE,
+                                     "--workflow-id", workflow_id, "--input", payload, *address],
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    finished = subprocess.run(base + ["result", "--workflow-id", workflow_id, "--output", "json", *address],
+                              capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "rms_norm" in finished.stdout and '"deployed"' in finished.stdout
+    kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
+    assert [k["op"] for k in kernels["active"]] == ["rms_norm"]
+
+
+async def test_campaign_fails_clearly_when_server_unreachable(temporal, workers):
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WorkflowFailureError) as failure:
+        await run_campaign(temporal, CampaignInput(server_url=dead, ops=["rms_norm"], min_reward=1))
+    assert "not reachable" in str(failure.value.cause)
+
+
+async def test_campaign_fails_clearly_on_wrong_token(temporal, workers, tmp_path):
+    other = start_server("tiny-qwen2", tmp_path, free_port(), "a-different-token", env={"TRITON_INTERPRET": "1"})
+    try:
+        with pytest.raises(WorkflowFailureError) as failure:
+            await run_campaign(temporal, CampaignInput(server_url=other.info["url"], min_reward=1))
+        assert "401" in str(failure.value.cause)
+    finally:
+        other.stop()

@@ -1,0 +1,140 @@
+"""The campaign's control flow on a real Temporal dev server, with scripted activities standing in
+for the GPU and CPU work, so each exit rule of the write/verify loop is pinned down."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
+from gpuyantra.processes import temporal_binary
+from workflows.campaign import OptimizeCampaign, select_targets
+from workflows.types import (CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult,
+                             ServerCall, VerifyInput, WriteInput, WriteResult)
+
+TARGET = {"op": "rms_norm", "module_class": "Qwen2RMSNorm", "qualified_class": "x.Qwen2RMSNorm", "modules": 5,
+          "adapter": [], "shapes": [[1, 64]], "dtype": "float32"}
+
+
+class Script:
+    """Rewards the fake verifier hands out, in order, and a log of what was called."""
+
+    def __init__(self, rewards: list[int], device: str = "cuda") -> None:
+        self.rewards = rewards
+        self.device = device
+        self.calls: list[str] = []
+        self.outcomes: list[float] = []
+
+    def activities(self) -> tuple[list[Any], list[Any]]:
+        @activity.defn(name="profile_server")
+        def profile_server(call: ServerCall) -> dict:
+            self.calls.append("profile")
+            return {"hardware": "test-gpu", "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}]}
+
+        @activity.defn(name="benchmark_server")
+        def benchmark_server(call: ServerCall) -> dict:
+            return {"tokens_per_s": 100.0 + len(self.calls)}
+
+        @activity.defn(name="verify_candidate")
+        def verify_candidate(request: VerifyInput) -> dict:
+            reward = self.rewards[min(request.iteration - 1, len(self.rewards) - 1)]
+            self.calls.append(f"verify{request.iteration}")
+            return {"reward": reward, "accepted": reward >= 1, "device": self.device,
+                    "failures": [] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
+                    "speedup_vs_eager": 2.0, "speedup_vs_compile": 1.1}
+
+        @activity.defn(name="deploy_kernel")
+        def deploy_kernel(request: DeployInput) -> dict:
+            self.calls.append("deploy")
+            return {"swap_id": "s1", "modules": 5}
+
+        @activity.defn(name="retrieve_skills")
+        def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
+            return RetrieveResult(candidates=[], seed={"id": "seed-1", "op": "rms_norm", "source": "", "strategy": {}})
+
+        @activity.defn(name="write_candidate")
+        def write_candidate(request: WriteInput) -> WriteResult:
+            return WriteResult(source=f"# v{request.iteration}", strategy={"i": request.iteration}, author="t")
+
+        @activity.defn(name="record_outcome")
+        def record_outcome(request: OutcomeInput) -> None:
+            self.outcomes.append(request.reward)
+
+        @activity.defn(name="learn_skill")
+        def learn_skill(request: LearnInput) -> str:
+            self.calls.append(f"learn{request.iteration}")
+            return "skill-1"
+
+        return ([profile_server, benchmark_server, verify_candidate, deploy_kernel],
+                [retrieve_skills, write_candidate, record_outcome, learn_skill])
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    environment = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
+                                                        dev_server_extra_args=["--headless"])
+    yield environment
+    await environment.shutdown()
+
+
+async def run(client: Client, script: Script, params: CampaignInput) -> dict:
+    import concurrent.futures
+
+    gpu, cpu = script.activities()
+    queue_suffix = uuid.uuid4().hex[:6]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        async with Worker(client, task_queue=CONTROL_TASK_QUEUE + queue_suffix, workflows=[OptimizeCampaign]), \
+                Worker(client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool), \
+                Worker(client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool):
+            return await client.execute_workflow(OptimizeCampaign.run, params, id=f"t-{uuid.uuid4().hex[:8]}",
+                                                 task_queue=CONTROL_TASK_QUEUE + queue_suffix)
+
+
+async def test_loop_stops_at_reward_three_and_deploys(env):
+    script = Script(rewards=[-1, 2, 3, 3])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert [c for c in script.calls if c.startswith("verify")] == ["verify1", "verify2", "verify3"]
+    assert "learn3" in script.calls and script.calls[-1] == "deploy"
+    assert result["deployed"][0]["iterations"] == 3 and result["deployed"][0]["reward"] == 3
+    assert script.outcomes == [-1.0]  # the seed skill's bandit arm is paid with its own attempt
+
+
+async def test_below_min_reward_is_learned_but_not_deployed(env):
+    script = Script(rewards=[2])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"], max_iterations=2))
+    assert "deploy" not in script.calls and "learn1" in script.calls
+    assert result["deployed"] == [] and "below min_reward 3" in result["rejected"][0]["reason"]
+
+
+async def test_cpu_verdict_stops_after_first_correct_kernel(env):
+    script = Script(rewards=[1], device="cpu")
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"], min_reward=1))
+    assert [c for c in script.calls if c.startswith("verify")] == ["verify1"]
+    assert result["deployed"][0]["reward"] == 1
+
+
+async def test_no_passing_candidate_reports_reasons(env):
+    script = Script(rewards=[-1])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"], max_iterations=2))
+    assert result["deployed"] == []
+    assert "no candidate passed verification in 2 iterations" in result["rejected"][0]["reason"]
+    assert "correctness/mismatch" in result["rejected"][0]["reason"]
+
+
+async def test_requested_op_missing_from_model_is_rejected_with_reason(env):
+    script = Script(rewards=[3])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm", "rope"]))
+    assert {"op": "rope", "reason": "the served model has no module computing rope"} in result["rejected"]
+
+
+def test_select_targets_keeps_profile_ranking():
+    targets = [{"op": "softmax"}, {"op": "rms_norm"}, {"op": "silu_mul"}]
+    assert select_targets(targets, ["rms_norm", "softmax"], 1) == [{"op": "softmax"}, {"op": "rms_norm"}]
+    assert select_targets(targets, None, 2) == targets[:2]

@@ -1,0 +1,1 @@
+"""Temporal workers: `gpu` (profile, verify, benchmark, deploy), `cpu` (workflow, author, skills), `all`."""

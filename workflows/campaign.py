@@ -1,0 +1,188 @@
+"""OptimizeCampaign: profile → retrieve skills → write → verify → learn → deploy, per target op.
+
+The write/verify loop exits in Python, never by model judgement: at reward +3, at the best reward
+the verifying device can give (+1 on CPU, where speed is not judged), or after max_iterations.
+Activities are called by name so this module imports nothing that imports torch.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
+    from workflows.types import (
+        CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, ServerCall,
+        VerifyInput, WriteInput, WriteResult,
+    )
+
+MAX_REWARD = 3
+CPU_MAX_REWARD = 1  # the interpreter judges correctness only
+RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                    non_retryable_error_types=["BadRequest", "Unauthorized", "ServerUnreachable"])
+
+__all__ = ["OptimizeCampaign", "CONTROL_TASK_QUEUE"]
+
+
+@workflow.defn(name="OptimizeCampaign")
+class OptimizeCampaign:
+    def __init__(self) -> None:
+        self._progress: dict[str, Any] = {"stage": "starting", "targets": {}}
+        self._approved: set[str] = set()
+        self._rejected_by_user: set[str] = set()
+
+    @workflow.query
+    def progress(self) -> dict[str, Any]:
+        return self._progress
+
+    @workflow.signal
+    def approve(self, op: str) -> None:
+        """Approve deploying `op` (or "*" for every op) when the input asked for approval."""
+        self._approved.add(op)
+
+    @workflow.signal
+    def reject(self, op: str) -> None:
+        self._rejected_by_user.add(op)
+
+    @workflow.run
+    async def run(self, params: CampaignInput) -> dict[str, Any]:
+        campaign_id = workflow.info().workflow_id
+        server = ServerCall(params.server_url)
+        self._stage("profile")
+        profile = await self._gpu("profile_server", server, timedelta(minutes=10))
+        hardware = profile.get("hardware", "unknown")
+        targets = select_targets(profile.get("targets", []), params.ops, params.max_targets)
+        self._stage("e2e-before")
+        before = await self._gpu("benchmark_server", server, timedelta(minutes=10))
+
+        deployed: list[dict[str, Any]] = []
+        rejected: list[dict[str, Any]] = [
+            {"op": op, "reason": f"the served model has no module computing {op}"}
+            for op in (params.ops or []) if not any(t["op"] == op for t in targets)
+        ]
+        for target in targets:
+            outcome = await self._optimize_target(campaign_id, params, target, hardware)
+            (deployed if outcome.get("deployed") else rejected).append(outcome["entry"])
+
+        self._stage("e2e-after")
+        after = await self._gpu("benchmark_server", server, timedelta(minutes=10))
+        self._stage("done")
+        return {
+            "workflow_id": campaign_id,
+            "server": params.server_url,
+            "hardware": hardware,
+            "deployed": deployed,
+            "rejected": rejected,
+            "e2e": {"tokens_per_s_before": before.get("tokens_per_s"),
+                    "tokens_per_s_after": after.get("tokens_per_s")},
+        }
+
+    async def _optimize_target(self, campaign_id: str, params: CampaignInput, target: dict[str, Any],
+                               hardware: str) -> dict[str, Any]:
+        op = target["op"]
+        progress = self._progress["targets"].setdefault(f"{op}:{target['module_class']}", {})
+        progress["stage"] = "retrieve"
+        retrieved: RetrieveResult = await workflow.execute_activity(
+            "retrieve_skills", RetrieveInput(target=target, hardware=hardware), result_type=RetrieveResult,
+            task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=2), retry_policy=RETRY)
+        seed = retrieved.seed
+        history: list[dict[str, Any]] = []
+        best: dict[str, Any] | None = None
+        for iteration in range(1, params.max_iterations + 1):
+            progress.update(stage="write", iteration=iteration)
+            written: WriteResult = await workflow.execute_activity(
+                "write_candidate", WriteInput(target=target, hardware=hardware, iteration=iteration, seed=seed,
+                                              history=history),
+                result_type=WriteResult, task_queue=CPU_TASK_QUEUE,
+                start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY)
+            progress["stage"] = "verify"
+            verdict = await self._gpu("verify_candidate", VerifyInput(
+                campaign_id=campaign_id, target=target, iteration=iteration, source=written.source,
+                device=params.device), timedelta(minutes=20))
+            reward = int(verdict.get("reward", -1))
+            history.append({"strategy": written.strategy, "reward": reward, "failures": verdict.get("failures", []),
+                            "kernel_us": verdict.get("kernel_us"), "floor_us": verdict.get("floor_us")})
+            if seed is not None and iteration == 1:
+                await workflow.execute_activity(
+                    "record_outcome", OutcomeInput(skill_id=seed["id"], reward=float(reward)),
+                    task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=1), retry_policy=RETRY)
+            if verdict.get("accepted") and (best is None or reward > best["verdict"]["reward"]):
+                best = {"verdict": verdict, "written": written, "iteration": iteration}
+            if reward >= ceiling_reward(verdict):
+                break
+
+        if best is None:
+            last = history[-1]["failures"] if history else []
+            reason = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:3]) or "no candidate"
+            return {"entry": {"op": op, "module_class": target["module_class"],
+                              "reason": f"no candidate passed verification in {len(history)} iterations ({reason})"}}
+
+        progress["stage"] = "learn"
+        verdict, written = best["verdict"], best["written"]
+        skill_id = await workflow.execute_activity(
+            "learn_skill", LearnInput(campaign_id=campaign_id, target=target, hardware=hardware,
+                                      iteration=best["iteration"], source=written.source,
+                                      strategy=written.strategy, verdict=verdict, author=written.author),
+            result_type=str, task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RETRY)
+        summary = {"op": op, "module_class": target["module_class"], "modules": target.get("modules", 0),
+                   "reward": verdict["reward"], "speedup_vs_eager": verdict.get("speedup_vs_eager"),
+                   "speedup_vs_compile": verdict.get("speedup_vs_compile"), "skill_id": skill_id,
+                   "iterations": len(history), "seed_skill_id": seed["id"] if seed else None}
+        if verdict["reward"] < params.min_reward:
+            return {"entry": {**summary, "reason": (
+                f"best reward {verdict['reward']} is below min_reward {params.min_reward}"
+                + (" (on CPU speed is not judged: +1 is the most a kernel can score)"
+                   if verdict.get("device") == "cpu" else ""))}}
+        if params.require_approval and not await self._wait_for_approval(op, progress):
+            return {"entry": {**summary, "reason": "deployment not approved"}}
+
+        progress["stage"] = "deploy"
+        try:
+            swap = await self._gpu("deploy_kernel", DeployInput(server_url=params.server_url, target=target,
+                                                                 source=written.source), timedelta(minutes=10))
+        except ActivityError as exc:
+            return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
+        progress["stage"] = "deployed"
+        return {"deployed": True, "entry": {**summary, "modules": swap.get("modules", summary["modules"]),
+                                            "swap_id": swap.get("swap_id")}}
+
+    async def _wait_for_approval(self, op: str, progress: dict[str, Any]) -> bool:
+        progress["stage"] = "awaiting-approval"
+        decided = lambda: bool({op, "*"} & (self._approved | self._rejected_by_user))  # noqa: E731
+        await workflow.wait_condition(decided)
+        return not ({op, "*"} & self._rejected_by_user)
+
+    async def _gpu(self, activity: str, arg: Any, timeout: timedelta) -> dict[str, Any]:
+        try:
+            return await workflow.execute_activity(activity, arg, result_type=dict, task_queue=GPU_TASK_QUEUE,
+                                                   start_to_close_timeout=timeout, retry_policy=RETRY)
+        except ActivityError as exc:
+            if activity in ("profile_server", "benchmark_server"):
+                raise ApplicationError(f"{activity} failed: {root_message(exc)}", non_retryable=True) from exc
+            raise
+
+    def _stage(self, stage: str) -> None:
+        self._progress["stage"] = stage
+
+
+def select_targets(targets: list[dict[str, Any]], ops: list[str] | None, max_targets: int) -> list[dict[str, Any]]:
+    """The profile's ranked targets restricted to `ops` (all of them) or else the top few."""
+    if ops:
+        return [t for t in targets if t["op"] in ops]
+    return targets[:max_targets]
+
+
+def ceiling_reward(verdict: dict[str, Any]) -> int:
+    return CPU_MAX_REWARD if verdict.get("device") == "cpu" else MAX_REWARD
+
+
+def root_message(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return str(exc)
