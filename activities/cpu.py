@@ -40,15 +40,29 @@ def write_candidate(request: WriteInput) -> WriteResult:
 
     target = request.target
     seed = request.seed or {}
-    # A seed from another family (transfer) contributes its strategy, not its source.
+    # A seed from another family (transfer) contributes the knobs both families share, not its source.
     same_family = seed.get("op") == target["op"]
+    seed_strategy = seed.get("strategy") if same_family else shared_knobs(target["op"], seed.get("strategy"))
     written = get_author().write(WriteRequest(
         op=target["op"], module_class=target["module_class"], adapter=target["adapter"],
         shapes=target.get("shapes", []), dtype=target.get("dtype", "float32"), hardware=request.hardware,
-        seed_source=seed.get("source") if same_family else None, seed_strategy=seed.get("strategy"),
+        seed_source=seed.get("source") if same_family else None, seed_strategy=seed_strategy,
         history=[Attempt(**attempt) for attempt in request.history], iteration=request.iteration,
     ))
     return WriteResult(source=written.source, strategy=written.strategy, author=written.author, notes=written.notes)
+
+
+def shared_knobs(op: str, strategy: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of another family's strategy that `op`'s template understands, or None."""
+    from gpuyantra.authors.template import STRATEGY_SPACES
+
+    space = STRATEGY_SPACES.get(op) or [{}]
+    known = set().union(*(point.keys() for point in space))
+    kept = {key: value for key, value in (strategy or {}).items() if key in known}
+    if not kept:
+        return None
+    # Fill the knobs the seed lacks from the family's first point so the strategy is complete.
+    return {**space[0], **kept}
 
 
 @activity.defn(name="learn_skill")

@@ -9,7 +9,7 @@ from temporalio import activity
 from activities.errors import as_application_error
 from gpuyantra import config
 from gpuyantra.server_client import AdminClient, ServerError
-from workflows.types import DeployInput, ServerCall, VerifyInput
+from workflows.types import DeployInput, RollbackInput, ServerCall, VerifyInput
 
 
 def _admin(server_url: str) -> AdminClient:
@@ -64,4 +64,12 @@ def deploy_kernel(request: DeployInput) -> dict[str, Any]:
         raise as_application_error(exc) from exc
 
 
-ACTIVITIES = [profile_server, benchmark_server, verify_candidate, deploy_kernel]
+@activity.defn(name="rollback_swap")
+def rollback_swap(request: RollbackInput) -> dict[str, Any]:
+    try:
+        return _admin(request.server_url).post("/admin/rollback", {"swap_id": request.swap_id})
+    except ServerError as exc:
+        raise as_application_error(exc) from exc
+
+
+ACTIVITIES = [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap]

@@ -17,7 +17,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
     from workflows.types import (
-        CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, ServerCall,
+        CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, RollbackInput,
+        ServerCall,
         VerifyInput, WriteInput, WriteResult,
     )
 
@@ -59,6 +60,7 @@ class OptimizeCampaign:
         targets = select_targets(profile.get("targets", []), params.ops, params.max_targets)
         self._stage("e2e-before")
         before = await self._gpu("benchmark_server", server, timedelta(minutes=10))
+        tokens_now = before.get("tokens_per_s")
 
         deployed: list[dict[str, Any]] = []
         rejected: list[dict[str, Any]] = [
@@ -66,8 +68,10 @@ class OptimizeCampaign:
             for op in (params.ops or []) if not any(t["op"] == op for t in targets)
         ]
         for target in targets:
-            outcome = await self._optimize_target(campaign_id, params, target, hardware)
+            outcome = await self._optimize_target(campaign_id, params, target, hardware, tokens_now)
             (deployed if outcome.get("deployed") else rejected).append(outcome["entry"])
+            if outcome.get("deployed"):
+                tokens_now = outcome["entry"].get("e2e_tokens_per_s", {}).get("after") or tokens_now
 
         self._stage("e2e-after")
         after = await self._gpu("benchmark_server", server, timedelta(minutes=10))
@@ -83,7 +87,7 @@ class OptimizeCampaign:
         }
 
     async def _optimize_target(self, campaign_id: str, params: CampaignInput, target: dict[str, Any],
-                               hardware: str) -> dict[str, Any]:
+                               hardware: str, tokens_before: float | None) -> dict[str, Any]:
         op = target["op"]
         progress = self._progress["targets"].setdefault(f"{op}:{target['module_class']}", {})
         progress["stage"] = "retrieve"
@@ -148,9 +152,23 @@ class OptimizeCampaign:
                                                                  source=written.source), timedelta(minutes=10))
         except ActivityError as exc:
             return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
+        summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
+        if verdict.get("device") != "cpu":
+            # Served speed is the number users see: a kernel fast in isolation can still slow a
+            # launch-bound decode step. Keep the swap only if served tokens/s did not drop.
+            progress["stage"] = "e2e-check"
+            measured = await self._gpu("benchmark_server", ServerCall(params.server_url), timedelta(minutes=10))
+            tokens_after = measured.get("tokens_per_s")
+            summary["e2e_tokens_per_s"] = {"before": tokens_before, "after": tokens_after}
+            if served_speed_dropped(tokens_before, tokens_after):
+                await self._gpu("rollback_swap", RollbackInput(server_url=params.server_url,
+                                                               swap_id=str(swap.get("swap_id"))),
+                                timedelta(minutes=5))
+                return {"entry": {**summary, "reason": (
+                    f"rolled back: served decode went from {tokens_before:.1f} to "
+                    f"{tokens_after:.1f} tokens/s ({target.get('regime', 'unknown')} regime)")}}
         progress["stage"] = "deployed"
-        return {"deployed": True, "entry": {**summary, "modules": swap.get("modules", summary["modules"]),
-                                            "swap_id": swap.get("swap_id")}}
+        return {"deployed": True, "entry": summary}
 
     async def _wait_for_approval(self, op: str, progress: dict[str, Any]) -> bool:
         progress["stage"] = "awaiting-approval"
@@ -176,6 +194,11 @@ def select_targets(targets: list[dict[str, Any]], ops: list[str] | None, max_tar
     if ops:
         return [t for t in targets if t["op"] in ops]
     return targets[:max_targets]
+
+
+def served_speed_dropped(before: float | None, after: float | None, slack: float = 0.03) -> bool:
+    """True when served tokens/s fell by more than `slack` (noise) after a swap."""
+    return before is not None and after is not None and after < before * (1.0 - slack)
 
 
 def ceiling_reward(verdict: dict[str, Any]) -> int:

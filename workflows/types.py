@@ -85,3 +85,9 @@ class DeployInput:
     server_url: str
     target: dict[str, Any]
     source: str
+
+
+@dataclass
+class RollbackInput:
+    server_url: str
+    swap_id: str

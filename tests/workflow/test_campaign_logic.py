@@ -17,7 +17,7 @@ from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
 from gpuyantra.processes import temporal_binary
 from workflows.campaign import OptimizeCampaign, select_targets
 from workflows.types import (CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult,
-                             ServerCall, VerifyInput, WriteInput, WriteResult)
+                             RollbackInput, ServerCall, VerifyInput, WriteInput, WriteResult)
 
 TARGET = {"op": "rms_norm", "module_class": "Qwen2RMSNorm", "qualified_class": "x.Qwen2RMSNorm", "modules": 5,
           "adapter": [], "shapes": [[1, 64]], "dtype": "float32"}
@@ -26,8 +26,9 @@ TARGET = {"op": "rms_norm", "module_class": "Qwen2RMSNorm", "qualified_class": "
 class Script:
     """Rewards the fake verifier hands out, in order, and a log of what was called."""
 
-    def __init__(self, rewards: list[int], device: str = "cuda") -> None:
+    def __init__(self, rewards: list[int], device: str = "cuda", slower_after_deploy: bool = False) -> None:
         self.rewards = rewards
+        self.slower_after_deploy = slower_after_deploy
         self.device = device
         self.calls: list[str] = []
         self.outcomes: list[float] = []
@@ -40,7 +41,8 @@ class Script:
 
         @activity.defn(name="benchmark_server")
         def benchmark_server(call: ServerCall) -> dict:
-            return {"tokens_per_s": 100.0 + len(self.calls)}
+            swapped = "deploy" in self.calls and "rollback" not in self.calls
+            return {"tokens_per_s": 80.0 if swapped and self.slower_after_deploy else 100.0 + 10 * swapped}
 
         @activity.defn(name="verify_candidate")
         def verify_candidate(request: VerifyInput) -> dict:
@@ -72,7 +74,12 @@ class Script:
             self.calls.append(f"learn{request.iteration}")
             return "skill-1"
 
-        return ([profile_server, benchmark_server, verify_candidate, deploy_kernel],
+        @activity.defn(name="rollback_swap")
+        def rollback_swap(request: RollbackInput) -> dict:
+            self.calls.append("rollback")
+            return {"rolled_back": [request.swap_id]}
+
+        return ([profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap],
                 [retrieve_skills, write_candidate, record_outcome, learn_skill])
 
 
@@ -138,3 +145,17 @@ def test_select_targets_keeps_profile_ranking():
     targets = [{"op": "softmax"}, {"op": "rms_norm"}, {"op": "silu_mul"}]
     assert select_targets(targets, ["rms_norm", "softmax"], 1) == [{"op": "softmax"}, {"op": "rms_norm"}]
     assert select_targets(targets, None, 2) == targets[:2]
+
+
+async def test_swap_that_slows_served_decode_is_rolled_back(env):
+    script = Script(rewards=[3], slower_after_deploy=True)
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
+    assert "served decode went from 100.0 to 80.0 tokens/s" in result["rejected"][0]["reason"]
+
+
+async def test_swap_that_speeds_served_decode_is_kept_with_e2e_numbers(env):
+    script = Script(rewards=[3])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert result["deployed"][0]["e2e_tokens_per_s"] == {"before": 100.0, "after": 110.0}
+    assert result["e2e"] == {"tokens_per_s_before": 100.0, "tokens_per_s_after": 110.0}
