@@ -1,34 +1,89 @@
 """The offline author: renders a family's template kernel with a strategy chosen by search.
 
-Deterministic for a given request: the strategy is the seed skill's (when the bandit gave one) on
-the first iteration, then the next untried point of the family's strategy space, ordered so that
-failures steer away from what failed.
+A strategy sets the constants of a template's `# strategy:begin/end` block (rows per program,
+chunked loops over H, persistent grids, num_warps / num_stages, block sizes, cache hints...). The
+search is deterministic for a given request (op, shapes, dtype, hardware, seed, history):
+
+1. First write: the seed skill's strategy (from `seed_strategy`, else parsed from `seed_source`),
+   else a heuristic start from the shapes (rows per program for small H, chunked loops for wide
+   rows, interpreter-friendly tiles on CPU).
+2. Every later write reads the verifier's feedback in `history`:
+   * a failed attempt (static/contract/sandbox/correctness, or reward < 0) bans the knob values
+     that distinguished it from the best passing strategy (resource failures ban that value and
+     every larger one of the size knobs);
+   * among passing attempts with a measured `kernel_us`, the fastest is the incumbent; the next
+     write is its untried neighbour (one knob one step away), knobs ordered by the regime the
+     measurement shows (launch-bound vs bandwidth-bound) and by the direction that last helped;
+   * it stops proposing new points (re-writes the best, notes start with "converged") once the best
+     is within 5% of the roofline floor (`floor_us`), when three measured steps in a row brought
+     less than 2%, or when the space around the best is exhausted.
+3. Points that behave identically for the request's shapes (e.g. MAX_PROGRAMS above the number of
+   tiles, CHUNK when rows fit in registers) count as one, so no attempt is wasted on a twin.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Iterable, Sequence
 
-from gpuyantra.authors.base import WriteRequest, WrittenCandidate
+from gpuyantra.authors.base import Attempt, WriteRequest, WrittenCandidate
 
 _STRATEGY_BLOCK = re.compile(r"# strategy:begin\n(.*?)# strategy:end\n", re.S)
-_ADAPTER_BLOCK = re.compile(r"^ADAPTER = \[.*?^\]\n", re.S | re.M)
+_ADAPTER_BLOCK = re.compile(r"^ADAPTER = \[(?:\]|.*?^\])\n", re.S | re.M)
 
-# Strategy spaces per family: each point sets the constants of the template's strategy block.
-STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
-    "rms_norm": [
-        {"BLOCK_H_MAX": 8192, "ROWS_PER_PROGRAM": 1, "NUM_WARPS": 4},
-        {"BLOCK_H_MAX": 8192, "ROWS_PER_PROGRAM": 1, "NUM_WARPS": 8},
-        {"BLOCK_H_MAX": 8192, "ROWS_PER_PROGRAM": 4, "NUM_WARPS": 4},
-        {"BLOCK_H_MAX": 4096, "ROWS_PER_PROGRAM": 1, "NUM_WARPS": 8},
-        {"BLOCK_H_MAX": 16384, "ROWS_PER_PROGRAM": 1, "NUM_WARPS": 16},
-    ],
+# --- the knobs of each template, every value list ordered so that neighbours are one step apart ---
+ROW_KNOBS: dict[str, list[Any]] = {
+    "BLOCK_H_MAX": [2048, 4096, 8192, 16384],
+    "CHUNK": [1024, 2048, 4096, 8192],
+    "ROWS_PER_PROGRAM": [1, 2, 4, 8, 16, 32],
+    "NUM_WARPS": [0, 1, 2, 4, 8, 16, 32],
+    "NUM_STAGES": [1, 2, 3, 4],
+    "MAX_PROGRAMS": [0, 8448, 4224, 2112, 1056, 528, 264, 132],  # 0 = one program per tile
+    "X_EVICTION": ["", "evict_first"],
 }
+GATED_KNOBS: dict[str, list[Any]] = {
+    "BLOCK_SIZE": [256, 512, 1024, 2048, 4096, 8192, 16384],
+    "NUM_WARPS": [0, 1, 2, 4, 8, 16],
+    "FLAT": [True, False],
+    "X_EVICTION": ["", "evict_first"],
+}
+ROPE_KNOBS: dict[str, list[Any]] = {
+    "HEAD_BLOCK": [0, 1, 2, 4, 8, 16, 32],
+    "NUM_WARPS": [0, 1, 2, 4, 8],
+    "MAX_PROGRAMS": [0, 8448, 4224, 2112, 1056, 528, 264, 132],
+}
+ROW_FAMILIES = ("rms_norm", "gemma_rms_norm", "layer_norm", "add_rms_norm", "softmax")
+GATED_FAMILIES = ("silu_mul", "gelu_tanh_mul")
+KNOBS: dict[str, dict[str, list[Any]]] = {
+    **{op: ROW_KNOBS for op in ROW_FAMILIES},
+    **{op: GATED_KNOBS for op in GATED_FAMILIES},
+    "rope": ROPE_KNOBS,
+}
+# Knobs whose larger values need more registers / shared memory (banned upwards on resource errors).
+SIZE_KNOBS = ("BLOCK_H_MAX", "CHUNK", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "NUM_STAGES")
+# Knob order when the measurement is far from a floor that is large (bandwidth-bound) ...
+BANDWIDTH_PRIORITY = ("ROWS_PER_PROGRAM", "MAX_PROGRAMS", "NUM_WARPS", "BLOCK_SIZE", "X_EVICTION", "HEAD_BLOCK",
+                      "CHUNK", "BLOCK_H_MAX", "NUM_STAGES", "FLAT")
+# ... and when the floor is tiny and the time is launch overhead (fewer, leaner programs first).
+LAUNCH_PRIORITY = ("NUM_WARPS", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "MAX_PROGRAMS", "FLAT",
+                   "X_EVICTION", "BLOCK_H_MAX", "CHUNK", "NUM_STAGES")
+
+CONVERGED_GAP = 1.05  # stop once kernel_us <= 1.05 * floor_us
+PLATEAU_STEPS = 3  # stop after this many measured steps in a row without a 2% gain
+PLATEAU_GAIN = 0.02
+LAUNCH_BOUND_US = 8.0  # a floor under ~1 us with a time under this is launch overhead
+HARD_FAILURE_LAYERS = ("static", "contract", "sandbox", "correctness")
+_RESOURCE_WORDS = ("out of resource", "outofresources", "shared memory", "registers", "too many resources")
 
 
+# --------------------------------------------------------------------------- templates and rendering
+
+@lru_cache(maxsize=None)
 def template_source(op: str) -> str:
     try:
         return resources.files("gpuyantra.kernels").joinpath(f"{op}.py").read_text()
@@ -36,32 +91,408 @@ def template_source(op: str) -> str:
         raise ValueError(f"the template author has no template for op {op!r}") from None
 
 
+def parse_strategy(source: str) -> dict[str, Any]:
+    """The constants of a candidate's `# strategy:begin/end` block ({} when it has none)."""
+    match = _STRATEGY_BLOCK.search(source)
+    if not match:
+        return {}
+    strategy: dict[str, Any] = {}
+    for line in match.group(1).splitlines():
+        code = line.split("#", 1)[0].strip()
+        if "=" not in code:
+            continue
+        name, _, value = code.partition("=")
+        try:
+            strategy[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            continue
+    return strategy
+
+
+def default_strategy(op: str) -> dict[str, Any]:
+    """The template's own strategy constants (what an empty strategy renders to)."""
+    return dict(_default_strategy(op))
+
+
+@lru_cache(maxsize=None)
+def _default_strategy(op: str) -> dict[str, Any]:
+    return parse_strategy(template_source(op))
+
+
+def normalize(op: str, strategy: dict[str, Any] | None) -> dict[str, Any]:
+    """`strategy` restricted to the template's knobs, every missing knob at the template default."""
+    defaults = default_strategy(op)
+    merged = dict(defaults)
+    for key, value in (strategy or {}).items():
+        if key in defaults and isinstance(value, type(defaults[key])):
+            merged[key] = value
+    return merged
+
+
 def render(op: str, strategy: dict[str, Any], adapter: list[dict[str, str]]) -> str:
     """The template with its strategy constants and ADAPTER replaced."""
     source = template_source(op)
-    block = "".join(f"{key} = {value!r}\n" for key, value in strategy.items())
+    full = normalize(op, strategy)
+    comments = _knob_comments(source)
+    block = "".join(
+        f"{key} = {value!r}" + (f"  # {comments[key]}" if key in comments else "") + "\n" for key, value in full.items()
+    )
     source = _STRATEGY_BLOCK.sub(lambda _: f"# strategy:begin\n{block}# strategy:end\n", source, count=1)
     adapter_text = "ADAPTER = [\n" + "".join(f"    {json.dumps(b)},\n" for b in adapter) + "]\n"
     return _ADAPTER_BLOCK.sub(lambda _: adapter_text, source, count=1)
 
 
-def choose_strategy(request: WriteRequest) -> dict[str, Any]:
-    space = STRATEGY_SPACES.get(request.op, [{}])
-    tried = [attempt.strategy for attempt in request.history]
-    if request.seed_strategy and request.seed_strategy not in tried:
+def _knob_comments(source: str) -> dict[str, str]:
+    match = _STRATEGY_BLOCK.search(source)
+    comments: dict[str, str] = {}
+    for line in (match.group(1).splitlines() if match else []):
+        if "#" in line and "=" in line.split("#", 1)[0]:
+            comments[line.split("=", 1)[0].strip()] = line.split("#", 1)[1].strip()
+    return comments
+
+
+# --------------------------------------------------------------------------- shapes and canonical forms
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def _rows_hidden(op: str, shape: Sequence[int]) -> tuple[int, int, int]:
+    """(rows or tokens, hidden, heads) for one request shape (the first activation's shape)."""
+    shape = [int(s) for s in shape] or [1]
+    if op == "rope":
+        if len(shape) >= 4:
+            return shape[0] * shape[2], shape[-1], shape[1]
+        return (shape[0] if len(shape) > 1 else 1), shape[-1], 4
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    return rows, shape[-1], 1
+
+
+def _shapes(request: WriteRequest) -> list[list[int]]:
+    return [list(s) for s in request.shapes if s] or [[1, 4096]]
+
+
+def _itemsize(dtype: str) -> int:
+    name = str(dtype).replace("torch.", "")
+    return {"float32": 4, "float": 4, "float64": 8, "double": 8}.get(name, 2)
+
+
+def auto_warps(op: str, strategy: dict[str, Any], shape: Sequence[int]) -> int:
+    """num_warps the template picks by itself for NUM_WARPS = 0 (mirrors each template's entry)."""
+    rows, hidden, heads = _rows_hidden(op, shape)
+    if op in ROW_FAMILIES:
+        block = _pow2(hidden)
+        elems = block * strategy["ROWS_PER_PROGRAM"] if block <= strategy["BLOCK_H_MAX"] else strategy["CHUNK"]
+        return max(1, min(16, elems // 512))
+    if op in GATED_FAMILIES:
+        return max(1, min(16, strategy["BLOCK_SIZE"] // 256))
+    if op == "rope":
+        hb = _pow2(heads) if not strategy["HEAD_BLOCK"] else min(_pow2(heads), strategy["HEAD_BLOCK"])
+        return max(1, min(8, hb * _pow2(hidden // 2) // 128))
+    return 4
+
+
+def canonical(op: str, strategy: dict[str, Any], shapes: Sequence[Sequence[int]]) -> str:
+    """A key equal for strategies that launch the same kernels with the same settings on `shapes`."""
+    per_shape = []
+    for shape in shapes:
+        s = dict(strategy)
+        rows, hidden, heads = _rows_hidden(op, shape)
+        if op in ROW_FAMILIES:
+            chunked = _pow2(hidden) > s["BLOCK_H_MAX"]
+            if chunked:
+                programs = rows
+            else:
+                # The templates shrink the row tile to the rows there are.
+                s["ROWS_PER_PROGRAM"] = min(s["ROWS_PER_PROGRAM"], _pow2(rows))
+                programs = -(-rows // s["ROWS_PER_PROGRAM"])
+            if not s["NUM_WARPS"]:
+                s["NUM_WARPS"] = auto_warps(op, s, shape)
+            s["BLOCK_H_MAX"] = "chunked" if chunked else "rows"
+            s["CHUNK" if not chunked else "ROWS_PER_PROGRAM"] = None
+            if s["MAX_PROGRAMS"] >= programs:
+                s["MAX_PROGRAMS"] = 0
+            if not s["MAX_PROGRAMS"] and not chunked:
+                s["NUM_STAGES"] = 1  # the tile loop runs once per program: nothing to pipeline
+        elif op in GATED_FAMILIES:
+            if not s["NUM_WARPS"]:
+                s["NUM_WARPS"] = auto_warps(op, s, shape)
+        elif op == "rope":
+            if not s["NUM_WARPS"]:
+                s["NUM_WARPS"] = auto_warps(op, s, shape)
+            if s["HEAD_BLOCK"] >= _pow2(heads):
+                s["HEAD_BLOCK"] = 0
+            if s["MAX_PROGRAMS"] >= rows:
+                s["MAX_PROGRAMS"] = 0
+        per_shape.append(s)
+    return json.dumps(per_shape, sort_keys=True, default=str)
+
+
+# --------------------------------------------------------------------------- the search
+
+@dataclass
+class Plan:
+    strategy: dict[str, Any]
+    reason: str
+    converged: bool = False
+
+
+def initial_strategy(request: WriteRequest) -> dict[str, Any]:
+    """A sensible first point from the shapes, dtype and hardware (no feedback yet)."""
+    op = request.op
+    strategy = default_strategy(op)
+    shapes = _shapes(request)
+    dims = [_rows_hidden(op, s) for s in shapes]
+    max_rows = max(d[0] for d in dims)
+    hidden = max(d[1] for d in dims)
+    cpu = str(request.hardware).lower().startswith("cpu")
+    if op in ROW_FAMILIES:
+        block = _pow2(hidden)
+        if block > strategy["BLOCK_H_MAX"]:
+            # Wide rows: chunked loop; smaller slices for 4-byte types keep registers in check.
+            strategy["CHUNK"] = 2048 if _itemsize(request.dtype) >= 4 else 4096
+        if cpu:
+            # The interpreter runs programs one after another: fewer, taller tiles verify faster.
+            strategy["ROWS_PER_PROGRAM"] = max(1, min(32, 16384 // block, _pow2(max_rows)))
+        elif max_rows >= 64:
+            # Small H (head-dim norms, small models): several rows per program amortize the
+            # weight load and the per-program cost; 4096-wide and up keep one row per program.
+            strategy["ROWS_PER_PROGRAM"] = max(1, min(16, 2048 // block))
+    elif op in GATED_FAMILIES:
+        if cpu:
+            strategy["BLOCK_SIZE"] = 16384
+    return strategy
+
+
+def is_hard_failure(attempt: Attempt) -> bool:
+    return attempt.reward < 0 or any(f.get("layer") in HARD_FAILURE_LAYERS for f in attempt.failures)
+
+
+def is_resource_failure(attempt: Attempt) -> bool:
+    text = " ".join(f"{f.get('rule', '')} {f.get('message', '')}" for f in attempt.failures).lower()
+    return any(word in text for word in _RESOURCE_WORDS)
+
+
+def _seed(request: WriteRequest) -> dict[str, Any] | None:
+    if request.seed_strategy:
         return dict(request.seed_strategy)
-    # Prefer the fastest verified point's neighbours; otherwise the next untried point in order.
-    for point in space:
-        if point not in tried:
-            return dict(point)
-    return dict(space[request.iteration % len(space)])
+    if request.seed_source:
+        parsed = parse_strategy(request.seed_source)
+        return parsed or None
+    return None
+
+
+def _banned(op: str, failed: list[dict[str, Any]], resource: list[bool], base: dict[str, Any]) -> set[tuple[str, Any]]:
+    knobs = KNOBS.get(op, {})
+    banned: set[tuple[str, Any]] = set()
+    defaults = default_strategy(op)
+    for strategy, is_resource in zip(failed, resource):
+        diff = {k: v for k, v in strategy.items() if base.get(k) != v}
+        if not diff:  # the base itself failed: blame what it changed from the template defaults
+            diff = {k: v for k, v in strategy.items() if defaults.get(k) != v}
+        for key, value in diff.items():
+            banned.add((key, value))
+            if is_resource and key in SIZE_KNOBS and key in knobs and value in knobs[key]:
+                for bigger in knobs[key][knobs[key].index(value):]:
+                    banned.add((key, bigger))
+    return banned
+
+
+def _allowed(strategy: dict[str, Any], banned: set[tuple[str, Any]]) -> bool:
+    return not any((k, v) in banned for k, v in strategy.items())
+
+
+def _neighbours(op: str, point: dict[str, Any], shapes: Sequence[Sequence[int]],
+                order: Iterable[str], first: tuple[str, int] | None) -> list[tuple[str, dict[str, Any]]]:
+    """One-knob, one-step moves from `point`, in the given knob order (`first` = (knob, direction)
+    that last improved goes first). NUM_WARPS = 0 (auto) moves to half / double the auto value."""
+    knobs = KNOBS.get(op, {})
+    moves: list[tuple[str, dict[str, Any]]] = []
+    names = [k for k in order if k in knobs] + [k for k in knobs if k not in order]
+    for name in names:
+        values = knobs[name]
+        current = point.get(name)
+        steps: list[Any] = []
+        if name == "NUM_WARPS" and current == 0:
+            auto = max(auto_warps(op, point, s) for s in shapes)
+            steps = [v for v in (auto // 2, auto * 2) if v in values and v != 0]
+        elif current in values:
+            i = values.index(current)
+            steps = [values[j] for j in (i + 1, i - 1) if 0 <= j < len(values)]
+        else:
+            steps = list(values[:1])
+        for value in steps:
+            candidate = dict(point)
+            candidate[name] = value
+            moves.append((f"{name} {current!r} -> {value!r}", candidate))
+    if first is not None:
+        knob, direction = first
+        moves.sort(key=lambda m: 0 if m[1].get(knob) is not None and _direction(op, knob, point.get(knob),
+                                                                              m[1][knob]) == direction else 1)
+    return moves
+
+
+def _direction(op: str, knob: str, old: Any, new: Any) -> int:
+    values = KNOBS.get(op, {}).get(knob, [])
+    if old in values and new in values:
+        return 1 if values.index(new) > values.index(old) else -1
+    return 0
+
+
+def plan_strategy(request: WriteRequest) -> Plan:
+    op = request.op
+    shapes = _shapes(request)
+    key = lambda s: canonical(op, s, shapes)  # noqa: E731
+    history = list(request.history)
+    attempts = [(normalize(op, a.strategy), a) for a in history]
+    tried = {key(s) for s, _ in attempts}
+
+    if not attempts:
+        seed = _seed(request)
+        if seed is not None:
+            return Plan(normalize(op, seed), "seed skill's strategy")
+        return Plan(initial_strategy(request), "initial heuristic from the shapes")
+
+    passed = [(s, a) for s, a in attempts if not is_hard_failure(a)]
+    failed = [(s, a) for s, a in attempts if is_hard_failure(a)]
+    measured = [(i, s, a) for i, (s, a) in enumerate(attempts)
+                if not is_hard_failure(a) and a.kernel_us is not None and a.kernel_us > 0]
+
+    # The incumbent: fastest measured passing point; else the last passing one; else the start.
+    if measured:
+        best_i, best, best_attempt = min(measured, key=lambda m: (m[2].kernel_us, -m[2].reward, m[0]))
+    elif passed:
+        best_i, (best, best_attempt) = len(attempts) - 1, passed[-1]
+    else:
+        best_i, best, best_attempt = -1, normalize(op, _seed(request)) if _seed(request) else initial_strategy(
+            request), None
+    banned = _banned(op, [s for s, _ in failed], [is_resource_failure(a) for _, a in failed], best)
+
+    # Stop rules (measured feedback only).
+    if best_attempt is not None and best_attempt.kernel_us:
+        floor = best_attempt.floor_us
+        if floor and best_attempt.kernel_us <= CONVERGED_GAP * floor:
+            return Plan(best, f"converged: best {best_attempt.kernel_us:.2f} us is within 5% of the "
+                              f"{floor:.2f} us floor", converged=True)
+        if _plateau(measured):
+            return Plan(best, f"converged: no 2% gain in the last {PLATEAU_STEPS} measured steps "
+                              f"(best {best_attempt.kernel_us:.2f} us)", converged=True)
+
+    # Knob order from the regime the incumbent's measurement shows, and the direction that helped.
+    order = BANDWIDTH_PRIORITY
+    regime = "unmeasured"
+    if best_attempt is not None and best_attempt.kernel_us:
+        floor = best_attempt.floor_us or 0.0
+        launch_bound = floor < 1.0 and best_attempt.kernel_us < LAUNCH_BOUND_US
+        order = LAUNCH_PRIORITY if launch_bound else BANDWIDTH_PRIORITY
+        gap = f", {best_attempt.kernel_us / floor:.2f}x the floor" if floor else ""
+        regime = f"{'launch' if launch_bound else 'bandwidth'}-bound, best {best_attempt.kernel_us:.2f} us{gap}"
+    first = _improving_move(op, measured, best_i)
+
+    for label, candidate in _neighbours(op, best, shapes, order, first):
+        if key(candidate) in tried or not _allowed(candidate, banned):
+            continue
+        return Plan(candidate, f"neighbour of the best ({regime}): {label}")
+    # Neighbourhood exhausted: the next untried, allowed point of the family's curated list.
+    for candidate in strategy_space(op):
+        if key(candidate) not in tried and _allowed(candidate, banned):
+            return Plan(candidate, f"next point of the strategy space ({regime})")
+    if best_attempt is not None:
+        return Plan(best, "converged: every point near the best was tried", converged=True)
+    return Plan(default_strategy(op), "every point failed; back to the template defaults", converged=True)
+
+
+def _plateau(measured: list[tuple[int, dict[str, Any], Attempt]]) -> bool:
+    if len(measured) <= PLATEAU_STEPS:
+        return False
+    times = [a.kernel_us for _, _, a in measured]
+    best_before = min(times[:-PLATEAU_STEPS])
+    return min(times[-PLATEAU_STEPS:]) > best_before * (1.0 - PLATEAU_GAIN)
+
+
+def _improving_move(op: str, measured: list[tuple[int, dict[str, Any], Attempt]], best_i: int) -> tuple[str, int] | None:
+    """(knob, direction) of the single-knob change that produced the incumbent, if it was one."""
+    earlier = [(s, a) for i, s, a in measured if i < best_i]
+    current = [s for i, s, _ in measured if i == best_i]
+    if not earlier or not current:
+        return None
+    previous = min(earlier, key=lambda m: m[1].kernel_us)[0]
+    diff = [k for k in current[0] if current[0][k] != previous.get(k)]
+    if len(diff) != 1:
+        return None
+    knob = diff[0]
+    return knob, _direction(op, knob, previous[knob], current[0][knob])
+
+
+def strategy_space(op: str) -> list[dict[str, Any]]:
+    """The curated, ordered list of points tried once the neighbourhood of the best is exhausted."""
+    return [normalize(op, p) for p in STRATEGY_SPACES.get(op, [{}])]
+
+
+def choose_strategy(request: WriteRequest) -> dict[str, Any]:
+    return plan_strategy(request).strategy
+
+
+def _space(knobs_points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(p) for p in knobs_points]
+
+
+_ROW_POINTS = [
+    {},
+    {"ROWS_PER_PROGRAM": 2},
+    {"ROWS_PER_PROGRAM": 4},
+    {"ROWS_PER_PROGRAM": 8, "NUM_WARPS": 8},
+    {"ROWS_PER_PROGRAM": 16, "NUM_WARPS": 8},
+    {"NUM_WARPS": 8},
+    {"NUM_WARPS": 16},
+    {"MAX_PROGRAMS": 1056, "NUM_STAGES": 2},
+    {"MAX_PROGRAMS": 2112, "ROWS_PER_PROGRAM": 2, "NUM_STAGES": 2},
+    {"X_EVICTION": "evict_first"},
+    {"ROWS_PER_PROGRAM": 2, "X_EVICTION": "evict_first"},
+    {"BLOCK_H_MAX": 16384, "NUM_WARPS": 16},
+    {"BLOCK_H_MAX": 4096, "CHUNK": 2048},
+    {"BLOCK_H_MAX": 4096, "CHUNK": 4096, "NUM_WARPS": 8, "NUM_STAGES": 2},
+]
+# Strategy spaces per family: ordered points (partial: missing knobs keep the template default).
+STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
+    **{op: _space(_ROW_POINTS) for op in ROW_FAMILIES},
+    **{op: _space([
+        {},
+        {"BLOCK_SIZE": 4096},
+        {"BLOCK_SIZE": 1024},
+        {"BLOCK_SIZE": 8192, "NUM_WARPS": 16},
+        {"BLOCK_SIZE": 4096, "NUM_WARPS": 8},
+        {"BLOCK_SIZE": 2048, "NUM_WARPS": 4},
+        {"X_EVICTION": "evict_first"},
+        {"FLAT": False},
+        {"BLOCK_SIZE": 512, "NUM_WARPS": 2},
+    ]) for op in GATED_FAMILIES},
+    "rope": _space([
+        {},
+        {"HEAD_BLOCK": 8},
+        {"HEAD_BLOCK": 4, "NUM_WARPS": 2},
+        {"NUM_WARPS": 4},
+        {"NUM_WARPS": 8},
+        {"MAX_PROGRAMS": 2112},
+        {"HEAD_BLOCK": 16, "NUM_WARPS": 4},
+    ]),
+}
 
 
 class TemplateAuthor:
     name = "template"
 
+    def plan(self, request: WriteRequest) -> Plan:
+        return plan_strategy(request)
+
+    def converged(self, request: WriteRequest) -> bool:
+        """True when the search would only re-write its best point (the campaign may stop)."""
+        return plan_strategy(request).converged
+
     def write(self, request: WriteRequest) -> WrittenCandidate:
-        strategy = choose_strategy(request)
-        source = render(request.op, strategy, request.adapter)
-        return WrittenCandidate(source=source, strategy=strategy, author=self.name,
-                                notes=f"template {request.op} with {strategy}")
+        plan = plan_strategy(request)
+        source = render(request.op, plan.strategy, request.adapter)
+        return WrittenCandidate(source=source, strategy=plan.strategy, author=self.name,
+                                notes=f"{plan.reason}; template {request.op} with {plan.strategy}")
