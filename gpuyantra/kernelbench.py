@@ -1,0 +1,739 @@
+"""Run gpuyantra's optimize loop on KernelBench-format problems (CONTRACTS section 3, `kernelbench`).
+
+A KernelBench problem (ScalingIntelligence/KernelBench) is one `.py` file defining
+`class Model(nn.Module)`, built as `Model(*get_init_inputs())` and called as `model(*get_inputs())`.
+For each problem file this module:
+
+1. loads it from disk (importlib, under a private module name), builds the model and its inputs
+   (the same seed every time). On CPU, problems whose inputs exceed `max_elements` are skipped for
+   size *before* their inputs are allocated (their shapes are read on the `meta` device); nothing in
+   the problem is ever shrunk.
+2. binds an op family **by computation**: for every registered family with as many activations as
+   the problem has inputs, the family's parameters are read from the model's attributes
+   (`family.default_adapter(model)`), and `family.reference(*inputs, **params)` must equal
+   `model(*inputs)` on (a) a float64 copy with the model's own parameters and the problem's
+   inputs, (b) a float64 copy with freshly randomized parameters (never weight = 1) and a second,
+   differently scaled input draw, (c) the model as is, at its dtype, within the family's tolerance
+   and with the same output dtype. No family agrees -> "unsupported", which is the honest answer
+   for most KernelBench problems (matmuls, convolutions, fused graphs...).
+3. runs the optimize loop: the configured author writes `OUT/<problem>/candidate_<i>.py`, the
+   verifier judges it; the loop stops at the device's ceiling reward (+3 on CUDA, +1 on CPU where
+   speed is not judged), when the author repeats itself, or after `max_iterations`.
+4. writes `OUT/<problem>/ModelNew.py`: the problem's source verbatim, then
+   `class ModelNew(Model)` (same `__init__` signature, same parameters and state) whose `forward`
+   calls the best candidate's `entry` on the activations and the live attributes its ADAPTER
+   names. The candidate is imported from the real `.py` file next to ModelNew.py (Triton reads
+   kernel source with `inspect`), and kernelbench checks ModelNew against Model on 5 fresh input
+   draws at the family's tolerance. On CUDA both are timed (median of `triton.testing.do_bench`).
+5. reports fast_0 / fast_1 / fast_2 as KernelBench defines them: the fraction of *all* problems
+   whose ModelNew is correct and, for fast_p, more than p times faster than Model. On CPU speed is
+   not measured, so fast_1 / fast_2 are None.
+
+Verifier binding: the verifier imports `module_class` in its own process (its sandbox child never
+imports it) and checks the ADAPTER's attributes on a meta-device instance built with tiny sizes. The
+problem's module stays registered in sys.modules under its private name, so the candidate is
+verified against the problem's own `Model` whenever that instance builds (`Model(64)`, `Model()`);
+otherwise against the family's default module class, with a verification copy of the candidate
+whose ADAPTER is that class's (`candidate_<i>.verify.py`, identical kernel code). Either way the
+binding to the real `Model` is also checked here (steps 2 and 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib.util
+import inspect
+import json
+import re
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gpuyantra.ops import OpFamily, all_ops
+from gpuyantra.ops.base import adapter_kwargs, as_tuple, import_class, outputs_close
+
+# On CPU, kernels run in Triton's interpreter: inputs above this many elements are skipped.
+CPU_MAX_ELEMENTS = 4 * 1024 * 1024
+DEFAULT_MAX_ITERATIONS = 4
+FP64_TOLERANCE = (1e-8, 1e-6)  # (atol, rtol) for the float64 binding probes
+CHECK_DRAWS = 5
+SEED = 42
+CEILING = {"cpu": 1, "cuda": 3}
+
+STATUSES = ("optimized", "incorrect", "rejected", "unsupported", "skipped", "error")
+
+
+class KernelBenchError(Exception):
+    """PATH cannot be read or holds no problem files."""
+
+
+@dataclass
+class Attempt:
+    iteration: int
+    candidate: str
+    strategy: dict[str, Any]
+    reward: int
+    accepted: bool
+    failures: list[dict[str, str]] = field(default_factory=list)
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+
+
+@dataclass
+class ProblemResult:
+    name: str
+    path: str
+    op: str | None = None
+    status: str = "error"
+    correct: bool = False
+    speedup: float | None = None
+    reward: int | None = None
+    model_new: str | None = None
+    reason: str = ""
+    adapter: list[dict[str, str]] | None = None
+    shapes: list[list[int]] = field(default_factory=list)
+    dtype: str | None = None
+    model_us: float | None = None
+    model_new_us: float | None = None
+    max_abs_err: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    verified_against: str | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        ordered = {key: data.pop(key) for key in
+                   ("name", "op", "status", "correct", "speedup", "reward", "model_new", "reason")}
+        ordered.update(data)
+        return ordered
+
+
+@dataclass
+class RunResult:
+    device: str
+    out: str
+    problems: list[ProblemResult]
+    fast_0: float | None
+    fast_1: float | None
+    fast_2: float | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "problems": [p.to_dict() for p in self.problems],
+                "fast_0": self.fast_0, "fast_1": self.fast_1, "fast_2": self.fast_2,
+                "out": self.out, "note": self.note}
+
+
+@dataclass
+class Problem:
+    """A loaded problem file: its module, model, inputs (on the run's device)."""
+
+    module: ModuleType
+    model: torch.nn.Module
+    inputs: list[Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding and loading problems
+
+
+def find_problems(path: str | Path) -> list[tuple[str, Path]]:
+    """(name, file) for PATH: one `.py` file, or every `.py` file under a folder (sorted)."""
+    path = Path(path)
+    if not path.exists():
+        raise KernelBenchError(f"{path} does not exist")
+    if path.is_file():
+        if path.suffix != ".py":
+            raise KernelBenchError(f"{path} is not a .py file")
+        return [(path.stem, path)]
+    if not path.is_dir():
+        raise KernelBenchError(f"{path} is neither a file nor a folder")
+    try:
+        files = sorted(p for p in path.rglob("*.py")
+                       if p.is_file() and p.name != "__init__.py"
+                       and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(path).parts))
+    except OSError as exc:
+        raise KernelBenchError(f"cannot read {path}: {exc}") from exc
+    if not files:
+        raise KernelBenchError(f"{path} holds no .py problem files")
+    return [(p.relative_to(path).with_suffix("").as_posix(), p) for p in files]
+
+
+def safe_name(name: str) -> str:
+    """A folder path for a problem name: path parts kept, odd characters replaced."""
+    parts = [re.sub(r"[^A-Za-z0-9_.-]", "_", part).lstrip(".") or "_" for part in name.split("/")]
+    return "/".join(parts)
+
+
+def load_module(file: Path) -> ModuleType:
+    """Import the problem file under a private name (registered in sys.modules while it runs)."""
+    source = file.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:12]
+    module_name = f"gpuyantra_kernelbench_{re.sub(r'[^A-Za-z0-9_]', '_', file.stem)}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+def check_problem_module(module: ModuleType) -> str | None:
+    """Why the module is not a KernelBench problem, or None when it is one."""
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+    if missing:
+        return f"not a KernelBench problem: defines no {', '.join(missing)}"
+    if not (inspect.isclass(module.Model) and issubclass(module.Model, torch.nn.Module)):
+        return "not a KernelBench problem: Model is not an nn.Module subclass"
+    return None
+
+
+def input_elements(module: ModuleType) -> int | None:
+    """Elements of get_inputs()'s tensors, from a call on the meta device (nothing allocated);
+    None when get_inputs cannot run there."""
+    try:
+        with torch.device("meta"):
+            inputs = list(module.get_inputs())
+    except Exception:  # noqa: BLE001 - e.g. numpy-made inputs: the caller measures the real ones
+        return None
+    return sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+
+
+def parameter_elements(module: ModuleType) -> int | None:
+    """Elements of Model's parameters and buffers, built on the meta device; None when it cannot be."""
+    try:
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+    except Exception:  # noqa: BLE001 - the caller measures the real model
+        return None
+    return sum(t.numel() for t in [*model.parameters(), *model.buffers()])
+
+
+def to_device(value: Any, device: str) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def make_inputs(module: ModuleType, device: str, seed: int) -> list[Any]:
+    torch.manual_seed(seed)
+    return [to_device(v, device) for v in module.get_inputs()]
+
+
+def build_model(module: ModuleType, cls: type, device: str, seed: int = SEED) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return cls(*module.get_init_inputs()).to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding an op family by computation
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().to(torch.float64)
+    return value
+
+
+def _agrees(model: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]], inputs: Sequence[Any],
+            atol: float, rtol: float) -> bool:
+    try:
+        with torch.no_grad():
+            got = model(*inputs)
+            want = family.reference(*inputs, **adapter_kwargs(model, adapter))
+    except Exception:  # noqa: BLE001 - the family's math does not run on these inputs: no match
+        return False
+    got_t, want_t = as_tuple(got), as_tuple(want)
+    if len(got_t) != len(want_t) or any(
+            not isinstance(g, torch.Tensor) or not isinstance(w, torch.Tensor) or g.dtype != w.dtype
+            for g, w in zip(got_t, want_t)):
+        return False
+    return outputs_close(got, want, atol=atol, rtol=rtol)
+
+
+def family_matches(model: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]],
+                   inputs: Sequence[torch.Tensor], seed: int = SEED) -> bool:
+    """True when `model(*inputs)` computes `family`'s reference with the adapter's attributes."""
+    from gpuyantra.binding import randomize_parameters
+
+    # (a) float64, the model's own parameters, the problem's inputs.
+    try:
+        own = copy.deepcopy(model).to(torch.float64)
+    except Exception:  # noqa: BLE001 - a model that cannot be copied cannot be probed
+        return False
+    inputs64 = [_double(x) for x in inputs]
+    if not _agrees(own, family, adapter, inputs64, *FP64_TOLERANCE):
+        return False
+    # (b) float64, randomized parameters (away from 0 and 1), a second input draw scaled differently.
+    randomize_parameters(own, torch.Generator().manual_seed(seed + 1))
+    generator = torch.Generator().manual_seed(seed + 2)
+    redraw = [torch.randn(x.shape, generator=generator, dtype=torch.float64).mul_(3.0).add_(0.25).to(x.device)
+              for x in inputs64]
+    if not _agrees(own, family, adapter, redraw, *FP64_TOLERANCE):
+        return False
+    # (c) the model as it is, at its dtype: output dtype and rounding must match the family's.
+    dtype = inputs[0].dtype
+    atol, rtol = family.tolerance(dtype)
+    return _agrees(model, family, adapter, inputs, 2 * atol, 2 * rtol)
+
+
+def bind_family(model: torch.nn.Module, inputs: Sequence[Any],
+                families: Sequence[OpFamily] | None = None) -> tuple[OpFamily, list[dict[str, str]]] | None:
+    """The first registered family the model computes (and its ADAPTER), or None."""
+    if not inputs or not all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
+        return None
+    for family in families if families is not None else all_ops():
+        if len(family.activations) != len(inputs):
+            continue
+        try:
+            adapter = family.default_adapter(model)
+        except LookupError:
+            continue
+        if family_matches(model, family, adapter, inputs):
+            return family, adapter
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing and checking ModelNew.py
+
+
+def _forward_params(model_cls: type, n_inputs: int) -> list[str] | None:
+    """Model.forward's argument names when they are plain positional names, else None."""
+    try:
+        params = list(inspect.signature(model_cls.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    if len(params) != n_inputs or any(
+            p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or not p.name.isidentifier()
+            or p.name.startswith("_gy_") for p in params):
+        return None
+    return [p.name for p in params]
+
+
+def model_new_source(problem_source: str, problem_path: Path, candidate_file: Path, op: str,
+                     adapter: list[dict[str, str]], forward_args: list[str] | None, reward: int | None) -> str:
+    """ModelNew.py: the problem's source verbatim, then ModelNew(Model) calling the kernel's entry."""
+    candidate_source = candidate_file.read_bytes()
+    digest = hashlib.sha256(candidate_source).hexdigest()[:16]
+    args = ", ".join(forward_args) if forward_args else "*inputs"
+    call_args = ", ".join(forward_args) if forward_args else "*inputs"
+    kwargs = "".join(f", {b['kernel_param']}=self.{b['module_attr']}" for b in adapter)
+    adapter_text = ", ".join(f"{b['kernel_param']} <- self.{b['module_attr']}" for b in adapter) or "none"
+    header = (
+        f"# ModelNew for the KernelBench problem {problem_path.name}, written by `gpuyantra kernelbench`.\n"
+        f"# op family: {op}; kernel: {candidate_file.name} (a gpuyantra candidate file, loaded from disk next\n"
+        f"# to this file); verifier reward: {reward if reward is not None else 'n/a'}.\n"
+        "# The problem's source follows verbatim (Model, get_inputs, get_init_inputs). ModelNew subclasses\n"
+        "# Model: same __init__ signature, parameters and state; its forward calls the kernel.\n"
+        f"# ---- problem source: {problem_path.name} ----\n"
+    )
+    footer = f'''
+# ---- end of problem source ----
+
+import importlib.util as _gy_importlib_util
+import os as _gy_os
+import sys as _gy_sys
+
+import torch as _gy_torch
+
+_GY_CANDIDATE_FILE = {candidate_file.name!r}
+_GY_CANDIDATE_PATH = {str(candidate_file.resolve())!r}  # where it was written, if this file moved alone
+_GY_CANDIDATE_DIGEST = {digest!r}
+
+
+def _gy_load_kernel():
+    """Import the candidate kernel file (a real .py file: Triton reads kernel source with inspect)."""
+    here = globals().get("__file__")
+    paths = [_gy_os.path.join(_gy_os.path.dirname(_gy_os.path.abspath(here)), _GY_CANDIDATE_FILE)] if here else []
+    paths.append(_GY_CANDIDATE_PATH)
+    path = next((p for p in paths if _gy_os.path.isfile(p)), None)
+    if path is None:
+        raise FileNotFoundError(f"kernel file {{_GY_CANDIDATE_FILE}} not found in {{paths}}")
+    if not _gy_torch.cuda.is_available():
+        _gy_os.environ.setdefault("TRITON_INTERPRET", "1")  # no GPU: Triton kernels run in its interpreter
+    name = f"gpuyantra_kernelbench_kernel_{{_GY_CANDIDATE_DIGEST}}"
+    module = _gy_sys.modules.get(name)
+    if module is None:
+        spec = _gy_importlib_util.spec_from_file_location(name, path)
+        module = _gy_importlib_util.module_from_spec(spec)
+        _gy_sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            _gy_sys.modules.pop(name, None)
+            raise
+    return module
+
+
+_gy_kernel = _gy_load_kernel()
+
+
+class ModelNew(Model):
+    """Model with its forward computed by the gpuyantra {op} Triton kernel."""
+
+    def forward(self, {args}):
+        # the kernel's ADAPTER, bound to this module's live attributes: {adapter_text}
+        return _gy_kernel.entry({call_args}{kwargs})
+'''
+    body = problem_source if problem_source.endswith("\n") else problem_source + "\n"
+    return header + body + footer
+
+
+def load_model_new(path: Path) -> ModuleType:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    name = f"gpuyantra_kernelbench_modelnew_{re.sub(r'[^A-Za-z0-9_]', '_', path.parent.name)}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def check_model_new(problem_module: ModuleType, model_new_path: Path, family: OpFamily, device: str,
+                    draws: int = CHECK_DRAWS) -> tuple[bool, str, float | None, tuple[torch.nn.Module, torch.nn.Module]]:
+    """(correct, reason, max_abs_err, (model, model_new)): ModelNew vs Model on `draws` input draws."""
+    new_module = load_model_new(model_new_path)
+    model = build_model(problem_module, problem_module.Model, device)
+    model_new = build_model(problem_module, new_module.ModelNew, device)
+    own, new = model.state_dict(), model_new.state_dict()
+    if list(own) != list(new) or any(own[k].shape != new[k].shape or not torch.equal(own[k], new[k]) for k in own):
+        return False, "ModelNew's parameters/state differ from Model's", None, (model, model_new)
+    worst = 0.0
+    for draw in range(draws):
+        inputs = make_inputs(problem_module, device, SEED + 1000 + draw)
+        with torch.no_grad():
+            want = model(*inputs)
+            got = model_new(*inputs)
+        want_t, got_t = as_tuple(want), as_tuple(got)
+        if len(want_t) != len(got_t) or any(g.shape != w.shape or g.dtype != w.dtype for g, w in zip(got_t, want_t)):
+            return False, (f"draw {draw}: ModelNew returned {_describe(got)} where Model returns "
+                           f"{_describe(want)}"), None, (model, model_new)
+        atol, rtol = family.tolerance(want_t[0].dtype)
+        for g, w in zip(got_t, want_t):
+            if g.numel():
+                worst = max(worst, float((g.double() - w.double()).abs().nan_to_num(float("inf")).max()))
+        if not outputs_close(got, want, atol=atol, rtol=rtol):
+            return False, (f"draw {draw}: ModelNew differs from Model beyond the {family.name} tolerance "
+                           f"(atol {atol:g}, rtol {rtol:g}; max abs err {worst:.3g})"), worst, (model, model_new)
+    return True, f"ModelNew matches Model on {draws} input draws (max abs err {worst:.3g})", worst, (model, model_new)
+
+
+def _describe(value: Any) -> str:
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor)
+                     else type(t).__name__ for t in as_tuple(value))
+
+
+def time_cuda_us(fn: Callable[[], Any]) -> float:
+    """Median time of `fn` in microseconds (triton.testing.do_bench: CUDA events, cache flushed)."""
+    import triton.testing
+
+    with torch.no_grad():
+        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return float(ms) * 1000.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The optimize loop
+
+
+def _verifier() -> Callable[..., Any]:
+    from gpuyantra.verifier import verify
+
+    return verify
+
+
+def _verification_copy(source: str, adapter: list[dict[str, str]]) -> str:
+    """The candidate's source with its ADAPTER replaced (kernel code unchanged)."""
+    text = "ADAPTER = [\n" + "".join(f"    {json.dumps(b)},\n" for b in adapter) + "]\n"
+    replaced, count = re.subn(r"^ADAPTER\s*=\s*\[.*?^\]\n", lambda _: text, source, count=1, flags=re.S | re.M)
+    if count == 0:  # one-line or unusual ADAPTER: append an override (the last assignment wins)
+        replaced = source + ("" if source.endswith("\n") else "\n") + f"ADAPTER = {json.dumps(adapter)}\n"
+    return replaced
+
+
+def default_module_adapter(family: OpFamily) -> list[dict[str, str]] | None:
+    try:
+        return family.default_adapter(import_class(family.default_module))
+    except (LookupError, ValueError):
+        return None
+
+
+def verify_dtypes(dtype: torch.dtype, device: str) -> list[str] | None:
+    name = str(dtype).replace("torch.", "")
+    if device == "cpu" and name not in ("float32", "float16"):
+        return None  # the interpreter's bfloat16 is unreliable: let the verifier choose
+    return [name]
+
+
+def verification_target(family: OpFamily, adapter: list[dict[str, str]], model_cls: type,
+                        dotted: str) -> tuple[str | None, list[dict[str, str]] | None, str]:
+    """(module_class for verify, ADAPTER for a verification copy or None, a note saying which).
+
+    The verifier imports module_class in its own (parent) process and checks the ADAPTER's
+    attributes on a meta-device instance it builds with tiny sizes (`Model(64)`, `Model()`...).
+    When that works for the problem's Model (registered in sys.modules under `dotted`), the
+    candidate is verified against it as is; otherwise against the family's default module, with a
+    copy of the candidate whose ADAPTER is that module's (same kernel code)."""
+    from gpuyantra.ops.meta import meta_instance
+
+    meta = meta_instance(model_cls)
+    if meta is not None and all(hasattr(meta, b["module_attr"]) for b in adapter):
+        return dotted, None, f"verified against the problem's Model ({dotted})"
+    verify_adapter = default_module_adapter(family)
+    note = (f"verified against {family.default_module} (the verifier cannot build the problem's Model "
+            f"on the meta device); the Model binding is checked by kernelbench")
+    return None, (verify_adapter if verify_adapter is not None and verify_adapter != adapter else None), note
+
+
+def optimize(family: OpFamily, adapter: list[dict[str, str]], model_cls: type, dotted: str,
+             shapes: list[list[int]], dtype: torch.dtype, device: str, folder: Path, max_iterations: int,
+             log: Callable[[str], None]) -> tuple[list[Attempt], Attempt | None, str, str]:
+    """Write, verify, repeat. Returns (attempts, best accepted attempt or None, why the loop stopped,
+    what the candidates were verified against)."""
+    from gpuyantra.authors import Attempt as AuthorAttempt
+    from gpuyantra.authors import WriteRequest, get_author
+    from gpuyantra.hardware import hardware_class
+
+    verify = _verifier()
+    author = get_author()
+    hardware = hardware_class(device)
+    module_class, verify_adapter, verified_against = verification_target(family, adapter, model_cls, dotted)
+    ceiling = CEILING.get(device, 3)
+    dtypes = verify_dtypes(dtype, device)
+    attempts: list[Attempt] = []
+    history: list[AuthorAttempt] = []
+    best: Attempt | None = None
+    stop = f"--max-iterations {max_iterations} reached"
+    for iteration in range(1, max_iterations + 1):
+        request = WriteRequest(op=family.name, module_class=model_cls.__name__, adapter=adapter, shapes=shapes,
+                               dtype=str(dtype).replace("torch.", ""), hardware=hardware, history=history,
+                               iteration=iteration)
+        try:
+            written = author.write(request)
+        except ValueError as exc:
+            stop = f"the {getattr(author, 'name', 'configured')} author cannot write {family.name}: {exc}"
+            break
+        if any(a.strategy == written.strategy for a in attempts):
+            stop = f"the author's strategies are exhausted after {len(attempts)} candidates"
+            break
+        path = folder / f"candidate_{iteration}.py"
+        path.write_text(written.source)
+        verify_path = path
+        if verify_adapter is not None:
+            verify_path = folder / f"candidate_{iteration}.verify.py"
+            verify_path.write_text(_verification_copy(written.source, verify_adapter))
+        verdict = verify(verify_path, device=device, module_class=module_class, shapes=shapes, dtypes=dtypes)
+        failures = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in verdict.failures]
+        attempt = Attempt(iteration=iteration, candidate=str(path), strategy=dict(written.strategy),
+                          reward=int(verdict.reward), accepted=bool(verdict.accepted), failures=failures,
+                          speedup_vs_eager=verdict.speedup_vs_eager, speedup_vs_compile=verdict.speedup_vs_compile)
+        attempts.append(attempt)
+        history.append(AuthorAttempt(strategy=dict(written.strategy), reward=attempt.reward, failures=failures,
+                                     kernel_us=getattr(verdict, "kernel_us", None),
+                                     floor_us=getattr(verdict, "floor_us", None)))
+        first = f" ({failures[0]['layer']}/{failures[0]['rule']}: {failures[0]['message'][:160]})" if failures else ""
+        log(f"  candidate {iteration}: reward {attempt.reward:+d}{first}")
+        if attempt.accepted and (best is None or _rank(attempt) > _rank(best)):
+            best = attempt
+        if attempt.reward >= ceiling:
+            stop = f"reached the {device} ceiling reward {ceiling:+d}"
+            break
+    return attempts, best, stop, verified_against
+
+
+def _rank(attempt: Attempt) -> tuple[int, float]:
+    return attempt.reward, attempt.speedup_vs_eager or 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# One problem, a whole run
+
+
+def run_problem(name: str, file: Path, device: str, out: Path, max_iterations: int = DEFAULT_MAX_ITERATIONS,
+                max_elements: int | None = None, log: Callable[[str], None] = lambda _: None) -> ProblemResult:
+    started = time.perf_counter()
+    result = ProblemResult(name=name, path=str(file))
+    try:
+        # Problem code may print: keep stdout for the report.
+        with contextlib.redirect_stdout(sys.stderr):
+            _run_problem(result, file, device, out, max_iterations, max_elements, log)
+    except Exception as exc:  # noqa: BLE001 - one broken problem must not stop the run
+        result.status, result.correct = "error", False
+        result.reason = f"{type(exc).__name__}: {exc}"
+        log("".join(traceback.format_exception(exc)).rstrip())
+    result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_iterations: int,
+                 max_elements: int | None, log: Callable[[str], None]) -> None:
+    # 1. load
+    try:
+        module = load_module(file)
+    except SyntaxError as exc:
+        result.reason = f"cannot load the problem: SyntaxError: {exc.msg} (line {exc.lineno})"
+        return
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from problem code included
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result.reason = f"cannot load the problem: {type(exc).__name__}: {exc}"
+        return
+    why_not = check_problem_module(module)
+    if why_not:
+        result.reason = why_not
+        return
+    if max_elements is not None:
+        elements, params = input_elements(module), parameter_elements(module)
+        if elements is not None and elements + (params or 0) > max_elements:
+            result.status = "skipped"
+            result.reason = (f"skipped for size: inputs hold {elements:,} elements"
+                             + (f" and parameters {params:,}" if params else "")
+                             + f", over the {max_elements:,} cap on {device} (kernels run in Triton's "
+                             "interpreter there); run on --device cuda or raise --max-elements")
+            return
+    try:
+        model = build_model(module, module.Model, device)
+        inputs = make_inputs(module, device, SEED)
+    except Exception as exc:  # noqa: BLE001
+        result.reason = f"cannot build the problem's Model or inputs: {type(exc).__name__}: {exc}"
+        return
+    if max_elements is not None:
+        total = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        total += sum(p.numel() for p in model.parameters())
+        if total > max_elements:
+            result.status = "skipped"
+            result.reason = (f"skipped for size: inputs and parameters hold {total:,} elements, over the "
+                             f"{max_elements:,} cap on {device}; run on --device cuda or raise --max-elements")
+            return
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    result.shapes = [list(t.shape) for t in tensors]
+    result.dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else None
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as exc:  # noqa: BLE001
+        result.reason = f"the problem's Model does not run on its inputs: {type(exc).__name__}: {exc}"
+        return
+
+    # 2. bind by computation
+    bound = bind_family(model, inputs)
+    if bound is None:
+        result.status = "unsupported"
+        result.reason = "unsupported: no registered op family computes this Model"
+        return
+    family, adapter = bound
+    result.op, result.adapter = family.name, adapter
+    log(f"  {result.name}: computes {family.name} (ADAPTER {adapter})")
+
+    # 3. optimize
+    folder = out / safe_name(result.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob("candidate_*.py"), folder / "ModelNew.py"]:
+        stale.unlink(missing_ok=True)  # files of an earlier run of this problem
+    shapes = [list(inputs[0].shape)]
+    try:
+        attempts, best, stop, verified_against = optimize(
+            family, adapter, module.Model, f"{module.__name__}.Model", shapes, inputs[0].dtype, device, folder,
+            max_iterations, log)
+    except ImportError as exc:
+        result.reason = f"the verifier is not available: {exc}"
+        return
+    result.attempts, result.verified_against = attempts, verified_against
+    if best is None:
+        result.status = "rejected"
+        result.reward = max((a.reward for a in attempts), default=None)
+        last = attempts[-1].failures if attempts else []
+        why = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:2])
+        result.reason = (f"no candidate passed verification in {len(attempts)} iteration(s); stopped: {stop}"
+                         + (f" ({why})" if why else ""))
+        return
+    result.reward = best.reward
+
+    # 4. ModelNew.py, checked against Model
+    model_new_path = folder / "ModelNew.py"
+    model_new_path.write_text(model_new_source(
+        file.read_text(), file, Path(best.candidate), family.name, adapter,
+        _forward_params(module.Model, len(inputs)), best.reward))
+    result.model_new = str(model_new_path)
+    try:
+        correct, why, worst, (model, model_new) = check_model_new(module, model_new_path, family, device)
+    except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
+        result.status, result.correct = "incorrect", False
+        result.reason = f"ModelNew.py failed against Model: {type(exc).__name__}: {exc}"
+        return
+    result.correct, result.max_abs_err = correct, worst
+    if not correct:
+        result.status, result.reason = "incorrect", why
+        return
+    result.status = "optimized"
+    result.reason = f"candidate_{best.iteration}.py, reward {best.reward:+d}; {why}"
+    if device != "cuda":
+        result.reason += "; speed not measured on CPU"
+        return
+    try:
+        timing_inputs = make_inputs(module, device, SEED)
+        result.model_us = time_cuda_us(lambda: model(*timing_inputs))
+        result.model_new_us = time_cuda_us(lambda: model_new(*timing_inputs))
+    except Exception as exc:  # noqa: BLE001 - correct, but the timing itself failed: say so
+        result.reason += f"; timing failed: {type(exc).__name__}: {exc}"
+        return
+    result.speedup = result.model_us / result.model_new_us if result.model_new_us > 0 else None
+    result.reason += (f"; Model {result.model_us:.1f} us, ModelNew {result.model_new_us:.1f} us "
+                      f"(median of triton.testing.do_bench)")
+
+
+def fast_p(results: Sequence[ProblemResult], p: float, device: str) -> float | None:
+    """KernelBench's fast_p: share of all problems with a correct ModelNew more than p times as fast."""
+    if not results:
+        return None
+    if p == 0:
+        return sum(1 for r in results if r.correct) / len(results)
+    if device != "cuda":
+        return None
+    return sum(1 for r in results if r.correct and r.speedup is not None and r.speedup > p) / len(results)
+
+
+def run(path: str | Path, device: str = "cpu", out: str | Path = "kernelbench_out",
+        max_iterations: int = DEFAULT_MAX_ITERATIONS, max_elements: int | None = -1,
+        log: Callable[[str], None] = lambda _: None,
+        on_result: Callable[[ProblemResult], None] = lambda _: None) -> RunResult:
+    """Every problem under PATH. `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
+    no cap on CUDA); None means no cap. Raises KernelBenchError when PATH holds no problems."""
+    problems = find_problems(path)
+    if max_elements == -1:
+        max_elements = CPU_MAX_ELEMENTS if device == "cpu" else None
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name, file in problems:
+        log(f"[{len(results) + 1}/{len(problems)}] {name}")
+        result = run_problem(name, file, device, out, max_iterations, max_elements, log)
+        results.append(result)
+        on_result(result)
+    note = "fast_p: share of all problems whose ModelNew is correct and more than p times faster than Model"
+    if device != "cuda":
+        note += "; speed is not measured on CPU (Triton's interpreter), so fast_1 and fast_2 are null"
+    run_result = RunResult(device=device, out=str(out), problems=results, fast_0=fast_p(results, 0, device),
+                           fast_1=fast_p(results, 1, device), fast_2=fast_p(results, 2, device), note=note)
+    (out / "kernelbench.json").write_text(json.dumps(run_result.to_dict(), indent=2, default=str) + "\n")
+    return run_result
