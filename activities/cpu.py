@@ -74,12 +74,12 @@ def learn_skill(request: LearnInput) -> str:
 
     verdict, target = request.verdict, request.target
     fingerprint = Fingerprint.from_target(target, request.hardware)
-    skill = Skill.create(
+    skill = Skill(
         op=target["op"], hardware=request.hardware, source=request.source, adapter=target["adapter"],
         strategy=request.strategy, reward=float(verdict["reward"]),
         speedup_vs_eager=verdict.get("speedup_vs_eager"), speedup_vs_compile=verdict.get("speedup_vs_compile"),
         shapes=verdict.get("shapes") or target.get("shapes", []), dtypes=verdict.get("dtypes") or [],
-        fingerprint=fingerprint,
+        fingerprint=fingerprint.to_payload(), module_class=target.get("qualified_class", ""),
         provenance={"campaign": request.campaign_id, "iteration": request.iteration, "author": request.author,
                     "module_class": target["module_class"]},
         versions={"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
