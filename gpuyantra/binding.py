@@ -3,17 +3,32 @@
 A class is bound to a family only when an instance's forward equals the family's reference on
 random inputs with freshly randomized parameters (never weight = 1, bias = 0); class names are
 only a hint for which attributes to read. So a Gemma `(1 + weight)` norm never receives `rms_norm`.
+
+The probe runs twice on a private copy of the module (the live module is never touched):
+1. float64, tight tolerance: the math must be the family's (catches `1 + weight`, another
+   activation function, a missing bias...).
+2. bfloat16, the family's bf16 tolerance: output dtype and rounding order must agree with the
+   reference's dtype handling (catches e.g. a norm that returns float32 for bf16 input). A module
+   whose bf16 forward cannot run on the CPU is judged on the float64 check alone.
+
+Families whose module is not `module(*activations)` (gated MLPs: the module takes x, the op takes
+(gate, up)) supply `module_activations` / `module_reference` hooks on their `OpFamily`.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from gpuyantra.ops import OpFamily, adapter_kwargs, all_ops
+from gpuyantra.ops import OpFamily, all_ops
+from gpuyantra.ops.base import as_tuple, outputs_close
+
+PROBE_ROWS = (3,)
+FP64_TOLERANCE = (1e-8, 1e-6)  # (atol, rtol)
 
 
 @dataclass
@@ -40,25 +55,72 @@ def randomize_parameters(module: torch.nn.Module, generator: torch.Generator) ->
                 tensor.copy_(values.to(tensor.dtype))
 
 
+def probe_copy(module: torch.nn.Module, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """A CPU copy of `module` whose floating parameters/buffers are new (uninitialized) `dtype`
+    tensors: the live weights are never copied (no GPU allocation, no copy of a large checkpoint
+    in its own dtype); the caller randomizes them."""
+    memo: dict[int, object] = {}
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        if tensor.is_floating_point():
+            fresh = torch.empty(tensor.shape, dtype=dtype, device="meta")
+            memo[id(tensor)] = torch.nn.Parameter(fresh, requires_grad=False) if isinstance(
+                tensor, torch.nn.Parameter) else fresh
+    try:
+        probe = copy.deepcopy(module, memo)
+    except Exception:  # noqa: BLE001 - exotic modules: fall back to a plain copy
+        return copy.deepcopy(module).to(device="cpu", dtype=dtype)
+
+    def materialize(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        return t.to("cpu")
+
+    return probe._apply(materialize)
+
+
+def _agrees(module: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]], dtype: torch.dtype,
+            seed: int, atol: float, rtol: float) -> bool | None:
+    """True/False: module and reference agree at `dtype`; None: the probe could not run."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    try:
+        activations = family.activations_for_module(module, PROBE_ROWS, dtype, "cpu", generator)
+        with torch.no_grad():
+            got = family.module_call(module, *activations)
+            want = family.expected_module_output(module, activations, adapter)
+    except Exception:  # noqa: BLE001 - a module that cannot run the family's inputs is no match
+        return None
+    got_t, want_t = as_tuple(got), as_tuple(want)
+    if len(got_t) != len(want_t) or any(
+        not isinstance(g, torch.Tensor) or not isinstance(w, torch.Tensor) or g.dtype != w.dtype
+        for g, w in zip(got_t, want_t)
+    ):
+        return False
+    return outputs_close(got, want, atol=atol, rtol=rtol)
+
+
 def computes_family(module: torch.nn.Module, family: OpFamily, seed: int = 0) -> list[dict[str, str]] | None:
     """The ADAPTER under which `module` computes `family`, or None when its math differs."""
+    if not family.may_compute(module):
+        return None
     try:
         adapter = family.default_adapter(module)
     except LookupError:
         return None
-    probe = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
-    generator = torch.Generator().manual_seed(seed)
-    randomize_parameters(probe, generator)
     try:
-        activations = family.activations_for_module(probe, (3,), torch.float64, "cpu", generator)
-        with torch.no_grad():
-            got = family.module_call(probe, *activations)
-            want = family.reference(*activations, **adapter_kwargs(probe, adapter))
-    except Exception:  # noqa: BLE001 - a module that cannot even run the family's inputs is no match
+        probe = probe_copy(module, torch.float64)
+    except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be probed
         return None
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+    randomize_parameters(probe, torch.Generator().manual_seed(seed))
+    probe.eval()
+    atol, rtol = FP64_TOLERANCE
+    if not _agrees(probe, family, adapter, torch.float64, seed, atol, rtol):
         return None
-    return adapter if torch.allclose(got.double(), want.double(), rtol=1e-6, atol=1e-8) else None
+    # Dtype handling: same probe weights rounded to bf16; a CPU-unsupported forward (None) passes.
+    low = probe.to(torch.bfloat16)
+    atol, rtol = family.tolerance(torch.bfloat16)
+    if _agrees(low, family, adapter, torch.bfloat16, seed, 2 * atol, 2 * rtol) is False:
+        return None
+    return adapter
 
 
 def find_module_groups(model: torch.nn.Module, ops: Sequence[str] | None = None) -> list[ModuleGroup]:

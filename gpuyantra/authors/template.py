@@ -13,10 +13,12 @@ search is deterministic for a given request (op, shapes, dtype, hardware, seed, 
      every larger one of the size knobs);
    * among passing attempts with a measured `kernel_us`, the fastest is the incumbent; the next
      write is its untried neighbour (one knob one step away), knobs ordered by the regime the
-     measurement shows (launch-bound vs bandwidth-bound) and by the direction that last helped;
+     measurement shows (launch-bound: >= 10x the floor; else bandwidth-bound), by the direction
+     that last helped (when it gained >= 2%), and with moves already seen to slow a point down
+     (>3%) last;
    * it stops proposing new points (re-writes the best, notes start with "converged") once the best
-     is within 5% of the roofline floor (`floor_us`), when three measured steps in a row brought
-     less than 2%, or when the space around the best is exhausted.
+     is within 5% of the roofline floor (`floor_us`), when four measured steps in a row brought
+     less than 1%, or when the space around the best is exhausted.
 3. Points that behave identically for the request's shapes (e.g. MAX_PROGRAMS above the number of
    tiles, CHUNK when rows fit in registers) count as one, so no attempt is wasted on a twin.
 """
@@ -56,27 +58,31 @@ ROPE_KNOBS: dict[str, list[Any]] = {
     "HEAD_BLOCK": [0, 1, 2, 4, 8, 16, 32],
     "NUM_WARPS": [0, 1, 2, 4, 8],
     "MAX_PROGRAMS": [0, 8448, 4224, 2112, 1056, 528, 264, 132],
+    "FLAT_ROWS": [0, 16, 32, 64],  # 0: a program per token; N: stream N head vectors per program
 }
 ROW_FAMILIES = ("rms_norm", "gemma_rms_norm", "layer_norm", "add_rms_norm", "softmax")
 GATED_FAMILIES = ("silu_mul", "gelu_tanh_mul")
+LAYER_NORM_KNOBS: dict[str, list[Any]] = {**ROW_KNOBS, "SHIFTED_STATS": [False, True]}
 KNOBS: dict[str, dict[str, list[Any]]] = {
     **{op: ROW_KNOBS for op in ROW_FAMILIES},
+    "layer_norm": LAYER_NORM_KNOBS,
     **{op: GATED_KNOBS for op in GATED_FAMILIES},
     "rope": ROPE_KNOBS,
 }
 # Knobs whose larger values need more registers / shared memory (banned upwards on resource errors).
 SIZE_KNOBS = ("BLOCK_H_MAX", "CHUNK", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "NUM_STAGES")
 # Knob order when the measurement is far from a floor that is large (bandwidth-bound) ...
-BANDWIDTH_PRIORITY = ("ROWS_PER_PROGRAM", "MAX_PROGRAMS", "NUM_WARPS", "BLOCK_SIZE", "X_EVICTION", "HEAD_BLOCK",
-                      "CHUNK", "BLOCK_H_MAX", "NUM_STAGES", "FLAT")
+BANDWIDTH_PRIORITY = ("ROWS_PER_PROGRAM", "FLAT_ROWS", "MAX_PROGRAMS", "SHIFTED_STATS", "NUM_WARPS", "BLOCK_SIZE", "X_EVICTION",
+                      "HEAD_BLOCK", "CHUNK", "BLOCK_H_MAX", "NUM_STAGES", "FLAT")
 # ... and when the floor is tiny and the time is launch overhead (fewer, leaner programs first).
-LAUNCH_PRIORITY = ("NUM_WARPS", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "MAX_PROGRAMS", "FLAT",
-                   "X_EVICTION", "BLOCK_H_MAX", "CHUNK", "NUM_STAGES")
+LAUNCH_PRIORITY = ("NUM_WARPS", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "MAX_PROGRAMS", "FLAT", "FLAT_ROWS",
+                   "X_EVICTION", "SHIFTED_STATS", "BLOCK_H_MAX", "CHUNK", "NUM_STAGES")
 
 CONVERGED_GAP = 1.05  # stop once kernel_us <= 1.05 * floor_us
-PLATEAU_STEPS = 3  # stop after this many measured steps in a row without a 2% gain
-PLATEAU_GAIN = 0.02
-LAUNCH_BOUND_US = 8.0  # a floor under ~1 us with a time under this is launch overhead
+PLATEAU_STEPS = 4  # stop after this many measured steps in a row without a 1% gain
+PLATEAU_GAIN = 0.01
+LAUNCH_BOUND_GAP = 10.0  # measured >= 10x the floor: the time is launch overhead, not bytes
+LAUNCH_BOUND_US = 8.0  # without a floor: a time under this is launch overhead
 HARD_FAILURE_LAYERS = ("static", "contract", "sandbox", "correctness")
 _RESOURCE_WORDS = ("out of resource", "outofresources", "shared memory", "registers", "too many resources")
 
@@ -189,6 +195,8 @@ def auto_warps(op: str, strategy: dict[str, Any], shape: Sequence[int]) -> int:
     if op in GATED_FAMILIES:
         return max(1, min(16, strategy["BLOCK_SIZE"] // 256))
     if op == "rope":
+        if strategy.get("FLAT_ROWS"):
+            return max(1, min(8, strategy["FLAT_ROWS"] * _pow2(hidden // 2) // 128))
         hb = _pow2(heads) if not strategy["HEAD_BLOCK"] else min(_pow2(heads), strategy["HEAD_BLOCK"])
         return max(1, min(8, hb * _pow2(hidden // 2) // 128))
     return 4
@@ -222,9 +230,9 @@ def canonical(op: str, strategy: dict[str, Any], shapes: Sequence[Sequence[int]]
         elif op == "rope":
             if not s["NUM_WARPS"]:
                 s["NUM_WARPS"] = auto_warps(op, s, shape)
-            if s["HEAD_BLOCK"] >= _pow2(heads):
+            if s["HEAD_BLOCK"] >= _pow2(heads) or s.get("FLAT_ROWS"):
                 s["HEAD_BLOCK"] = 0
-            if s["MAX_PROGRAMS"] >= rows:
+            if s["MAX_PROGRAMS"] >= rows or s.get("FLAT_ROWS"):
                 s["MAX_PROGRAMS"] = 0
         per_shape.append(s)
     return json.dumps(per_shape, sort_keys=True, default=str)
@@ -377,7 +385,7 @@ def plan_strategy(request: WriteRequest) -> Plan:
             return Plan(best, f"converged: best {best_attempt.kernel_us:.2f} us is within 5% of the "
                               f"{floor:.2f} us floor", converged=True)
         if _plateau(measured):
-            return Plan(best, f"converged: no 2% gain in the last {PLATEAU_STEPS} measured steps "
+            return Plan(best, f"converged: no 1% gain in the last {PLATEAU_STEPS} measured steps "
                               f"(best {best_attempt.kernel_us:.2f} us)", converged=True)
 
     # Knob order from the regime the incumbent's measurement shows, and the direction that helped.
@@ -385,13 +393,19 @@ def plan_strategy(request: WriteRequest) -> Plan:
     regime = "unmeasured"
     if best_attempt is not None and best_attempt.kernel_us:
         floor = best_attempt.floor_us or 0.0
-        launch_bound = floor < 1.0 and best_attempt.kernel_us < LAUNCH_BOUND_US
+        launch_bound = (best_attempt.kernel_us >= LAUNCH_BOUND_GAP * floor) if floor else (
+            best_attempt.kernel_us < LAUNCH_BOUND_US)
         order = LAUNCH_PRIORITY if launch_bound else BANDWIDTH_PRIORITY
         gap = f", {best_attempt.kernel_us / floor:.2f}x the floor" if floor else ""
         regime = f"{'launch' if launch_bound else 'bandwidth'}-bound, best {best_attempt.kernel_us:.2f} us{gap}"
     first = _improving_move(op, measured, best_i)
+    bad = _bad_moves(measured)
+    moves = _neighbours(op, best, shapes, order, first)
+    # Moves that already made some point >3% slower go last (e.g. more rows per program after the
+    # persistent grid changed): the measurement says that knob, that way, hurts here.
+    moves.sort(key=lambda m: _move_key(best, m[1]) in bad)
 
-    for label, candidate in _neighbours(op, best, shapes, order, first):
+    for label, candidate in moves:
         if key(candidate) in tried or not _allowed(candidate, banned):
             continue
         return Plan(candidate, f"neighbour of the best ({regime}): {label}")
@@ -412,13 +426,36 @@ def _plateau(measured: list[tuple[int, dict[str, Any], Attempt]]) -> bool:
     return min(times[-PLATEAU_STEPS:]) > best_before * (1.0 - PLATEAU_GAIN)
 
 
+BAD_MOVE_SLOWDOWN = 1.03
+MOMENTUM_GAIN = 0.02  # keep walking a knob's direction only after a gain of at least 2%
+
+
+def _move_key(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    diff = [k for k in after if after[k] != before.get(k)]
+    return (diff[0], before.get(diff[0]), after[diff[0]]) if len(diff) == 1 else None
+
+
+def _bad_moves(measured: list[tuple[int, dict[str, Any], Attempt]]) -> set[tuple[str, Any, Any]]:
+    """(knob, from, to) single-knob moves seen to make a measured point >3% slower."""
+    bad: set[tuple[str, Any, Any]] = set()
+    for _, a, ta in measured:
+        for _, b, tb in measured:
+            key = _move_key(a, b)
+            if key is not None and tb.kernel_us > BAD_MOVE_SLOWDOWN * ta.kernel_us:
+                bad.add(key)
+    return bad
+
+
 def _improving_move(op: str, measured: list[tuple[int, dict[str, Any], Attempt]], best_i: int) -> tuple[str, int] | None:
     """(knob, direction) of the single-knob change that produced the incumbent, if it was one."""
     earlier = [(s, a) for i, s, a in measured if i < best_i]
     current = [s for i, s, _ in measured if i == best_i]
     if not earlier or not current:
         return None
-    previous = min(earlier, key=lambda m: m[1].kernel_us)[0]
+    previous, prev_attempt = min(earlier, key=lambda m: m[1].kernel_us)
+    best_us = [a.kernel_us for i, _, a in measured if i == best_i][0]
+    if best_us > prev_attempt.kernel_us * (1.0 - MOMENTUM_GAIN):
+        return None  # a marginal gain: explore other knobs before walking further this way
     diff = [k for k in current[0] if current[0][k] != previous.get(k)]
     if len(diff) != 1:
         return None
@@ -454,10 +491,16 @@ _ROW_POINTS = [
     {"BLOCK_H_MAX": 16384, "NUM_WARPS": 16},
     {"BLOCK_H_MAX": 4096, "CHUNK": 2048},
     {"BLOCK_H_MAX": 4096, "CHUNK": 4096, "NUM_WARPS": 8, "NUM_STAGES": 2},
+    {"BLOCK_H_MAX": 2048, "CHUNK": 2048, "NUM_WARPS": 4},
+    {"BLOCK_H_MAX": 2048, "CHUNK": 1024, "NUM_WARPS": 4, "MAX_PROGRAMS": 2112},
 ]
+_LAYER_NORM_POINTS = _ROW_POINTS[:3] + [{"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "MAX_PROGRAMS": 2112},
+                                        {"SHIFTED_STATS": True, "BLOCK_H_MAX": 2048, "CHUNK": 2048},
+                                        {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 2}] + _ROW_POINTS[3:]
 # Strategy spaces per family: ordered points (partial: missing knobs keep the template default).
 STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
     **{op: _space(_ROW_POINTS) for op in ROW_FAMILIES},
+    "layer_norm": _space(_LAYER_NORM_POINTS),
     **{op: _space([
         {},
         {"BLOCK_SIZE": 4096},
@@ -471,6 +514,9 @@ STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
     ]) for op in GATED_FAMILIES},
     "rope": _space([
         {},
+        {"FLAT_ROWS": 16},
+        {"FLAT_ROWS": 32, "NUM_WARPS": 4},
+        {"HEAD_BLOCK": 8, "NUM_WARPS": 2},
         {"HEAD_BLOCK": 8},
         {"HEAD_BLOCK": 4, "NUM_WARPS": 2},
         {"NUM_WARPS": 4},

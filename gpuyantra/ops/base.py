@@ -57,6 +57,22 @@ class OpFamily:
             torch.float64: (1e-9, 1e-9),
         }
     )
+    # --- optional hooks (families whose module is not a plain `module(*activations)` op) ---
+    # module_reference(module, *module_activations, **params) -> what `module` must return when it
+    # computes this family, built from `reference` (e.g. an MLP: down_proj(reference(gate_proj(x),
+    # up_proj(x)))). None: `reference(*module_activations, **params)`.
+    module_reference: Callable[..., Any] | None = None
+    # module_filter(module) -> False when the module cannot compute this family (cheap structural
+    # precheck before the numerical probe, e.g. "has gate_proj/up_proj/down_proj"). None: any module.
+    module_filter: Callable[[torch.nn.Module], bool] | None = None
+    # param_factory(hidden, dtype, device, generator) -> {param name: value} for a probe of width
+    # `hidden` (weights away from 0 and 1). None: tensors of shape (hidden,), floats 1e-6.
+    param_factory: Callable[..., dict[str, Any]] | None = None
+    # Free functions (dotted) that compute this family where no module does (e.g. rope's
+    # `apply_rotary_pos_emb`); informational, for a function-level swap.
+    known_functions: tuple[str, ...] = ()
+    # Number of outputs `entry` returns: 1 for a tensor, n > 1 for a tuple of n tensors.
+    n_outputs: int = 1
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) for outputs of `dtype`, measured against a float64 reference."""
@@ -74,6 +90,31 @@ class OpFamily:
             bindings.append({"kernel_param": spec.name, "module_attr": attr})
         return bindings
 
+    def may_compute(self, module: torch.nn.Module) -> bool:
+        """Cheap structural precheck; the numerical probe (binding.computes_family) decides."""
+        return self.module_filter is None or bool(self.module_filter(module))
+
+    def expected_module_output(self, module: torch.nn.Module, activations: Sequence[Tensor],
+                               adapter: Sequence[dict[str, str]]) -> Any:
+        """What `module_call(module, *activations)` must return if the module computes this family."""
+        kwargs = adapter_kwargs(module, adapter)
+        if self.module_reference is not None:
+            return self.module_reference(module, *activations, **kwargs)
+        return self.reference(*activations, **kwargs)
+
+    def make_params(self, hidden: int, dtype: torch.dtype, device: torch.device | str,
+                    generator: torch.Generator) -> dict[str, Any]:
+        """Random keyword parameters for `entry`/`reference` at width `hidden`."""
+        if self.param_factory is not None:
+            return self.param_factory(hidden, dtype, device, generator)
+        params: dict[str, Any] = {}
+        for spec in self.params:
+            if spec.kind == "float":
+                params[spec.name] = 1e-6
+            else:
+                params[spec.name] = randn((hidden,), dtype, device, generator, 0.5) + 1.0
+        return params
+
     def hidden_size(self, module: torch.nn.Module) -> int:
         if self.hidden_of is not None:
             return self.hidden_of(module)
@@ -89,6 +130,35 @@ class OpFamily:
         if self.module_activations is not None:
             return self.module_activations(module, rows, dtype, device, generator)
         return self.make_activations(tuple(rows), self.hidden_size(module), dtype, device, generator, scale)
+
+
+def as_tuple(output: Any) -> tuple[Any, ...]:
+    """An op's output as a tuple (families like rope return several tensors)."""
+    return tuple(output) if isinstance(output, (tuple, list)) else (output,)
+
+
+def outputs_close(got: Any, want: Any, atol: float, rtol: float) -> bool:
+    """Same structure, shapes and dtypes-as-tensors, and every element within tolerance."""
+    got_t, want_t = as_tuple(got), as_tuple(want)
+    if len(got_t) != len(want_t):
+        return False
+    for g, w in zip(got_t, want_t):
+        if not isinstance(g, Tensor) or not isinstance(w, Tensor) or g.shape != w.shape:
+            return False
+        if not torch.allclose(g.double(), w.double(), rtol=rtol, atol=atol, equal_nan=True):
+            return False
+    return True
+
+
+def numel(shape: Sequence[int]) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def adapter_kwargs(module: torch.nn.Module, adapter: Sequence[dict[str, str]]) -> dict[str, Any]:
@@ -108,8 +178,11 @@ def import_class(dotted: str) -> type:
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str, generator: torch.Generator,
           scale: float = 1.0) -> Tensor:
-    """Random normal values drawn on the CPU generator (reproducible across devices), then moved."""
-    values = torch.randn(tuple(shape), generator=generator, dtype=torch.float32) * scale
+    """Random normal values drawn on the CPU generator (reproducible across devices), then moved.
+
+    A generator on another device (e.g. a CUDA generator, for benchmark-sized inputs) draws there."""
+    gen_device = generator.device
+    values = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=gen_device) * scale
     return values.to(device=device, dtype=dtype)
 
 

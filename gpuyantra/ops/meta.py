@@ -16,15 +16,18 @@ TINY_CONFIG = dict(
 )
 
 
-def tiny_config_for(cls: type):
-    """A tiny config of the transformers config class that lives beside `cls`, or None."""
+def tiny_configs_for(cls: type) -> list:
+    """Tiny configs of the transformers config classes that live beside `cls`, most specific
+    first (a model's own `...TextConfig` / `...Config` before the generic `PreTrainedConfig`)."""
     module = sys.modules.get(cls.__module__)
     if module is None:
-        return None
+        return []
     config_classes = [
         obj for name, obj in vars(module).items()
         if name.endswith("Config") and inspect.isclass(obj) and hasattr(obj, "model_type")
     ]
+    config_classes.sort(key=lambda c: (not getattr(c, "model_type", ""), "Text" not in c.__name__))
+    configs = []
     for config_cls in config_classes:
         try:
             config = config_cls(**TINY_CONFIG)
@@ -32,8 +35,14 @@ def tiny_config_for(cls: type):
             continue
         if getattr(config, "hidden_act", None) is None and hasattr(config, "hidden_act"):
             config.hidden_act = "silu"
-        return config
-    return None
+        configs.append(config)
+    return configs
+
+
+def tiny_config_for(cls: type):
+    """A tiny config of the transformers config class that lives beside `cls`, or None."""
+    configs = tiny_configs_for(cls)
+    return configs[0] if configs else None
 
 
 def build_instance(cls: type, device: str | torch.device = "cpu") -> torch.nn.Module | None:
@@ -41,10 +50,9 @@ def build_instance(cls: type, device: str | torch.device = "cpu") -> torch.nn.Mo
     params = list(inspect.signature(cls.__init__).parameters)[1:]
     attempts = []
     if params and params[0] == "config":
-        config = tiny_config_for(cls)
-        if config is not None:
-            attempts.append(lambda: cls(config))
-            attempts.append(lambda: cls(config, layer_idx=0))
+        for config in tiny_configs_for(cls):
+            attempts.append(lambda config=config: cls(config))
+            attempts.append(lambda config=config: cls(config, layer_idx=0))
     attempts += [lambda: cls(TINY_HIDDEN), lambda: cls(hidden_size=TINY_HIDDEN), lambda: cls()]
     for attempt in attempts:
         try:

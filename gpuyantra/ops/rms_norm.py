@@ -1,4 +1,13 @@
-"""RMSNorm as Llama, Qwen2, Mistral compute it: normalize in float32, round, then scale by weight."""
+"""RMSNorm as Llama, Qwen2, Mistral compute it: normalize in float32, round, then scale by weight.
+
+entry(x, *, weight, eps) -> y, with y = weight * (xf * rsqrt(mean(xf**2, -1) + eps)).to(x.dtype) and
+xf = x.float(); y's dtype is promote(x.dtype, weight.dtype) exactly as `weight * h.to(x.dtype)`.
+
+Binds (numerically checked): LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm,
+Qwen2MoeRMSNorm, MixtralRMSNorm, Phi3RMSNorm, GraniteRMSNorm, and Olmo2RMSNorm (which multiplies by
+the weight before rounding: equal in float64, within one rounding in 16-bit types). Never Gemma's
+`(1 + weight)` norms: those are `gemma_rms_norm`.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpuyantra.ops import register
+from gpuyantra.ops._rows import has_vector_weight
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, randn
 
 
@@ -68,6 +78,13 @@ FAMILY = register(
             "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm",
             "transformers.models.llama.modeling_llama.LlamaRMSNorm",
             "transformers.models.mistral.modeling_mistral.MistralRMSNorm",
+            "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm",
+            "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeRMSNorm",
+            "transformers.models.mixtral.modeling_mixtral.MixtralRMSNorm",
+            "transformers.models.phi3.modeling_phi3.Phi3RMSNorm",
+            "transformers.models.granite.modeling_granite.GraniteRMSNorm",
+            "transformers.models.olmo2.modeling_olmo2.Olmo2RMSNorm",
         ),
+        module_filter=has_vector_weight,
     )
 )
