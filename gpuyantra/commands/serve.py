@@ -1,0 +1,92 @@
+"""`gpuyantra serve`: serve a causal LM with the hot-swap admin API (CONTRACTS sections 3 and 4)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a causal LM (OpenAI-compatible completions) with the kernel hot-swap admin API",
+        description=(
+            "Serve a transformers causal LM from a preset (tiny-qwen2, tiny-llama, tiny-gpt2, qwen2.5-1.5b; "
+            "random weights, seeded) or a local Hugging Face folder, with OpenAI-compatible /v1/completions, "
+            "Prometheus /metrics and the bearer-token admin API that swaps verified Triton kernels in live."),
+    )
+    p.add_argument("--model", default="tiny-qwen2", metavar="PRESET_OR_DIR",
+                   help="preset name or local model folder (config.json, weights optional with --random-weights); "
+                        "default: tiny-qwen2")
+    p.add_argument("--random-weights", action="store_true",
+                   help="for a folder: build the model from its config.json with seeded random weights")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the model runs (default: cuda when available)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--admin-token", default=None,
+                   help="bearer token of the /admin routes (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)")
+    p.add_argument("--state-dir", default=None,
+                   help="folder for the swap manifest and kept candidate files (default: $GPUYANTRA_STATE_DIR or .state)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="decode with CUDA graphs (static KV cache, one graph per batch-size bucket); needs cuda")
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="tokens per request, prompt + generated (default: min(model limit, 2048))")
+    p.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
+    p.add_argument("--max-parity-shapes", type=int, default=4,
+                   help="live input shapes a swap checks parity on per module class (default: 4)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Before anything imports triton: the interpreter on machines without CUDA.
+    from gpuyantra.triton_env import prepare
+
+    device = None if args.device == "auto" else args.device
+    device = prepare(device)
+    if args.cuda_graphs and device != "cuda":
+        print("gpuyantra serve: --cuda-graphs needs --device cuda", file=sys.stderr)
+        return 2
+    if args.max_batch < 1:
+        print("gpuyantra serve: --max-batch must be at least 1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    _ensure_serving_importable()
+    from serving.app import ServeConfig, create_app
+
+    token = args.admin_token or os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
+    config = ServeConfig(
+        model=args.model, random_weights=args.random_weights, device=device,
+        dtype=None if args.dtype == "auto" else args.dtype, seed=args.seed, state_dir=args.state_dir,
+        admin_token=token, cuda_graphs=args.cuda_graphs, max_batch=args.max_batch, max_seq_len=args.max_seq_len,
+        max_parity_shapes=args.max_parity_shapes,
+    )
+    if token is None:
+        print("gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
+              file=sys.stderr)
+    app = create_app(config)
+    print(f"gpuyantra serve: {args.model} on {device}, http://{args.host}:{args.port} "
+          f"(ready when GET /readyz answers 200)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def _ensure_serving_importable() -> None:
+    """`serving/` sits beside `gpuyantra/` in a source checkout; an editable install made before it
+    existed does not map it, so fall back to the checkout root."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("serving") is None:
+        root = Path(__file__).resolve().parents[2]
+        if (root / "serving" / "__init__.py").exists():
+            sys.path.insert(0, str(root))

@@ -1,0 +1,685 @@
+"""The swap engine: hot-swap a verified candidate kernel into a live model, all modules or none.
+
+A swap
+1. copies the candidate into the state folder (`<state_dir>/swaps/<swap_id>.py`) and loads it from
+   there with `load_candidate` (a real file that stays on disk: Triton re-reads kernel source when it
+   specializes for new shapes);
+2. finds every module that computes the candidate's op family (`find_module_groups`, a numeric check,
+   never a class name alone), optionally restricted to one module class, and checks each module has
+   the attributes the candidate's `ADAPTER` reads;
+3. for each module: computes the original forward on random inputs of the live shapes with the live
+   weights, binds `family.replacement_forward(module, entry, ADAPTER)` (wrapped in a fallback guard)
+   with `types.MethodType`, computes the new forward on the same inputs and compares them within
+   `family.tolerance(dtype)`;
+4. runs the `before_commit` hook (the serving engine re-captures CUDA graphs there and checks parity
+   on the graph path);
+5. commits: the record becomes active and the manifest is written. If anything in 1-4 fails or
+   raises, every module gets back exactly the forward it had before, and the record is kept in the
+   history as `rolled_back` with the reason.
+
+The caller is responsible for running `swap`/`rollback` while no forward pass is in flight (the
+serving engine does it between forward passes, on its single model thread); this module never
+exposes a partly bound set of modules to a concurrent forward because it never runs beside one.
+
+While serving, a swapped module whose kernel raises falls back to the original forward for that
+call, marks its swap as faulted (all its modules then use the original forward) and queues the
+swap for rollback; `handle_faults()` (called between forward passes) performs that rollback.
+
+A newer swap that binds modules an active swap holds supersedes it on those modules; rolling back
+the newer swap restores the original forward (not the superseded kernel).
+
+Manifest: `<state_dir>/swaps/manifest.json` holds every record (history, with status). `reapply()`
+re-binds the records still `committed` for this model after re-checking parity, keeping their ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import threading
+import time
+import types
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from gpuyantra.binding import ModuleGroup, find_module_groups
+from gpuyantra.candidate import Candidate, CandidateError, load_candidate
+from gpuyantra.ops import OpFamily, UnknownOpError, get_op
+from gpuyantra.ops.base import as_tuple
+
+MANIFEST_VERSION = 1
+HISTORY_LIMIT = 1000
+
+Shape = tuple[int, ...]
+
+
+class SwapError(Exception):
+    """A swap or rollback that did not happen. `http_status` is what the admin API answers."""
+
+    http_status = 409
+    status = "rejected"
+
+    def __init__(self, reason: str, record: "SwapRecord | None" = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.record = record
+
+    def detail(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "reason": self.reason}
+        if self.record is not None:
+            out["swap_id"] = self.record.swap_id
+            if self.record.parity:
+                out["parity"] = self.record.parity
+        return out
+
+
+class CandidateLoadError(SwapError):
+    """The candidate cannot be read or imported, or breaks the candidate contract."""
+
+    http_status = 422
+    status = "invalid_candidate"
+
+
+class SwapRejected(SwapError):
+    """The candidate is valid but fits no module of this model."""
+
+    status = "rejected"
+
+
+class ParityError(SwapError):
+    """Parity failed (or binding/checking raised): every module was restored."""
+
+    status = "rolled_back"
+
+
+class UnknownSwapError(SwapError):
+    http_status = 404
+    status = "unknown"
+
+
+class NotActiveError(SwapError):
+    status = "not_active"
+
+
+@dataclass
+class SwapRecord:
+    swap_id: str
+    op: str
+    model: str
+    file: str
+    digest: str
+    status: str = "pending"  # pending | committed | rolled_back | superseded
+    module_class: str | None = None
+    qualified_class: str | None = None
+    module_classes: list[str] = field(default_factory=list)
+    requested_module_class: str | None = None
+    modules: int = 0
+    module_names: list[str] = field(default_factory=list)
+    adapter: list[dict[str, str]] = field(default_factory=list)
+    origin: str = "path"  # path | source | manifest
+    source_path: str | None = None
+    created_at: float = field(default_factory=time.time)
+    committed_at: float | None = None
+    rolled_back_at: float | None = None
+    reapplied_at: float | None = None
+    reason: str | None = None
+    parity: dict[str, Any] = field(default_factory=dict)
+    calls: int = 0
+    fallbacks: int = 0
+    last_error: str | None = None
+    superseded_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SwapRecord":
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_CLASS_FORWARD = object()  # marker: the module had no instance-level forward before any swap
+
+
+class _LiveSwap:
+    """A swap whose forwards are bound right now (or being bound)."""
+
+    def __init__(self, record: SwapRecord, family: OpFamily, candidate: Candidate, engine: "SwapEngine"):
+        self.record = record
+        self.family = family
+        self.candidate = candidate
+        self.engine = engine
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.strict = True  # during parity/capture: kernel exceptions propagate (no silent fallback)
+        self.faulted = False
+
+    def note_fault(self, exc: BaseException) -> None:
+        first = not self.faulted
+        self.faulted = True
+        self.record.fallbacks += 1
+        if first:
+            self.record.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.engine._queue_fault(self)
+        self.engine._emit("fallback", self.record, error=self.record.last_error)
+
+
+class SwapEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        state_dir: str | Path,
+        *,
+        model_id: str = "model",
+        shapes_provider: Callable[[str], Sequence[Shape]] | None = None,
+        default_rows: Sequence[Sequence[int]] = ((1, 1), (1, 8)),
+        max_parity_shapes: int = 4,
+        before_commit: Callable[[SwapRecord], Mapping[str, Any] | None] | None = None,
+        after_restore: Callable[[], None] | None = None,
+        on_event: Callable[..., None] | None = None,
+        seed: int = 1234,
+    ):
+        self.model = model
+        self.model_id = model_id
+        self.state_dir = Path(state_dir)
+        self.swaps_dir = self.state_dir / "swaps"
+        self.swaps_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = self.swaps_dir / "manifest.json"
+        self.shapes_provider = shapes_provider
+        self.default_rows = [tuple(int(d) for d in r) for r in default_rows]
+        self.max_parity_shapes = max_parity_shapes
+        self.before_commit = before_commit
+        self.after_restore = after_restore
+        self.on_event = on_event
+        self.seed = seed
+        self._op_lock = threading.RLock()     # serializes swap / rollback / reapply
+        self._state_lock = threading.Lock()   # short: guards the lists snapshots read
+        self._history: list[SwapRecord] = []
+        self._live: dict[str, _LiveSwap] = {}           # swap_id -> live swap (committed)
+        self._owner: dict[str, str] = {}                # module name -> swap_id bound there
+        self._originals: dict[str, Any] = {}            # module name -> pre-swap instance forward
+        self._faults: deque[_LiveSwap] = deque()
+        self._groups_cache: dict[str, list[ModuleGroup]] = {}
+        self._staged: list[tuple[torch.nn.Module, Any]] | None = None
+        self._modules = dict(model.named_modules())
+        self._load_manifest()
+
+    # ------------------------------------------------------------------ public: queries
+    def active(self) -> list[dict[str, Any]]:
+        with self._state_lock:
+            return [live.record.to_dict() for live in self._live.values()]
+
+    def history(self) -> list[dict[str, Any]]:
+        with self._state_lock:
+            return [r.to_dict() for r in self._history]
+
+    def get(self, swap_id: str) -> dict[str, Any] | None:
+        with self._state_lock:
+            for r in self._history:
+                if r.swap_id == swap_id:
+                    return r.to_dict()
+        return None
+
+    def active_ids(self) -> list[str]:
+        with self._state_lock:
+            return list(self._live)
+
+    def module_state(self) -> dict[str, str | None]:
+        """Module name -> id of the swap bound there (None: original). For atomicity checks."""
+        return {name: self._owner.get(name) for group in self._all_groups() for name in group.names}
+
+    def groups(self, op: str) -> list[ModuleGroup]:
+        if op not in self._groups_cache:
+            self._groups_cache[op] = find_module_groups(self.model, [op])
+        return self._groups_cache[op]
+
+    def _all_groups(self) -> list[ModuleGroup]:
+        out: list[ModuleGroup] = []
+        for op in list(self._groups_cache):
+            out.extend(self._groups_cache[op])
+        return out
+
+    # ------------------------------------------------------------------ public: swap
+    def swap(
+        self,
+        path: str | Path | None = None,
+        *,
+        source: str | None = None,
+        module_class: str | None = None,
+        live_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[Sequence[int]]] | None = None,
+        swap_id: str | None = None,
+        _reapply_record: SwapRecord | None = None,
+    ) -> SwapRecord:
+        """Load, bind, check parity, commit. Raises a `SwapError` subclass when nothing changed."""
+        with self._op_lock:
+            if _reapply_record is not None:
+                swap_id = _reapply_record.swap_id
+                kept = Path(_reapply_record.file)
+                if not kept.exists():
+                    raise CandidateLoadError(f"kept candidate file {kept} is missing")
+                origin, source_path = "manifest", _reapply_record.source_path
+            else:
+                swap_id = swap_id or self._new_id()
+                kept, origin, source_path = self._keep_file(swap_id, path, source)
+            try:
+                candidate = load_candidate(kept)
+            except CandidateError as exc:
+                if _reapply_record is None:
+                    kept.unlink(missing_ok=True)
+                raise CandidateLoadError(str(exc)) from exc
+            try:
+                family = get_op(candidate.op)
+            except UnknownOpError as exc:
+                if _reapply_record is None:
+                    kept.unlink(missing_ok=True)
+                raise CandidateLoadError(str(exc)) from exc
+            wanted = sorted(p.name for p in family.params)
+            bound = sorted(b["kernel_param"] for b in candidate.adapter)
+            if bound != wanted:
+                if _reapply_record is None:
+                    kept.unlink(missing_ok=True)
+                raise CandidateLoadError(
+                    f"ADAPTER binds kernel parameters {bound}, but {family.name} entry takes {wanted}")
+
+            groups = self._select_groups(family, module_class)
+            record = SwapRecord(
+                swap_id=swap_id, op=family.name, model=self.model_id, file=str(kept), digest=candidate.digest,
+                requested_module_class=module_class, adapter=candidate.adapter, origin=origin,
+                source_path=source_path,
+            )
+            if _reapply_record is not None:
+                record.created_at = _reapply_record.created_at
+            if not groups:
+                where = f" of class {module_class}" if module_class else ""
+                reason = f"no module{where} of the served model computes {family.name}"
+                self._finish_failed(record, reason, kept_file=_reapply_record is None)
+                raise SwapRejected(reason, record)
+            record.module_classes = [g.module_class for g in groups]
+            record.module_class = ",".join(dict.fromkeys(g.module_class for g in groups))
+            record.qualified_class = ",".join(dict.fromkeys(g.qualified_class for g in groups))
+            targets = [(name, self._modules[name]) for g in groups for name in g.names]
+            record.module_names = [n for n, _ in targets]
+            record.modules = len(targets)
+            missing = [(n, b["module_attr"]) for n, m in targets for b in candidate.adapter
+                       if not hasattr(m, b["module_attr"])]
+            if missing:
+                name, attr = missing[0]
+                reason = (f"ADAPTER reads module attribute {attr!r}, which {type(self._modules[name]).__name__} "
+                          f"({name or 'root'}) does not have")
+                self._finish_failed(record, reason, kept_file=_reapply_record is None)
+                raise SwapRejected(reason, record)
+
+            live = _LiveSwap(record, family, candidate, self)
+            before = {name: module.__dict__.get("forward", _CLASS_FORWARD) for name, module in targets}
+            hook_called = False
+            try:
+                rows_by_group = {g.qualified_class: self._parity_rows(g, live_shapes) for g in groups}
+                record.parity = self._bind_and_check(live, targets, groups, rows_by_group)
+                if self.before_commit is not None:
+                    hook_called = True
+                    self._staged = [(module, before[name]) for name, module in targets]
+                    try:
+                        extra = self.before_commit(record)
+                    finally:
+                        self._staged = None
+                    if extra:
+                        record.parity.update(dict(extra))
+            except Exception as exc:  # noqa: BLE001 - any failure restores every module
+                live.faulted = True
+                for name, module in targets:
+                    _set_forward(module, before[name])
+                reason = exc.reason if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
+                self._finish_failed(record, reason, kept_file=_reapply_record is None, parity_failed=True)
+                if hook_called and self.after_restore is not None:
+                    self._safe_after_restore()
+                raise ParityError(reason, record) from exc
+
+            # Commit: ownership moves to this swap; older swaps lose the modules it took.
+            live.strict = False
+            now = time.time()
+            with self._state_lock:
+                for name, module in targets:
+                    previous = self._owner.get(name)
+                    if previous is None:
+                        self._originals[name] = before[name]
+                    elif previous != swap_id and previous in self._live:
+                        old = self._live[previous]
+                        old.modules.pop(name, None)
+                        if not old.modules:
+                            old.record.status = "superseded"
+                            old.record.superseded_by = swap_id
+                            old.record.rolled_back_at = now
+                            self._live.pop(previous, None)
+                    self._owner[name] = swap_id
+                    live.modules[name] = module
+                record.status = "committed"
+                record.reason = None
+                if _reapply_record is not None:
+                    record.committed_at = _reapply_record.committed_at or now
+                    record.reapplied_at = now
+                    record.calls, record.fallbacks = _reapply_record.calls, _reapply_record.fallbacks
+                    self._history = [record if r.swap_id == swap_id else r for r in self._history]
+                else:
+                    record.committed_at = now
+                    self._history.append(record)
+                self._live[swap_id] = live
+            self._save_manifest()
+            self._emit("committed", record)
+            return record
+
+    # ------------------------------------------------------------------ public: rollback
+    def rollback(self, swap_id: str | None = None, *, all: bool = False, reason: str = "admin rollback",
+                 cause: str = "admin") -> list[SwapRecord]:
+        """Restore the original forward of one swap's modules, or of every active swap."""
+        with self._op_lock:
+            if all:
+                ids = list(self._live)
+            else:
+                if swap_id is None:
+                    raise SwapError("give a swap_id or all")
+                if swap_id not in self._live:
+                    record = next((r for r in self._history if r.swap_id == swap_id), None)
+                    if record is None:
+                        raise UnknownSwapError(f"no swap with id {swap_id!r}")
+                    raise NotActiveError(f"swap {swap_id} is not active (status {record.status})", record)
+                ids = [swap_id]
+            done: list[SwapRecord] = []
+            now = time.time()
+            with self._state_lock:
+                for sid in reversed(ids):
+                    live = self._live.pop(sid)
+                    for name, module in live.modules.items():
+                        _set_forward(module, self._originals.pop(name, _CLASS_FORWARD))
+                        self._owner.pop(name, None)
+                    live.record.status = "rolled_back"
+                    live.record.rolled_back_at = now
+                    live.record.reason = reason
+                    live.faulted = True  # any stale reference to its forwards now uses the original
+                    done.append(live.record)
+            if done:
+                self._save_manifest()
+                if self.after_restore is not None:
+                    self._safe_after_restore()
+                for record in done:
+                    self._emit("rolled_back", record, cause=cause)
+            return list(reversed(done))
+
+    @contextlib.contextmanager
+    def previous_forwards(self):
+        """Inside `before_commit`: temporarily put back the forwards the swap is replacing (what
+        served before it), e.g. to compute the reference of a graph-path parity check."""
+        staged = self._staged
+        if not staged:
+            yield
+            return
+        current = [(module, module.__dict__.get("forward", _CLASS_FORWARD)) for module, _ in staged]
+        try:
+            for module, previous in staged:
+                _set_forward(module, previous)
+            yield
+        finally:
+            for module, state in current:
+                _set_forward(module, state)
+
+    def pending_faults(self) -> bool:
+        return bool(self._faults)
+
+    def handle_faults(self) -> list[SwapRecord]:
+        """Roll back every swap whose kernel raised while serving (call between forward passes)."""
+        out: list[SwapRecord] = []
+        while self._faults:
+            live = self._faults.popleft()
+            sid = live.record.swap_id
+            if sid in self._live:
+                out.extend(self.rollback(sid, reason=f"kernel raised while serving, fell back to the original "
+                                                     f"forward: {live.record.last_error}", cause="fallback"))
+        return out
+
+    # ------------------------------------------------------------------ public: restart
+    def reapply(self, live_shapes=None) -> list[dict[str, Any]]:
+        """Re-bind this model's committed records from the manifest, each after a fresh parity check."""
+        results = []
+        with self._op_lock:
+            pending = [r for r in self._history
+                       if r.status == "committed" and r.model == self.model_id and r.swap_id not in self._live]
+            pending.sort(key=lambda r: r.committed_at or 0)
+            for old in pending:
+                try:
+                    record = self.swap(module_class=old.requested_module_class, live_shapes=live_shapes,
+                                       _reapply_record=old)
+                    results.append({"swap_id": record.swap_id, "status": "committed", "reapplied": True})
+                except SwapError as exc:
+                    with self._state_lock:
+                        old.status = "rolled_back"
+                        old.rolled_back_at = time.time()
+                        old.reason = f"re-check on restart failed: {exc.reason}"
+                        if exc.record is not None and exc.record.parity:
+                            old.parity = exc.record.parity
+                    self._save_manifest()
+                    self._emit("rolled_back", old, cause="reapply")
+                    results.append({"swap_id": old.swap_id, "status": "rolled_back", "reason": old.reason})
+        return results
+
+    # ------------------------------------------------------------------ internals
+    def _emit(self, kind: str, record: SwapRecord, **info: Any) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(kind, record, **info)
+            except Exception:  # noqa: BLE001 - metrics must never break a swap
+                pass
+
+    def _queue_fault(self, live: _LiveSwap) -> None:
+        self._faults.append(live)
+
+    def _safe_after_restore(self) -> None:
+        try:
+            self.after_restore()  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - the forwards are restored; a failed re-capture is reported by the hook
+            pass
+
+    def _new_id(self) -> str:
+        with self._state_lock:
+            n = len(self._history) + 1
+            existing = {r.swap_id for r in self._history}
+        while True:
+            sid = f"swap-{n:04d}-{secrets.token_hex(2)}"
+            if sid not in existing and not (self.swaps_dir / f"{sid}.py").exists():
+                return sid
+
+    def _keep_file(self, swap_id: str, path: str | Path | None, source: str | None) -> tuple[Path, str, str | None]:
+        if (path is None) == (source is None):
+            raise CandidateLoadError("give exactly one of a candidate path or its source")
+        kept = self.swaps_dir / f"{swap_id}.py"
+        if source is not None:
+            kept.write_text(source)
+            return kept, "source", None
+        src = Path(path).expanduser()
+        if not src.is_file():
+            raise CandidateLoadError(f"candidate file {src} does not exist")
+        try:
+            shutil.copyfile(src, kept)
+        except OSError as exc:
+            raise CandidateLoadError(f"cannot copy candidate file {src}: {exc}") from exc
+        return kept, "path", str(src.resolve())
+
+    def _select_groups(self, family: OpFamily, module_class: str | None) -> list[ModuleGroup]:
+        groups = self.groups(family.name)
+        if module_class:
+            groups = [g for g in groups if module_class in (g.module_class, g.qualified_class)]
+        return groups
+
+    def _parity_rows(self, group: ModuleGroup, live_shapes) -> list[Shape]:
+        """Leading dims ("rows") of the inputs to check: the live shapes' minus their last dim."""
+        if isinstance(live_shapes, Mapping):
+            chosen = live_shapes.get(group.qualified_class) or live_shapes.get(group.module_class) or []
+        elif live_shapes is not None:
+            chosen = live_shapes
+        elif self.shapes_provider is not None:
+            chosen = self.shapes_provider(group.qualified_class)
+        else:
+            chosen = []
+        rows: list[Shape] = []
+        for s in chosen:
+            t = tuple(int(d) for d in s)
+            if len(t) >= 2 and all(d > 0 for d in t) and t[:-1] not in rows:
+                rows.append(t[:-1])
+        return rows[: self.max_parity_shapes] or list(self.default_rows)
+
+    def _bind_and_check(self, live: _LiveSwap, targets, groups, rows_by_group) -> dict[str, Any]:
+        family = live.family
+        dtype, device = _param_dtype_device(self.model)
+        atol, rtol = family.tolerance(dtype)
+        group_of = {name: g for g in groups for name in g.names}
+        max_abs = 0.0
+        max_rel = 0.0
+        checked = 0
+        used_shapes: set[Shape] = set()
+        with torch.no_grad():
+            for index, (name, module) in enumerate(targets):
+                # The reference is the module's original forward, even when another swap holds it now.
+                original = self._originals.get(name, _CLASS_FORWARD) if name in self._owner else \
+                    module.__dict__.get("forward", _CLASS_FORWARD)
+                _set_forward(module, original)
+                wants = []
+                for k, rows in enumerate(rows_by_group[group_of[name].qualified_class]):
+                    gen = torch.Generator().manual_seed(self.seed + 7919 * k + index)
+                    acts = family.activations_for_module(module, rows, dtype, device, gen)
+                    wants.append((acts, as_tuple(family.module_call(module, *acts))))
+                _bind(module, live, original)
+                for acts, want in wants:
+                    shape = tuple(acts[0].shape)
+                    got = as_tuple(family.module_call(module, *acts))
+                    if len(got) != len(want):
+                        raise ParityError(f"{name}: the kernel returned {len(got)} outputs, the original {len(want)}")
+                    for g, w in zip(got, want):
+                        if not isinstance(g, torch.Tensor):
+                            raise ParityError(f"{name}: the kernel returned {type(g).__name__}, not a tensor")
+                        if g.shape != w.shape or g.dtype != w.dtype:
+                            raise ParityError(
+                                f"{name}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
+                                f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}")
+                        gd, wd = g.double(), w.double()
+                        if not torch.isfinite(gd).all() and torch.isfinite(wd).all():
+                            raise ParityError(f"{name}: the kernel produced non-finite values at input shape "
+                                              f"{list(shape)}")
+                        diff = (gd - wd).abs()
+                        abs_err = float(diff.max()) if diff.numel() else 0.0
+                        rel_err = float((diff / wd.abs().clamp_min(atol)).max()) if diff.numel() else 0.0
+                        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
+                        if not torch.allclose(gd, wd, atol=atol, rtol=rtol):
+                            raise ParityError(
+                                f"parity failed on {name} at input shape {list(shape)}: max abs err {abs_err:.3g} "
+                                f"(atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})")
+                    checked += 1
+                    used_shapes.add(shape)
+        return {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
+                "shapes": sorted([list(s) for s in used_shapes]), "dtype": str(dtype).replace("torch.", ""),
+                "atol": atol, "rtol": rtol, "modules": len(targets)}
+
+    def _finish_failed(self, record: SwapRecord, reason: str, *, kept_file: bool, parity_failed: bool = False) -> None:
+        record.status = "rolled_back"
+        record.reason = reason
+        record.rolled_back_at = time.time()
+        if kept_file:
+            with self._state_lock:
+                self._history.append(record)
+            self._save_manifest()
+        if parity_failed:
+            self._emit("parity_failed", record, reason=reason)
+
+    # -- manifest ---------------------------------------------------------------------------------
+    def _load_manifest(self) -> None:
+        if not self.manifest_path.exists():
+            return
+        try:
+            data = json.loads(self.manifest_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            broken = self.manifest_path.with_suffix(f".broken-{int(time.time())}.json")
+            shutil.copyfile(self.manifest_path, broken)
+            return
+        records = [SwapRecord.from_dict(d) for d in data.get("swaps", []) if isinstance(d, dict)]
+        with self._state_lock:
+            self._history = records
+
+    def _save_manifest(self) -> None:
+        with self._state_lock:
+            if len(self._history) > HISTORY_LIMIT:
+                keep_ids = set(self._live)
+                extra = len(self._history) - HISTORY_LIMIT
+                pruned = []
+                for r in self._history:
+                    if extra and r.swap_id not in keep_ids and r.status != "committed":
+                        pruned.append(r)
+                        extra -= 1
+                for r in pruned:
+                    self._history.remove(r)
+                    Path(r.file).unlink(missing_ok=True)
+            data = {"version": MANIFEST_VERSION, "updated_at": time.time(),
+                    "swaps": [r.to_dict() for r in self._history]}
+        tmp = self.manifest_path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.manifest_path)
+
+
+# ---------------------------------------------------------------------- binding helpers
+def _param_dtype_device(model: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype, p.device
+    return torch.float32, torch.device("cpu")
+
+
+def _set_forward(module: torch.nn.Module, state: Any) -> None:
+    """Put back an instance-level forward state captured with `module.__dict__.get('forward', ...)`."""
+    if state is _CLASS_FORWARD:
+        module.__dict__.pop("forward", None)
+    else:
+        module.__dict__["forward"] = state
+
+
+def _original_callable(module: torch.nn.Module, original: Any) -> Callable[..., Any]:
+    if original is _CLASS_FORWARD:
+        return types.MethodType(type(module).forward, module)
+    return original
+
+
+def _bind(module: torch.nn.Module, live: _LiveSwap, original: Any) -> None:
+    """Bind the candidate as `module.forward`, guarded: a raising kernel falls back to `original`."""
+    kernel_forward = live.family.replacement_forward(module, live.candidate.entry, live.candidate.adapter)
+    fallback = _original_callable(module, original)
+    record = live.record
+
+    def forward(self, *args, **kwargs):
+        if live.faulted:
+            record.fallbacks += 1
+            return fallback(*args, **kwargs)
+        try:
+            out = kernel_forward(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any kernel failure: serve with the original instead
+            if live.strict:
+                raise
+            live.note_fault(exc)
+            return fallback(*args, **kwargs)
+        if not live.strict:  # parity checks and graph captures are not served calls
+            record.calls += 1
+        return out
+
+    forward.__name__ = f"gpuyantra_swapped_forward_{record.swap_id.replace('-', '_')}"
+    forward.gpuyantra_swap_id = record.swap_id  # type: ignore[attr-defined]
+    module.forward = types.MethodType(forward, module)
+
+
+def swapped_id(module: torch.nn.Module) -> str | None:
+    """The swap id whose forward is bound on `module` now (None: not swapped)."""
+    fwd = module.__dict__.get("forward")
+    return getattr(getattr(fwd, "__func__", None), "gpuyantra_swap_id", None)
+
+
+__all__ = ["CandidateLoadError", "NotActiveError", "ParityError", "SwapEngine", "SwapError", "SwapRecord",
+           "SwapRejected", "UnknownSwapError", "swapped_id"]

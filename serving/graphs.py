@@ -1,0 +1,205 @@
+"""CUDA-graph decode: the decode step captured once per batch-size bucket, replayed per token.
+
+Static state per bucket `b`: input token ids `[b, 1]`, positions `[b]` and the captured output
+logits `[b, V]`. The KV cache is the engine's `SlotCache` (rows 0..b-1 of its full-size tensors),
+the mask is computed inside the graph from the positions buffer, and attention always spans the
+whole `max_len` (masked), so one graph serves every position. The serving loop owns positions:
+it writes them into the static buffer before each replay; nothing in the graph keeps a counter
+(unlike transformers' `StaticCache`, whose `cumulative_length` advances on every replay).
+
+Re-capture: after any change of the model's forwards (a swap about to commit, a rollback) the
+engine calls `capture_all()`, which drops the old graphs and captures new ones that contain the
+new kernels. Warm-up and capture write only at the cache's scratch position (`max_len - 1`), so
+they can run between forward passes while requests are in flight. `verify()` then checks the graph
+path: each bucket's replay must equal the same step run eagerly with the current forwards.
+
+Without CUDA (tests on a CPU) the same static-shape step runs eagerly: everything but the capture
+itself is exercised.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from serving.cache import decode_mask
+
+if TYPE_CHECKING:
+    from serving.engine import Engine
+
+
+def default_buckets(max_batch: int) -> list[int]:
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    out.append(max_batch)
+    return sorted(set(out))
+
+
+class GraphDecoder:
+    def __init__(self, engine: "Engine", buckets: Sequence[int] | None = None, warmup: int = 2):
+        self.engine = engine
+        self.device = engine.device
+        self.capture_enabled = self.device.type == "cuda"
+        wanted = sorted({int(b) for b in (buckets or default_buckets(engine.max_batch))
+                         if 1 <= int(b) <= engine.max_batch} | {engine.max_batch})
+        self.buckets = wanted
+        self.warmup = warmup
+        self.static: dict[int, dict[str, Any]] = {}
+        for b in self.buckets:
+            self.static[b] = {
+                "ids": torch.zeros((b, 1), dtype=torch.long, device=self.device),
+                "pos": torch.full((b,), engine.cache.scratch_position, dtype=torch.long, device=self.device),
+                "host_ids": torch.zeros((b, 1), dtype=torch.long, pin_memory=self.capture_enabled),
+                "host_pos": torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled),
+                "graph": None, "logits": None,
+            }
+        self.pool = None
+        self.captures = 0
+        self.last_capture_s: float | None = None
+        self.replays = 0
+
+    # ------------------------------------------------------------------ the captured step
+    def step(self, b: int) -> torch.Tensor:
+        st = self.static[b]
+        cache = self.engine.cache
+        cache.set_decode(b, st["pos"], cache.max_len)
+        mask = decode_mask(st["pos"], cache.max_len, self.engine._arange, self.engine.dtype)
+        with torch.no_grad():
+            return self.engine._forward(st["ids"], st["pos"][:, None], mask, last_only=False)
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch {n} exceeds the largest graph bucket {self.buckets[-1]}")
+
+    def _load_inputs(self, b: int, tokens: Sequence[int], positions: Sequence[int]) -> None:
+        st = self.static[b]
+        n = len(tokens)
+        scratch = self.engine.cache.scratch_position
+        host_ids, host_pos = st["host_ids"], st["host_pos"]
+        host_ids[:n, 0] = torch.as_tensor(list(tokens), dtype=torch.long)
+        host_pos[:n] = torch.as_tensor(list(positions), dtype=torch.long)
+        if n < b:
+            host_ids[n:] = 0
+            host_pos[n:] = scratch
+        st["ids"].copy_(host_ids, non_blocking=True)
+        st["pos"].copy_(host_pos, non_blocking=True)
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """One decode step for rows 0..n-1; returns logits [n, V] (a view valid until the next step)."""
+        n = len(tokens)
+        b = self.bucket_for(n)
+        self._load_inputs(b, tokens, positions)
+        st = self.static[b]
+        if self.capture_enabled:
+            if st["graph"] is None:
+                self.capture_all()
+            st["graph"].replay()
+            self.replays += 1
+            return st["logits"][:n]
+        return self.step(b)[:n]
+
+    # ------------------------------------------------------------------ capture
+    def _reset_inputs(self, b: int) -> None:
+        st = self.static[b]
+        st["ids"].zero_()
+        st["pos"].fill_(self.engine.cache.scratch_position)
+
+    def capture_all(self) -> None:
+        started = time.perf_counter()
+        for b in self.buckets:
+            self._reset_inputs(b)
+        if not self.capture_enabled:
+            for b in self.buckets:
+                self.step(b)  # static-shape eager path: still runs the new forwards once
+            self.captures += 1
+            self.last_capture_s = time.perf_counter() - started
+            return
+        for st in self.static.values():
+            st["graph"], st["logits"] = None, None
+        self.pool = None
+        torch.cuda.synchronize(self.device)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for b in self.buckets:
+                for _ in range(self.warmup):
+                    self.step(b)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        # A fresh private pool per capture: the previous pool was released with the previous graphs,
+        # and capturing into a released pool's handle trips the caching allocator.
+        self.pool = torch.cuda.graph_pool_handle()
+        for b in sorted(self.buckets, reverse=True):  # largest first: smaller ones reuse its pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.step(b)
+            self.static[b]["graph"], self.static[b]["logits"] = graph, logits
+        torch.cuda.synchronize(self.device)
+        self.captures += 1
+        self.last_capture_s = time.perf_counter() - started
+
+    # ------------------------------------------------------------------ graph-path parity
+    def _probe_inputs(self, b: int) -> tuple[list[int], list[int]]:
+        vocab = max(2, self.engine.vocab_size)
+        return [(97 * r + 11) % vocab for r in range(b)], [self.engine.cache.scratch_position] * b
+
+    def reference_logits(self, buckets: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
+        """The eager static step's logits per bucket with the current forwards (at the scratch slot)."""
+        out = {}
+        for b in list(buckets or self.buckets):
+            self._load_inputs(b, *self._probe_inputs(b))
+            out[b] = self.step(b).float().clone()
+            self._reset_inputs(b)
+        return out
+
+    def verify(self, buckets: Sequence[int] | None = None,
+               previous: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Every bucket's graph replay equals the same step run eagerly with the current forwards
+        (strict), and stays close to `previous` (the step before the swap; loose: a sanity bound)."""
+        buckets = list(buckets or self.buckets)
+        tol = 1e-4 if self.engine.dtype == torch.float32 else 2e-2
+        loose = 1e-2 if self.engine.dtype == torch.float32 else 0.25
+        worst = 0.0
+        worst_prev = 0.0
+        for b in buckets:
+            tokens, positions = self._probe_inputs(b)
+            got = self.decode(tokens, positions).float().clone()
+            if self.capture_enabled:
+                torch.cuda.synchronize(self.device)
+            self._load_inputs(b, tokens, positions)
+            want = self.step(b).float()
+            diff = float((got - want).abs().max())
+            scale = max(1.0, float(want.abs().max()))
+            worst = max(worst, diff / scale)
+            if not torch.isfinite(got).all() or diff > tol * scale:
+                raise GraphParityError(
+                    f"graph path differs from the eager step at bucket {b}: max abs diff {diff:.3g} "
+                    f"(tolerance {tol * scale:.3g})")
+            if previous is not None and b in previous:
+                prev = previous[b]
+                pdiff = float((got - prev).abs().max())
+                worst_prev = max(worst_prev, pdiff / max(1.0, float(prev.abs().max())))
+                if pdiff > loose * max(1.0, float(prev.abs().max())):
+                    raise GraphParityError(
+                        f"graph path with the new kernels moved the logits at bucket {b} by {pdiff:.3g} "
+                        f"from the step before the swap (bound {loose:g} x scale)")
+            self._reset_inputs(b)
+        out = {"buckets": buckets, "max_rel_diff": worst, "captured": self.capture_enabled,
+               "capture_s": self.last_capture_s}
+        if previous is not None:
+            out["max_rel_diff_vs_previous"] = worst_prev
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"enabled": True, "captured": self.capture_enabled, "buckets": self.buckets,
+                "captures": self.captures, "last_capture_s": self.last_capture_s, "replays": self.replays}
+
+
+class GraphParityError(RuntimeError):
+    pass

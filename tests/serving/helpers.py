@@ -1,0 +1,125 @@
+"""Helpers of the serving tests: real `gpuyantra serve` processes on 127.0.0.1, completions, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+RMS_NORM_KERNEL = REPO / "gpuyantra" / "kernels" / "rms_norm.py"
+TOKEN = "test-admin-token"
+READY_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One `python -m gpuyantra.cli serve` subprocess; stdout/stderr go to a log file."""
+
+    def __init__(self, state_dir: Path, log_path: Path, *args: str, token: str = TOKEN):
+        self.state_dir = state_dir
+        self.log_path = log_path
+        self.token = token
+        self.args = list(args)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.update({"TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1", "GPUYANTRA_ADMIN_TOKEN": token,
+                    "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+        cmd = [sys.executable, "-m", "gpuyantra.cli", "serve", "--model", "tiny-qwen2", "--device", "cpu",
+               "--dtype", "float32", "--host", "127.0.0.1", "--port", str(self.port),
+               "--state-dir", str(state_dir), "--log-level", "warning", *self.args]
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = httpx.get(self.url + "/readyz", timeout=2)
+                if r.status_code == 200:
+                    return r.json()
+                last = r.text
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+                self.proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self._log.close()
+
+
+def complete(client: httpx.Client, prompt, max_tokens: int = 4, stream: bool = False, **extra) -> dict:
+    """POST /v1/completions; returns {"token_ids", "text", "finish_reason"} (streams joined)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream, **extra}
+    if not stream:
+        r = client.post("/v1/completions", json=body)
+        r.raise_for_status()
+        choice = r.json()["choices"][0]
+        return {"token_ids": choice["token_ids"], "text": choice["text"], "finish_reason": choice["finish_reason"]}
+    ids: list[int] = []
+    text = ""
+    reason = None
+    done = False
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            for choice in event["choices"]:
+                ids.extend(choice.get("token_ids") or [])
+                text += choice["text"]
+                reason = choice["finish_reason"] or reason
+    if not done:
+        raise RuntimeError("stream ended without [DONE]")
+    return {"token_ids": ids, "text": text, "finish_reason": reason}
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """Value of one Prometheus sample (`name{labels}`) in exposition text; 0 when absent."""
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    return 0.0

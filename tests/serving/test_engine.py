@@ -1,0 +1,183 @@
+"""The generation engine in-process: slot cache correctness, batching, swaps between forward passes,
+the static-shape (CUDA-graph) decode path run eagerly on the CPU, benchmark and profile."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpuyantra.swap import swapped_id
+from serving import engine as engine_module
+from serving.engine import Engine, GenRequest, RequestError
+from serving.models import load_model
+from tests.serving.helpers import RMS_NORM_KERNEL
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3, 3], [400, 401, 402, 403]]
+
+
+def reference_greedy(model, prompt, steps):
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def make_engine(tmp_path, preset="tiny-qwen2", **kw):
+    kw.setdefault("max_batch", 4)
+    kw.setdefault("max_seq_len", 128)
+    return Engine(load_model(preset), state_dir=tmp_path, **kw)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-llama", "tiny-gpt2"])
+def test_batched_generation_matches_full_forward(tmp_path, preset):
+    engine = make_engine(tmp_path, preset)
+    assert engine.self_check_report["ok"]
+    want = [reference_greedy(engine.model, p, 6) for p in PROMPTS]
+    engine.start()
+    try:
+        reqs = [engine.submit(GenRequest(p, 6)) for p in PROMPTS * 2]  # 10 requests, 4 slots
+        for r in reqs:
+            assert r.done.wait(60)
+        assert [r.output_ids for r in reqs] == want * 2
+        assert all(r.finish_reason == "length" for r in reqs)
+    finally:
+        engine.stop()
+
+
+def test_static_decode_path_matches_eager_and_recaptures_on_swap(tmp_path):
+    # cuda_graphs on a CPU: the same static-shape step (full-length masked attention, positions
+    # from a static buffer, writes at the scratch position while "capturing") runs eagerly.
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None and not engine.graphs.capture_enabled
+    want = [reference_greedy(engine.model, p, 5) for p in PROMPTS]
+    engine.start()
+    try:
+        captures = engine.graphs.captures
+        reqs = [engine.submit(GenRequest(p, 5)) for p in PROMPTS]
+        for r in reqs:
+            assert r.done.wait(60)
+        assert [r.output_ids for r in reqs] == want
+        record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result()
+        assert record.parity["graph"]["buckets"] == [1, 2, 4]
+        assert engine.graphs.captures == captures + 1
+        reqs = [engine.submit(GenRequest(p, 5)) for p in PROMPTS]
+        for r in reqs:
+            assert r.done.wait(120)
+        assert [r.output_ids for r in reqs] == want
+        engine.call(lambda: engine.swaps.rollback(all=True)).result()
+        assert engine.graphs.captures == captures + 2  # rollback re-captures with the originals
+    finally:
+        engine.stop()
+
+
+def test_swaps_only_happen_between_forward_passes(tmp_path):
+    engine = make_engine(tmp_path)
+    norms = [m for m in engine.model.modules() if type(m).__name__ == "Qwen2RMSNorm"]
+    violations: list[str] = []
+    states: list[str | None] = []
+    current: dict[str, object] = {}
+
+    def state() -> set:
+        return {swapped_id(m) for m in norms}
+
+    def before(module, args, kwargs):
+        s = state()
+        if len(s) != 1:
+            violations.append(f"half-swapped at the start of a pass: {s}")
+        current["s"] = s
+
+    def after(module, args, kwargs, output):
+        if state() != current["s"]:
+            violations.append(f"forwards changed during a pass: {current['s']} -> {state()}")
+        states.append(next(iter(current["s"])))
+
+    engine.model.register_forward_pre_hook(before, with_kwargs=True)
+    engine.model.register_forward_hook(after, with_kwargs=True)
+    want = {tuple(p): reference_greedy(engine.model, p, 4) for p in PROMPTS}
+    states.clear()
+    engine.start()
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def client(k):
+        i = k
+        while not stop.is_set():
+            p = PROMPTS[i % len(PROMPTS)]
+            r = engine.generate(p, 4, timeout=60)
+            if r.output_ids != want[tuple(p)]:
+                errors.append(f"{p}: {r.output_ids}")
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(8):
+            record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result(timeout=60)
+            engine.call(lambda: engine.swaps.rollback(record.swap_id)).result(timeout=60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        engine.stop()
+    assert not violations, violations[:3]
+    assert not errors, errors[:3]
+    assert None in states and any(s is not None for s in states)  # passes ran on both sides
+
+
+def test_request_limits(tmp_path):
+    engine = make_engine(tmp_path, max_seq_len=32)
+    with pytest.raises(RequestError, match="exceeds the served context"):
+        engine.validate(GenRequest(list(range(20)), 20))
+    with pytest.raises(RequestError, match="empty"):
+        engine.validate(GenRequest([], 2))
+    with pytest.raises(RequestError, match=r"\[0, 512\)"):
+        engine.validate(GenRequest([512], 2))
+    engine.validate(GenRequest(list(range(20)), 11))  # 20 + 11 - 1 = 30 <= 31 usable
+
+
+def test_benchmark_and_fallback_profile(tmp_path, monkeypatch):
+    engine = make_engine(tmp_path)
+    engine.start()
+    try:
+        assert engine.generate([1, 2, 3], 3).output_ids
+        bench = engine.call(lambda: engine.benchmark(max_tokens=4, prompt_tokens=6, batch=2), exclusive=True).result()
+        assert bench["tokens_per_s"] > 0 and bench["batch"] == 2 and bench["path"] == "eager"
+        monkeypatch.setattr(engine_module, "run_profiler", lambda *a, **k: None)  # no profiler module
+        prof = engine.call(engine.profile, exclusive=True).result()
+    finally:
+        engine.stop()
+    assert prof["source"] == "fallback"
+    by_op = {t["op"]: t for t in prof["targets"]}
+    norm = by_op["rms_norm"]
+    for key in ("op", "module_class", "qualified_class", "modules", "adapter", "shapes", "dtype", "regime", "share"):
+        assert key in norm, key
+    assert norm["module_class"] == "Qwen2RMSNorm" and norm["modules"] == 5 and norm["dtype"] == "float32"
+    assert norm["regime"] == "unknown" and 0 <= norm["share"] <= 1
+    assert [1, 3, 64] in norm["shapes"]  # the prefill shape seen in traffic
+    assert {"kernel_param": "eps", "module_attr": "variance_epsilon"} in norm["adapter"]
+
+
+def test_faulty_kernel_pass_is_rerun_on_the_original_forwards(tmp_path):
+    from tests.serving.candidates import rms_norm_source
+
+    engine = make_engine(tmp_path)
+    long_prompt = list(range(1, 21))  # 20 prefill rows
+    want = reference_greedy(engine.model, long_prompt, 4)
+    engine.start()
+    try:
+        path = tmp_path / "faulty.py"
+        path.write_text(rms_norm_source(max_rows=8))
+        record = engine.call(lambda: engine.swaps.swap(path, live_shapes=[[1, 1, 64], [1, 8, 64]])).result()
+        passes = engine.forward_passes
+        req = engine.generate(long_prompt, 4, timeout=60)
+        assert req.finish_reason == "length" and req.output_ids == want
+        assert engine.forward_passes == passes + 1 + 4  # the faulted prefill ran twice, then 3 decode steps
+        history = {r["swap_id"]: r for r in engine.swaps.history()}
+        assert history[record.swap_id]["status"] == "rolled_back"
+        assert history[record.swap_id]["fallbacks"] >= 1 and engine.swaps.active() == []
+    finally:
+        engine.stop()
