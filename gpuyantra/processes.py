@@ -131,14 +131,14 @@ def start_server(model: str, state_dir: Path, port: int, admin_token: str, devic
     managed = spawn(f"server-{port}", argv, state_dir / "logs",
                     {"GPUYANTRA_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _healthy(url), managed, timeout_s, "a healthy /healthz")
+    wait_until(lambda: _ready(url), managed, timeout_s, "a ready /readyz (model loaded, manifest re-applied)")
     managed.info = {"url": url}
     return managed
 
 
-def _healthy(url: str) -> bool:
+def _ready(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+        return httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200
     except httpx.TransportError:
         return False
 

@@ -179,6 +179,12 @@ class ProfileBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LogitsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | list[int] = Field(..., min_length=1)
+
+
 class BenchmarkBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -558,6 +564,18 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def profile(body: ProfileBody | None = None):
         engine = engine_or_503()
         return await asyncio.wrap_future(engine.call(engine.profile, exclusive=True, name="profile"))
+
+    @app.post("/admin/logits", dependencies=[Depends(require_admin)])
+    async def logits(body: LogitsBody):
+        """Last-position logits of the live model for a prompt: parity checks from outside."""
+        engine = engine_or_503()
+        ids = engine.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        if not ids or any(not 0 <= i < engine.vocab_size for i in ids):
+            return JSONResponse(status_code=422, content={"detail": "prompt must encode to token ids in "
+                                                                    f"[0, {engine.vocab_size})"})
+        values = await asyncio.wrap_future(engine.call(lambda: engine.last_logits(ids), exclusive=True,
+                                                       name="logits"))
+        return {"model": engine.model_name, "tokens": len(ids), "logits": values}
 
     @app.post("/admin/benchmark", dependencies=[Depends(require_admin)])
     async def benchmark(body: BenchmarkBody | None = None):

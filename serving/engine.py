@@ -537,6 +537,14 @@ class Engine:
                 log.exception("on_finish callback failed")
         self.observer.on_request_finished(req)
 
+    def last_logits(self, prompt_ids: Sequence[int]) -> list[float]:
+        """Last-position logits of one plain full-sequence forward through the live (possibly
+        swapped) modules: what `/admin/logits` returns for parity checks from outside."""
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, -1]
+        return logits.float().cpu().tolist()
+
     # ================================================================== checks
     def self_check(self, prompt_len: int = 6, steps: int = 3) -> dict[str, Any]:
         """The slot-cache path must reproduce a plain full-sequence forward (run once at startup)."""

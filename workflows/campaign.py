@@ -206,6 +206,6 @@ def ceiling_reward(verdict: dict[str, Any]) -> int:
 
 
 def root_message(exc: BaseException) -> str:
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return str(exc)
+    """The message the activity raised (its ApplicationError), not Temporal's wrapper."""
+    cause = exc.__cause__
+    return str(cause) if cause is not None and str(cause) else str(exc)
