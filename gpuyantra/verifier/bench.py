@@ -1,0 +1,160 @@
+"""Layer 5 measurements, run inside the sandbox child on CUDA only.
+
+Median of many runs after warm-up; the L2 cache is flushed before every run; inputs rotate over
+fresh sets; CUDA events on the default stream, which is synchronized before times are read.
+Baselines: the family's reference in eager PyTorch (the module's own math) and torch.compile of it,
+default and reduce-overhead, with TF32 allowed for both sides. The parent turns these numbers into
+speedups, the physical floor check and the reward.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gpuyantra.verifier.cases import Case, make_case
+
+N_INPUT_SETS = 4
+L2_FLUSH_BYTES = 256 * 2**20
+SPIN_UP_MS = 100.0  # keep the GPU busy first: clocks drop while it idles (e.g. during compilation)
+WARMUP_MS = 25.0
+REP_MS = 40.0  # per round
+ROUNDS = 3  # candidate and baselines interleaved, median of the round medians
+MIN_REPS, MAX_REPS = 10, 1000
+
+
+def allow_tf32() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    torch.use_deterministic_algorithms(False)
+
+
+def measure_copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), best of several runs."""
+    n = 512 * 2**20
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / (best * 1e-3) / 1e9
+
+
+def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[], None] | None = None) -> float:
+    """Median microseconds of fn(i) over many runs, each after an L2 flush, inputs rotating."""
+    if before is not None:
+        inner = fn
+
+        def fn(i: int) -> Any:  # untimed calls: `before` runs in the same place as in timed ones
+            before()
+            return inner(i)
+
+    for i in range(3):
+        fn(i % N_INPUT_SETS)
+    torch.cuda.synchronize()
+    spin_until = time.perf_counter() + SPIN_UP_MS / 1e3
+    while time.perf_counter() < spin_until:
+        flush.zero_()
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(5):
+        fn(i % N_INPUT_SETS)
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    warmup = max(1, int(WARMUP_MS / estimate_ms))
+    reps = min(MAX_REPS, max(MIN_REPS, int(REP_MS / estimate_ms)))
+    for i in range(warmup):
+        fn(i % N_INPUT_SETS)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    timed = inner if before is not None else fn
+    for i in range(reps):
+        flush.zero_()
+        if before is not None:
+            before()
+        starts[i].record()
+        timed(i % N_INPUT_SETS)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dtype: str,
+                param_specs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    sets = [make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000 + k, 1.0), param_specs, "cuda")
+            for k in range(N_INPUT_SETS)]
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    row: dict[str, Any] = {"shape": list(shape), "dtype": dtype, "errors": {}}
+
+    def make_reference(tag: str) -> Callable[..., Any]:
+        # A code object of its own per compile mode, so two compiled wrappers never share a cache entry.
+        namespace: dict[str, Any] = {"_family": family}
+        exec(f"def reference_{tag}(*acts, **params):\n    return _family.reference(*acts, **params)\n",
+             namespace)
+        return namespace[f"reference_{tag}"]
+
+    def rounds(timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]]) -> bool:
+        """Interleaved rounds; medians into `row`. False when the candidate's kernel failed."""
+        samples: dict[str, list[float]] = {key: [] for key in timed}
+        for _ in range(ROUNDS):
+            for key, (fn, before) in timed.items():
+                error_key = "kernel" if key == "kernel_us" else key
+                if error_key in row["errors"]:
+                    continue
+                try:
+                    samples[key].append(time_cuda(fn, flush, before))
+                except Exception as exc:  # noqa: BLE001 - the kernel: benchmark-failed; a baseline: left out
+                    row["errors"][error_key] = f"{type(exc).__name__}: {exc}"[:1000]
+                    samples[key] = []
+                    if key == "kernel_us":
+                        row[key] = None
+                        return False
+        for key in timed:
+            row[key] = statistics.median(samples[key]) if samples[key] else None
+        return row.get("kernel_us") is not None
+
+    with torch.no_grad():
+        # Candidate and eager first, interleaved, before anything is compiled in this process (a
+        # compiled reduce-overhead function alive in the process was seen to inflate eager timings).
+        eager = make_reference("eager")
+        if not rounds({"kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None),
+                       "eager_us": (lambda i: eager(*sets[i][0], **sets[i][1]), None)}):
+            return row
+        torch._dynamo.reset()
+        for key, mode in (("compile_us", "default"), ("compile_ro_us", "reduce-overhead")):
+            try:
+                compiled = torch.compile(make_reference(mode.replace("-", "_")), mode=mode, dynamic=False)
+                step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) \
+                    if mode == "reduce-overhead" else None
+                for i in range(3):  # compile and (for reduce-overhead) record the graphs before timing
+                    if step is not None:
+                        step()
+                    compiled(*sets[i % N_INPUT_SETS][0], **sets[i % N_INPUT_SETS][1])
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - a baseline that fails to compile is left out
+                row[key] = None
+                row["errors"][key] = f"{type(exc).__name__}: {exc}"[:1000]
+                continue
+            rounds({key: ((lambda i, c=compiled: c(*sets[i][0], **sets[i][1])), step)})
+            del compiled
+        torch._dynamo.reset()  # also drops CUDA-graph trees before the next shape's eager timings
+    row["bytes"] = int(family.bytes_moved(tuple(shape), sets[0][0][0].dtype))
+    del flush
+    torch.cuda.empty_cache()
+    return row

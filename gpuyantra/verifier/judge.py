@@ -1,0 +1,284 @@
+"""Layers 4 and 5 in the parent: turn the child's raw observations into failures and numbers.
+
+Values are judged here, never in the child: the parent rebuilds every case's inputs from its own
+plan, computes the float64 reference, and compares every element of the outputs the child saved.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from gpuyantra.verifier.cases import Case, expected_outputs, float64_reference, make_case
+from gpuyantra.verifier.sandbox import SandboxOutcome
+from gpuyantra.verifier.verdict import Failure
+
+OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "out of memory")
+# A kernel may not beat bytes-moved / copy-bandwidth; this much slack absorbs timer noise.
+FLOOR_SLACK = 0.8
+
+
+class _Collector:
+    """One failure per (layer, rule): the first example and how many cases showed it."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[str, str], str] = {}
+        self.count: dict[tuple[str, str], int] = {}
+
+    def add(self, layer: str, rule: str, message: str) -> None:
+        key = (layer, rule)
+        self.first.setdefault(key, message)
+        self.count[key] = self.count.get(key, 0) + 1
+
+    def failures(self, total: int) -> list[Failure]:
+        out = []
+        for (layer, rule), message in self.first.items():
+            n = self.count[(layer, rule)]
+            suffix = f" [{n} of {total} checked calls]" if total > 1 and layer == "correctness" else ""
+            out.append(Failure(layer, rule, message + suffix))
+        return out
+
+
+class References:
+    """Inputs, expected output types and float64 references per case, rebuilt here from the plan.
+
+    Expected dtypes and shapes are computed once per (dtype, shape) group. (Computing references in
+    a thread while the child runs was tried: on a 2-core worker it slowed the child more than it saved.)
+    """
+
+    def __init__(self, family: Any, param_specs: Sequence[dict[str, Any]]):
+        self.family = family
+        self.param_specs = param_specs
+        self._expected: dict[tuple[str, tuple[int, ...]], tuple[bool, list]] = {}
+
+    def get(self, case: Case) -> tuple[Any, Any, list[torch.Tensor]]:
+        activations, params = make_case(self.family, case, self.param_specs, "cpu")
+        return activations, params, float64_reference(self.family, activations, params)
+
+    def expected(self, case: Case, activations: Any, params: Any) -> tuple[bool, list]:
+        key = (case.dtype, case.shape)
+        if key not in self._expected:
+            self._expected[key] = expected_outputs(self.family, activations, params)
+        return self._expected[key]
+
+
+@dataclass
+class Judgement:
+    failures: list[Failure] = field(default_factory=list)
+    checks: int = 0
+    bench: list[dict[str, Any]] = field(default_factory=list)
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    kernel_us: float | None = None
+    eager_us: float | None = None
+    compile_us: float | None = None
+    compile_ro_us: float | None = None
+    floor_us: float | None = None
+    network_isolated: bool | None = None
+
+
+def sandbox_failures(outcome: SandboxOutcome, timeout: float, memory_limit: int) -> list[Failure]:
+    """Why the child produced no trustworthy results, if it did not."""
+    if outcome.timed_out:
+        return [Failure("sandbox", "timeout", f"no verdict within {timeout:g} s wall clock; the process group "
+                        "was killed")]
+    if outcome.memory_exceeded:
+        return [Failure("sandbox", "memory-limit", f"resident memory reached {outcome.peak_rss / 2**20:.0f} MiB "
+                        f"(limit {memory_limit / 2**20:.0f} MiB); the process group was killed")]
+    failures = []
+    rc = outcome.returncode
+    if outcome.leftover:
+        failures.append(Failure("sandbox", "forked-process", f"{len(outcome.leftover)} process(es) of the "
+                                "candidate outlived it and were killed"))
+    if rc is not None and rc < 0:
+        sig = -rc
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        if sig == signal.SIGXCPU:
+            failures.append(Failure("sandbox", "cpu-limit", "CPU-time limit exceeded (SIGXCPU)"))
+        elif sig == signal.SIGXFSZ:
+            failures.append(Failure("sandbox", "crash", "file-size limit exceeded (SIGXFSZ)"))
+        else:
+            failures.append(Failure("sandbox", "crash", f"the child was killed by {name}" + _tail(outcome)))
+        return failures
+    if outcome.results is None:
+        if rc == 0:
+            failures.append(Failure("sandbox", "early-exit", "the process exited before the harness wrote its "
+                                    "results; anything it printed is ignored"))
+        else:
+            text = _tail(outcome)
+            rule = "memory-limit" if "MemoryError" in text or "alloc" in text.lower() and "memory" in text.lower() \
+                else "crash"
+            failures.append(Failure("sandbox", rule, f"the child exited with code {rc} without results" + text))
+    return failures
+
+
+def _tail(outcome: SandboxOutcome) -> str:
+    lines = [line for line in outcome.stderr_tail.splitlines() if line.strip()][-3:]
+    return (": " + " | ".join(lines))[:600] if lines else ""
+
+
+def judge(outcome: SandboxOutcome, family: Any, cases: Sequence[Case], references: References,
+          device: str, benchmark: bool) -> Judgement:
+    results = outcome.results or {}
+    j = Judgement(network_isolated=results.get("network_isolated"))
+    collector = _Collector()
+    error = results.get("error")
+    if error:
+        j.failures.append(Failure("sandbox", error.get("rule", "import-failed"), str(error.get("message", ""))))
+        return j
+    if results.get("harness_error"):
+        j.failures.append(Failure("sandbox", "internal-error", f"the harness failed: {results['harness_error']}"))
+    by_id = {c.id: c for c in cases}
+    records = results.get("checks") or []
+    seen: set[int] = set()
+    for record in records:
+        case = by_id.get(record.get("id"))
+        if case is None or case.id in seen:
+            continue
+        seen.add(case.id)
+        _judge_record(record, case, family, references, outcome.outputs, collector)
+    j.checks = len(seen)
+    j.failures.extend(collector.failures(max(j.checks, 1)))
+    if benchmark and device == "cuda" and not j.failures:
+        _judge_bench(results, j)
+    missing = [c for c in cases if c.id not in seen]
+    if not j.failures and (missing or results.get("stage") != "done"):
+        # The child may stop early only on a call that rejects by itself; anything else is suspect.
+        j.failures.append(Failure("sandbox", "early-exit", f"the harness stopped after {len(seen)} of "
+                                  f"{len(cases)} planned calls (stage {results.get('stage')!r})"))
+    return j
+
+
+def _judge_record(record: dict[str, Any], case: Case, family: Any, references: References,
+                  outputs: dict[str, Any], c: _Collector) -> None:
+    where = case.describe() + (" (after the timed runs)" if case.phase == "recheck" else "")
+    if "error" in record:
+        text = record["error"]
+        if text.startswith("MemoryError") or any(m in text.lower() for m in OOM_MARKERS):
+            c.add("sandbox", "memory-limit", f"entry ran out of memory on {where}: {text}")
+        else:
+            c.add("correctness", "entry-raised", f"entry raised on {where}: {text}")
+        return
+    if record.get("launches", 0) < 1:
+        c.add("correctness", "no-kernel-launch", f"no kernel of the candidate's own launched on {where}")
+    if record.get("host_ops"):
+        c.add("correctness", "host-torch-op", f"host-side torch ops outside kernel launches on {where}: "
+              f"{', '.join(record['host_ops'][:8])}")
+    if record.get("stream_changed"):
+        c.add("correctness", "stream-changed", f"entry left a non-default current stream on {where}")
+    if record.get("mutated"):
+        c.add("correctness", "input-mutated", f"entry modified its {', '.join(record['mutated'])} on {where}")
+    if record.get("aliases"):
+        c.add("correctness", "output-aliases-input", f"output {record['aliases'][0][0]} shares memory with the "
+              f"{record['aliases'][0][1]} on {where}")
+    if record.get("reused"):
+        j, other = record["reused"][0]
+        c.add("correctness", "output-reused", f"output {j} on {where} shares memory with an output of "
+              f"{'the same call' if other == case.id else 'an earlier call that is still alive'}")
+    activations, params, reference = references.get(case)
+    is_tuple, expected = references.expected(case, activations, params)
+    types = record.get("types") or []
+    if is_tuple:
+        if record.get("container") is None or len(types) != len(expected):
+            c.add("correctness", "output-type", f"entry returned {record.get('container') or types[:1]} with "
+                  f"{len(types)} item(s) on {where}; the reference returns a tuple of {len(expected)} tensors")
+            return
+    elif record.get("container") is not None:
+        c.add("correctness", "output-type", f"entry returned a {record['container']} on {where}; the reference "
+              "returns one tensor")
+        return
+    bad_types = [t for t in types if t != "torch.Tensor"]
+    if bad_types:
+        c.add("correctness", "output-type", f"entry returned {bad_types[0]} on {where}; a plain torch.Tensor "
+              "is required")
+        return
+    devices = record.get("devices") or []
+    if any(d != record.get("input_device") for d in devices):
+        c.add("correctness", "output-device", f"output on {devices} but inputs on {record.get('input_device')} "
+              f"on {where}")
+        return
+    for index, (dtype, shape) in enumerate(expected):
+        got = outputs.get(f"{case.id}:{index}")
+        if not isinstance(got, torch.Tensor):
+            c.add("correctness", "output-type", f"output {index} missing from the harness's record on {where}")
+            return
+        if got.dtype != dtype:
+            c.add("correctness", "output-dtype", f"output {index} is {str(got.dtype).replace('torch.', '')}, "
+                  f"expected {str(dtype).replace('torch.', '')} on {where}")
+            return
+        if tuple(got.shape) != tuple(shape):
+            c.add("correctness", "output-shape", f"output {index} has shape {list(got.shape)}, expected "
+                  f"{list(shape)} on {where}")
+            return
+        _compare(got, reference[index], family.tolerance(dtype), index, where, c)
+
+
+def _compare(got: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], index: int, where: str,
+             c: _Collector) -> None:
+    atol, rtol = tol
+    got64 = got.to(torch.float64)
+    want_finite = torch.isfinite(want)
+    bad_nonfinite = ~torch.isfinite(got64) & want_finite
+    if bool(bad_nonfinite.any()):
+        n = int(bad_nonfinite.sum())
+        first = _index(bad_nonfinite)
+        c.add("correctness", "nan-output", f"output {index}: {n} of {got.numel()} elements are NaN/Inf where the "
+              f"reference is finite (unwritten, poisoned memory or overflow), first at {first}, on {where}")
+        return
+    close = torch.isclose(got64, want, rtol=rtol, atol=atol, equal_nan=True)
+    if not bool(close.all()):
+        wrong = ~close
+        n = int(wrong.sum())
+        err = (got64 - want).abs()
+        err = torch.where(want_finite, err, torch.zeros_like(err))
+        first = _index(wrong)
+        c.add("correctness", "wrong-values", f"output {index}: {n} of {got.numel()} elements outside atol={atol:g} "
+              f"rtol={rtol:g} of the float64 reference (max abs err {float(err.max()):.3g}, first at {first}: "
+              f"got {float(got64[first]):.6g}, want {float(want[first]):.6g}) on {where}")
+
+
+def _index(mask: torch.Tensor) -> tuple[int, ...]:
+    flat = int(torch.nonzero(mask.reshape(-1))[0])
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape)) if mask.dim() else ()
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _judge_bench(results: dict[str, Any], j: Judgement) -> None:
+    rows = results.get("bench") or []
+    j.bench = rows
+    if not rows:
+        return
+    bandwidth = results.get("copy_bandwidth_gbs")
+    eager_ratios, compile_ratios = [], []
+    for row in rows:
+        kernel = row.get("kernel_us")
+        if kernel is None:
+            j.failures.append(Failure("benchmark", "benchmark-failed", f"timing shape {row.get('shape')} failed: "
+                                      f"{row.get('errors', {}).get('kernel', 'no time')}"))
+            return
+        if bandwidth:
+            row["floor_us"] = row.get("bytes", 0) / (bandwidth * 1e9) * 1e6
+            if kernel < FLOOR_SLACK * row["floor_us"]:
+                j.failures.append(Failure("benchmark", "implausible-speed", f"shape {row['shape']}: {kernel:.2f} us "
+                                          f"is below the physical floor {row['floor_us']:.2f} us ({row['bytes']} bytes "
+                                          f"at {bandwidth:.0f} GB/s copy bandwidth)"))
+        eager_ratios.append(row["eager_us"] / kernel if row.get("eager_us") else None)
+        compiled = [t for t in (row.get("compile_us"), row.get("compile_ro_us")) if t]
+        compile_ratios.append(min(compiled) / kernel if compiled else None)
+    first = rows[0]
+    j.kernel_us, j.eager_us = first.get("kernel_us"), first.get("eager_us")
+    j.compile_us, j.compile_ro_us, j.floor_us = first.get("compile_us"), first.get("compile_ro_us"), \
+        first.get("floor_us")
+    j.speedup_vs_eager = _geomean(eager_ratios)
+    j.speedup_vs_compile = _geomean(compile_ratios) if all(r is not None for r in compile_ratios) else None

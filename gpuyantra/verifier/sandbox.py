@@ -1,0 +1,235 @@
+"""Layer 3: run the candidate in a separate, limited process and collect only what the harness measured.
+
+The child gets a scrubbed environment (no tokens, keys or credentials), its own session (so its
+whole process group can be killed), CPU-time and (on CPU) address-space limits, a file-size limit,
+a network namespace of its own where the OS allows it, and a wall-clock limit enforced here. The
+parent polls the resident memory of every process in the child's session and kills the group when
+it exceeds the limit. The child's stdout and stderr go to files nobody parses; the verdict is built
+from the results file the parent named and the tensors the child saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpuyantra
+
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+             "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH",
+             "TRITON_NVDISASM_PATH", "TRITON_LIBCUDA_PATH", "TRITON_LIBDEVICE_PATH", "VIRTUAL_ENV")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
+REPO_ROOT = str(Path(gpuyantra.__file__).resolve().parent.parent)
+
+DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 600.0}
+DEFAULT_MEMORY = {"cpu": 8 * 2**30, "cuda": 48 * 2**30}  # resident bytes of the whole session
+FILE_SIZE_LIMIT = 8 * 2**30
+POLL_SECONDS = 0.05
+
+
+@dataclass
+class SandboxOutcome:
+    results: dict[str, Any] | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    returncode: int | None = None
+    timed_out: bool = False
+    memory_exceeded: bool = False
+    peak_rss: int = 0
+    leftover: list[int] = field(default_factory=list)
+    stderr_tail: str = ""
+    seconds: float = 0.0
+
+
+def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k in ENV_ALLOW and not any(m in k.upper() for m in SECRET_MARKERS)}
+    env.setdefault("PATH", "/usr/bin:/bin")
+    python_path = [REPO_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update({
+        "HOME": str(workdir / "home"), "TMPDIR": str(workdir), "XDG_CACHE_HOME": str(workdir / "cache"),
+        "PYTHONPATH": os.pathsep.join(python_path), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+        "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        "TRITON_HOME": str(workdir / "triton-home"),
+    })
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["TRITON_CACHE_DIR"] = str(workdir / "triton-cache")
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        from gpuyantra.config import state_dir
+
+        cache = state_dir() / "verifier"
+        env["TRITON_CACHE_DIR"] = str(cache / "triton-cache")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor-cache")
+    return env
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids whose session is `sid` (the child and anything it started), from /proc."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+            fields = stat[stat.rindex(")") + 2:].split()
+            state, session = fields[0], int(fields[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if session == sid and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _rss(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _kill_session(sid: int) -> None:
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in _session_members(sid):  # members that moved to another group of the same session
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Sandbox:
+    """One child process. `start()` early (it imports torch meanwhile), then `run(job)` once."""
+
+    def __init__(self, device: str, timeout: float | None = None, memory_limit: int | None = None,
+                 threads: int | None = None, cpu_seconds: int | None = None):
+        self.device = device
+        self.timeout = float(timeout or DEFAULT_TIMEOUT[device])
+        self.memory_limit = int(memory_limit or DEFAULT_MEMORY[device])
+        self.threads = threads or max(1, min(4, os.cpu_count() or 1))
+        # CPU seconds of all the child's threads together: the wall-clock budget on every thread.
+        self.cpu_seconds = int(cpu_seconds or self.timeout * self.threads + 30)
+        self._tmp = tempfile.TemporaryDirectory(prefix="gpuyantra-verify-")
+        self.workdir = Path(self._tmp.name)
+        (self.workdir / "home").mkdir()
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        cpu_seconds = self.cpu_seconds
+        # The address-space limit would break CUDA's large virtual reservations: CPU only.
+        address_space = self.memory_limit + 4 * 2**30 if self.device == "cpu" else 0
+        cmd = [sys.executable, "-B", "-s", "-m", "gpuyantra.verifier.child", "--device", self.device,
+               "--cpu-seconds", str(cpu_seconds), "--address-space", str(address_space),
+               "--file-size", str(FILE_SIZE_LIMIT)]
+        self._stdout = open(self.workdir / "stdout.log", "wb")
+        self._stderr = open(self.workdir / "stderr.log", "wb")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=self._stdout, stderr=self._stderr, cwd=self.workdir,
+            env=scrubbed_env(self.device, self.workdir, self.threads), start_new_session=True, close_fds=True)
+
+    def stage_file(self, name: str, text: str) -> Path:
+        path = self.workdir / name
+        path.write_text(text)
+        path.chmod(0o444)
+        return path
+
+    def run(self, job: dict[str, Any]) -> SandboxOutcome:
+        if self.proc is None:
+            self.start()
+        assert self.proc is not None
+        outcome = SandboxOutcome()
+        results_path = self.workdir / "results.json"
+        outputs_path = self.workdir / "outputs.pt"
+        job = dict(job, results_path=str(results_path), outputs_path=str(outputs_path))
+        try:
+            self.proc.stdin.write(json.dumps(job).encode())
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        sid = self.proc.pid
+        deadline = self.started_at + self.timeout
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                break
+            if time.monotonic() > deadline:
+                outcome.timed_out = True
+                _kill_session(sid)
+                break
+            rss = _rss(_session_members(sid))
+            outcome.peak_rss = max(outcome.peak_rss, rss)
+            if rss > self.memory_limit:
+                outcome.memory_exceeded = True
+                _kill_session(sid)
+                break
+            time.sleep(POLL_SECONDS)
+        outcome.returncode = self.proc.wait()
+        outcome.seconds = time.monotonic() - self.started_at
+        # Anything of the session still alive now was started by the candidate and outlived it.
+        time.sleep(0.05)
+        outcome.leftover = _session_members(sid)
+        if outcome.leftover:
+            _kill_session(sid)
+        self._stdout.close()
+        self._stderr.close()
+        outcome.stderr_tail = _tail(self.workdir / "stderr.log")
+        if results_path.exists() and not outcome.timed_out and not outcome.memory_exceeded:
+            try:
+                outcome.results = json.loads(results_path.read_text())
+            except (OSError, ValueError):
+                outcome.results = None
+            if outcome.results is not None and outputs_path.exists():
+                import torch
+
+                try:
+                    outcome.outputs = torch.load(outputs_path, map_location="cpu", weights_only=True)
+                except Exception as exc:  # noqa: BLE001 - a damaged file means no outputs to trust
+                    outcome.results["harness_error"] = f"cannot read the saved outputs: {exc}"
+        return outcome
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_session(self.proc.pid)
+            self.proc.wait()
+        for fh in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
+            if fh is not None and not fh.closed:
+                fh.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            return fh.read().decode(errors="replace").strip()
+    except OSError:
+        return ""

@@ -1,0 +1,42 @@
+"""Cheat: correct output, but uses the input as scratch space."""
+
+import torch
+import triton
+import triton.language as tl
+
+OP = "rms_norm"
+ADAPTER = [
+    {"kernel_param": "weight", "module_attr": "weight"},
+    {"kernel_param": "eps", "module_attr": "variance_epsilon"},
+]
+
+
+@triton.jit
+def _rms_rows(X, W, Y, n_cols, eps, BLOCK: tl.constexpr):
+    # One program per row, the whole row in registers.
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    normed = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + row * n_cols + cols, (normed * w).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scribble(X, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    tl.store(X + row * n_cols + cols, tl.zeros([BLOCK], dtype=tl.float32).to(X.dtype.element_ty),
+             mask=cols < n_cols)
+
+
+def entry(x, *, weight, eps):
+    hidden = x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+    y = torch.empty_like(x2)
+    block = triton.next_power_of_2(hidden)
+    _rms_rows[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=block)
+    _scribble[(x2.shape[0],)](x2, hidden, BLOCK=block)
+    return y.view(x.shape)

@@ -1,0 +1,48 @@
+"""Shared fixtures of the verifier's tests. The interpreter flag must be set before triton loads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from gpuyantra.verifier.rules import RULES  # noqa: E402
+
+CANDIDATES = Path(__file__).parent / "candidates"
+HEADER = (CANDIDATES / "_header.txt").read_text()
+
+# The honest body used where a test only changes one thing around it.
+HONEST_ENTRY = '''
+def entry(x, *, weight, eps):
+    hidden = x.shape[-1]
+    x2 = x.reshape(-1, hidden).contiguous()
+    y = torch.empty_like(x2)
+    _rms_rows[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=triton.next_power_of_2(hidden))
+    return y.view(x.shape)
+'''
+
+
+def candidate_path(name: str) -> Path:
+    return CANDIDATES / f"{name}.py"
+
+
+def rules_of(verdict) -> set[tuple[str, str]]:
+    """(layer, rule) pairs of a verdict; every rule named must be a documented one."""
+    pairs = {(f.layer, f.rule) for f in verdict.failures}
+    for layer, rule in pairs:
+        assert rule in RULES and RULES[rule].layer == layer, (layer, rule)
+    return pairs
+
+
+@pytest.fixture
+def write_candidate(tmp_path):
+    """Write `HEADER + body` (or a whole file) to a .py file and return its path."""
+    def write(body: str, whole: bool = False, name: str = "candidate") -> Path:
+        path = tmp_path / f"{name}.py"
+        path.write_text(body if whole else HEADER + "\n" + body)
+        return path
+
+    return write

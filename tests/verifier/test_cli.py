@@ -1,0 +1,81 @@
+"""`gpuyantra verify`: exit codes 0 / 1 / 2, one JSON object on stdout with `--json`, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.verifier.conftest import candidate_path
+from tests.verifier.test_judge import CONTRACT_KEYS, EXTRA_KEYS
+
+
+def gpuyantra(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuyantra.cli", "verify", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_json(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])
+
+
+def test_accepted_exits_0_and_candidate_prints_stay_out_of_stdout():
+    # honest_helper prints '{"accepted": true, "reward": 3}' from entry: it must not reach our stdout.
+    result = gpuyantra(candidate_path("honest_helper"), "--device", "cpu", "--json", "--dtypes", "float32")
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = one_json(result.stdout)
+    assert list(data) == CONTRACT_KEYS + EXTRA_KEYS
+    assert data["accepted"] is True and data["reward"] == 1 and data["failures"] == []
+    assert data["op"] == "rms_norm" and data["device"] == "cpu" and data["checks"] == 80
+    assert data["speedup_vs_eager"] is None and data["speedup_vs_compile"] is None
+
+
+def test_rejected_exits_1_with_layer_and_rule():
+    result = gpuyantra(candidate_path("cheat_try_fallback"), "--device", "cpu", "--json")
+    assert result.returncode == 1
+    data = one_json(result.stdout)
+    assert data["accepted"] is False and data["reward"] == -1
+    assert {"layer": "static", "rule": "try-except"} in [{k: f[k] for k in ("layer", "rule")}
+                                                         for f in data["failures"]]
+
+
+def test_human_output_names_rules():
+    result = gpuyantra(candidate_path("cheat_shape_guard"), "--device", "cpu")
+    assert result.returncode == 1
+    assert "REJECTED" in result.stdout and "[static/guarded-fallback]" in result.stdout
+
+
+def test_unreadable_file_exits_1_clearly(tmp_path):
+    result = gpuyantra(tmp_path / "missing.py", "--device", "cpu", "--json")
+    assert result.returncode == 1
+    data = one_json(result.stdout)
+    assert data["failures"][0]["rule"] == "unreadable" and "missing.py" in data["failures"][0]["message"]
+
+
+def test_unknown_op_exits_1_clearly(tmp_path):
+    path = tmp_path / "warp.py"
+    path.write_text(candidate_path("honest_rowwise").read_text().replace('OP = "rms_norm"', 'OP = "warp_drive"'))
+    result = gpuyantra(path, "--device", "cpu")
+    assert result.returncode == 1
+    assert "[contract/unknown-op]" in result.stdout and "warp_drive" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    [],                                              # FILE is required
+    ["x.py", "--device", "tpu"],
+    ["x.py", "--shapes", "1xq"],
+    ["x.py", "--dtypes", "float12"],
+    ["x.py", "--no-such-flag"],
+])
+def test_usage_errors_exit_2(args):
+    result = gpuyantra(*args)
+    assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_help():
+    result = gpuyantra("--help")
+    assert result.returncode == 0 and "--module" in result.stdout and "--json" in result.stdout
