@@ -7,29 +7,39 @@ from typing import Any
 from temporalio import activity
 
 from activities.errors import as_application_error
+from activities.heartbeat import with_heartbeat
 from gpuyantra import config
 from gpuyantra.server_client import AdminClient, ServerError
 from workflows.types import DeployInput, RollbackInput, ServerCall, VerifyInput
 
 
-def _admin(server_url: str) -> AdminClient:
-    return AdminClient(server_url)
+def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to the server's admin API (token from the worker's environment), heartbeating."""
+    try:
+        return with_heartbeat(lambda: AdminClient(server_url).post(path, body))
+    except ServerError as exc:
+        raise as_application_error(exc) from exc
 
 
 @activity.defn(name="profile_server")
 def profile_server(call: ServerCall) -> dict[str, Any]:
-    try:
-        return _admin(call.server_url).post("/admin/profile", {})
-    except ServerError as exc:
-        raise as_application_error(exc) from exc
+    return admin_post(call.server_url, "/admin/profile", {})
 
 
 @activity.defn(name="benchmark_server")
 def benchmark_server(call: ServerCall) -> dict[str, Any]:
-    try:
-        return _admin(call.server_url).post("/admin/benchmark", {"max_tokens": 16, "prompt_tokens": 8})
-    except ServerError as exc:
-        raise as_application_error(exc) from exc
+    return admin_post(call.server_url, "/admin/benchmark", {"max_tokens": 16, "prompt_tokens": 8})
+
+
+@activity.defn(name="deploy_kernel")
+def deploy_kernel(request: DeployInput) -> dict[str, Any]:
+    body = {"source": request.source, "module_class": request.target.get("qualified_class")}
+    return admin_post(request.server_url, "/admin/swap", body)
+
+
+@activity.defn(name="rollback_swap")
+def rollback_swap(request: RollbackInput) -> dict[str, Any]:
+    return admin_post(request.server_url, "/admin/rollback", {"swap_id": request.swap_id})
 
 
 @activity.defn(name="verify_candidate")
@@ -41,35 +51,18 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     device = prepare(request.device)
     folder = config.candidates_dir() / request.campaign_id
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{request.target['op']}_{request.target['module_class']}_{request.iteration}.py"
-    path.write_text(request.source)
     target = request.target
+    path = folder / f"{target['op']}_{target['module_class']}_{request.iteration}.py"
+    path.write_text(request.source)
     shapes = [list(s) for s in target.get("shapes", [])] or None
-    dtypes = [target["dtype"]] if target.get("dtype") else None
-    if device == "cpu":
-        dtypes = None  # the interpreter checks float32 and float16 (its bfloat16 is unreliable)
-    verdict = verify(path, device=device, module_class=target.get("qualified_class"), shapes=shapes, dtypes=dtypes)
+    # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
+    dtypes = [target["dtype"]] if target.get("dtype") and device != "cpu" else None
+    verdict = with_heartbeat(lambda: verify(path, device=device, module_class=target.get("qualified_class"),
+                                            shapes=shapes, dtypes=dtypes))
     result = verdict.to_dict()
     result.setdefault("device", device)
     result["candidate_path"] = str(path)
     return result
-
-
-@activity.defn(name="deploy_kernel")
-def deploy_kernel(request: DeployInput) -> dict[str, Any]:
-    body = {"source": request.source, "module_class": request.target.get("qualified_class")}
-    try:
-        return _admin(request.server_url).post("/admin/swap", body)
-    except ServerError as exc:
-        raise as_application_error(exc) from exc
-
-
-@activity.defn(name="rollback_swap")
-def rollback_swap(request: RollbackInput) -> dict[str, Any]:
-    try:
-        return _admin(request.server_url).post("/admin/rollback", {"swap_id": request.swap_id})
-    except ServerError as exc:
-        raise as_application_error(exc) from exc
 
 
 ACTIVITIES = [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap]

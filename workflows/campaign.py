@@ -22,6 +22,9 @@ with workflow.unsafe.imports_passed_through():
         VerifyInput, WriteInput, WriteResult,
     )
 
+# GPU activities heartbeat every few seconds: a crashed GPU worker's task moves to another worker
+# after this long, not after the whole start-to-close timeout.
+HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MAX_REWARD = 3
 CPU_MAX_REWARD = 1  # the interpreter judges correctness only
 RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
@@ -179,7 +182,8 @@ class OptimizeCampaign:
     async def _gpu(self, activity: str, arg: Any, timeout: timedelta) -> dict[str, Any]:
         try:
             return await workflow.execute_activity(activity, arg, result_type=dict, task_queue=GPU_TASK_QUEUE,
-                                                   start_to_close_timeout=timeout, retry_policy=RETRY)
+                                                   start_to_close_timeout=timeout, retry_policy=RETRY,
+                                                   heartbeat_timeout=HEARTBEAT_TIMEOUT)
         except ActivityError as exc:
             if activity in ("profile_server", "benchmark_server"):
                 raise ApplicationError(f"{activity} failed: {root_message(exc)}", non_retryable=True) from exc
