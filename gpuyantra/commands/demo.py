@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import time
+from pathlib import Path
 
 from gpuyantra.commands.up import add_stack_arguments, start_stack, stop_all
 from gpuyantra.processes import exit_on_sigterm, StartupError, free_port, start_server
@@ -25,6 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def save_admin_token(state: Path) -> Path:
+    """Keep the demo's admin token in the state folder (owner-only) so the printed curl works."""
+    path = state / "admin-token"
+    path.touch(mode=0o600, exist_ok=True)
+    path.write_text(os.environ["GPUYANTRA_ADMIN_TOKEN"])
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuyantra.campaign_client import start_campaign
     from gpuyantra.triton_env import cuda_available
@@ -39,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuyantra demo: {exc}")
         return 1
     temporal = processes[0]
+    token_file = save_admin_token(temporal.log_path.parent.parent)
     try:
         server = start_server(args.model, temporal.log_path.parent.parent, args.port or free_port(),
                               os.environ["GPUYANTRA_ADMIN_TOKEN"], device=device)
@@ -55,9 +65,16 @@ def run(args: argparse.Namespace) -> int:
               f"  Web UI:        {temporal.info['ui']}/namespaces/default/workflows/{result['workflow_id']}\n"
               f"  Temporal CLI:  temporal workflow show --address {temporal.info['address']} "
               f"-w {result['workflow_id']}\n"
-              f"  Kernels:       curl -H 'Authorization: Bearer $GPUYANTRA_ADMIN_TOKEN' "
+              f"  Kernels:       curl -H \"Authorization: Bearer $(cat {token_file})\" "
               f"{server.info['url']}/admin/kernels\n"
               f"  Logs:          {temporal.log_path.parent}", flush=True)
+        if device == "cpu":
+            print("  Note: without a GPU the kernel runs in Triton's interpreter, so served tokens/s drops "
+                  "after the swap; that is why CPU verdicts judge correctness only (reward +1).", flush=True)
+        if not args.keep:
+            print("  The demo stops its processes now. The campaign's history stays in "
+                  f"{temporal.log_path.parent.parent / 'temporal.db'}: `gpuyantra up` shows it again in the Web UI; "
+                  "`gpuyantra demo --keep` keeps everything running.", flush=True)
         if args.keep:
             print("Running until Ctrl-C.", flush=True)
             while all(p.process.poll() is None for p in processes):
