@@ -125,6 +125,8 @@ def start_worker(role: str, address: str, state_dir: Path, env: dict[str, str] |
 def start_server(model: str, state_dir: Path, port: int, admin_token: str, device: str = "cpu",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
                  timeout_s: float = 180.0) -> Managed:
+    if port_open("127.0.0.1", port):
+        raise StartupError(f"port {port} is already in use: another server would answer in place of this one")
     argv = [sys.executable, "-m", "gpuyantra.cli", "serve", "--model", model, "--random-weights",
             "--device", device, "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
             *(extra_args or [])]

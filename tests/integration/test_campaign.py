@@ -104,3 +104,19 @@ async def test_campaign_fails_clearly_on_wrong_token(temporal, workers, tmp_path
         assert "401" in str(failure.value.cause)
     finally:
         other.stop()
+
+
+def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, served_model, admin_headers):
+    import os
+    import sys
+
+    url = served_model.info["url"]
+    env = {**os.environ, "GPUYANTRA_ADMIN_TOKEN": admin_headers["Authorization"].split()[1]}
+    finished = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "optimize", "--server", url, "--ops", "rms_norm",
+                               "--min-reward", "1", "--max-iterations", "2", "--wait", "--json",
+                               "--temporal", temporal.info["address"]],
+                              capture_output=True, text=True, timeout=600, env=env)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert result["server"] == url and [d["op"] for d in result["deployed"]] == ["rms_norm"]
+    assert set(result["e2e"]) == {"tokens_per_s_before", "tokens_per_s_after"}

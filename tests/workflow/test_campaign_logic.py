@@ -159,3 +159,28 @@ async def test_swap_that_speeds_served_decode_is_kept_with_e2e_numbers(env):
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert result["deployed"][0]["e2e_tokens_per_s"] == {"before": 100.0, "after": 110.0}
     assert result["e2e"] == {"tokens_per_s_before": 100.0, "tokens_per_s_after": 110.0}
+
+
+async def test_require_approval_waits_for_the_signal(env):
+    import asyncio
+    import concurrent.futures
+
+    script = Script(rewards=[3])
+    gpu, cpu = script.activities()
+    queue = CONTROL_TASK_QUEUE + uuid.uuid4().hex[:6]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        async with Worker(env.client, task_queue=queue, workflows=[OptimizeCampaign]), \
+                Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool), \
+                Worker(env.client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool):
+            handle = await env.client.start_workflow(
+                OptimizeCampaign.run, CampaignInput(server_url="http://x", ops=["rms_norm"], require_approval=True),
+                id=f"t-{uuid.uuid4().hex[:8]}", task_queue=queue)
+            for _ in range(100):  # bounded: 10 s
+                progress = await handle.query(OptimizeCampaign.progress)
+                if any(t.get("stage") == "awaiting-approval" for t in progress["targets"].values()):
+                    break
+                await asyncio.sleep(0.1)
+            assert "deploy" not in script.calls
+            await handle.signal(OptimizeCampaign.approve, "rms_norm")
+            result = await handle.result()
+    assert script.calls[-1] == "deploy" and result["deployed"][0]["op"] == "rms_norm"
