@@ -31,6 +31,15 @@ def completion(url: str) -> str:
     return response.json()["choices"][0]["text"]
 
 
+def tiny_qwen2_rms_norm_names() -> set[str]:
+    from serving.models import PRESETS
+
+    layers = PRESETS["tiny-qwen2"]().num_hidden_layers
+    per_layer = {f"model.layers.{i}.{norm}" for i in range(layers)
+                 for norm in ("input_layernorm", "post_attention_layernorm")}
+    return per_layer | {"model.norm"}
+
+
 def max_abs_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
@@ -61,7 +70,10 @@ async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, wor
     kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
     active = [k for k in kernels["active"] if k["op"] == "rms_norm"]
     assert len(active) == 1 and active[0]["modules"] == expected_modules
+    assert set(active[0]["module_names"]) == tiny_qwen2_rms_norm_names()  # every one, counted independently
     assert completion(url)  # still answers
+    kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
+    assert kernels["active"][0]["calls"] > 0  # the swapped kernel served that request
     after_logits = logits(url, admin_headers)
     assert max_abs_diff(before_logits, after_logits) < 1e-3
 
