@@ -85,12 +85,15 @@ def profile_model(
     weights: Mapping[str, float] | None = None,
     decode_steps: float = DEFAULT_DECODE_STEPS,
     hardware: HardwareSpec | None = None,
+    function_sites: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Profile `model` under each probe and rank its op-family targets by effect on served latency.
 
     `run_probe` runs one representative forward workload (the positional form; its phase is named
     "probe"). Alternatively `probes={"prefill": f, "decode": g}` (or a dict as `run_probe`) profiles
     each named phase. `ops` restricts the families; `groups` skips binding discovery.
+    `function_sites` (`gpuyantra.swap.FunctionSite`, e.g. rope's `apply_rotary_pos_emb` globals) adds
+    one function-level target per family; discovered with the groups when `groups` is None.
     """
     started = time.perf_counter()
     phase_fns = _phase_functions(run_probe, probes)
@@ -100,12 +103,18 @@ def profile_model(
     spec = hardware or get_hardware(device)
     if groups is None:
         groups = find_module_groups(model, ops)
+        if function_sites is None:
+            from gpuyantra.swap import find_function_sites
+
+            function_sites = find_function_sites(model, ops)
     groups = [g for g in groups if ops is None or g.op in ops]
+    sites = [s for s in (function_sites or []) if ops is None or s.op in ops]
 
     modules = list(model.named_modules())
     phases: dict[str, dict[str, Any]] = {}
     for phase, fn in phase_fns.items():
-        phases[phase] = _profile_phase(model, modules, groups, fn, device, spec, warmup, repeat, profile_steps)
+        phases[phase] = _profile_phase(model, modules, groups, fn, device, spec, warmup, repeat, profile_steps,
+                                       sites)
 
     phase_weights = _phase_weights(phases, weights, decode_steps)
     primary = _primary_phase(phases, phase_weights)
@@ -133,7 +142,8 @@ def profile_model(
 # --------------------------------------------------------------------------------------------
 
 
-def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmup, repeat, profile_steps):
+def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmup, repeat, profile_steps,
+                   sites=()):
     cuda = device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
@@ -225,6 +235,7 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
     ctx = _PhaseContext(cuda=cuda, spec=spec, step_us=step_us, busy=busy, steps=steps)
     targets = [_target_metrics(ctx, group, modules, group_of, gi, by_index, captured)
                for gi, group in enumerate(groups)]
+    targets.extend(_function_targets(ctx, sites, fn, sync))
     targets.sort(key=lambda t: (-t["est_gain_us"], -t["share"], t["op"], t["qualified_class"]))
     for rank, t in enumerate(targets, 1):
         t["rank"] = rank
@@ -667,6 +678,142 @@ def estimate_gain(*, cuda: bool, host_bound: bool, spec: HardwareSpec, host_us: 
     if regime == "launch-bound" and calls and launches / calls <= 1.0:
         gain = min(gain, 0.0)
     return regime, cost, new_cost, gain
+
+
+class _OpCounter:
+    """Counts the aten ops dispatched inside a `with` block (eager launches of a free function)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.n += 1
+                return func(*args, **(kwargs or {}))
+
+        self.n = 0
+        self.mode = _Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any]]:
+    """One target per family bound at module globals (rope's `apply_rotary_pos_emb`): one extra call
+    of the probe with each site wrapped in a timer (first call per site counts its eager ops), the
+    q shapes seen, the roofline on them. `modules` counts the modules calling the function."""
+    from gpuyantra.ops import get_op
+
+    if not sites:
+        return []
+    stats: dict[str, dict[str, Any]] = {s.dotted: {"calls": 0, "timed": 0, "us": 0.0, "ops": None,
+                                                   "seen": Counter()} for s in sites}
+    states = {s.dotted: s.current() for s in sites}
+
+    def timer(site, current):
+        st = stats[site.dotted]
+
+        def timed(*args, **kwargs):
+            q = args[0] if args else next(iter(kwargs.values()), None)
+            if isinstance(q, torch.Tensor):
+                st["seen"][(tuple(q.shape), _dtype_name(q.dtype))] += 1
+            st["calls"] += 1
+            if st["ops"] is None:
+                with _OpCounter() as counter:
+                    out = current(*args, **kwargs)
+                st["ops"] = counter.n
+                return out
+            sync()
+            t0 = time.perf_counter()
+            out = current(*args, **kwargs)
+            sync()
+            st["us"] += (time.perf_counter() - t0) * 1e6
+            st["timed"] += 1
+            return out
+
+        return timed
+
+    try:
+        for site in sites:
+            site.set(timer(site, states[site.dotted]))
+        with torch.no_grad():
+            fn()
+            sync()
+    finally:
+        for site in sites:
+            site.set(states[site.dotted])
+
+    targets = []
+    for op in dict.fromkeys(s.op for s in sites):
+        family = get_op(op)
+        mine = [s for s in sites if s.op == op]
+        calls = sum(stats[s.dotted]["calls"] for s in mine)
+        if not calls:
+            continue
+        timed = sum(stats[s.dotted]["timed"] for s in mine)
+        per_call_us = sum(stats[s.dotted]["us"] for s in mine) / timed if timed else 0.0
+        ops_per_call = max((stats[s.dotted]["ops"] or 0) for s in mine)
+        host_us = device_us = per_call_us * calls
+        launches = float(ops_per_call * calls)
+        seen: Counter = Counter()
+        for s in mine:
+            seen.update(stats[s.dotted]["seen"])
+        shape_counts: Counter = Counter()
+        dtype_counts: Counter = Counter()
+        bytes_ps = flops_ps = floor_ps = 0.0
+        for (shape, dtype_name), n in seen.items():
+            shape_counts[shape] += n
+            dtype_counts[dtype_name] += n
+            nbytes = float(family.bytes_moved(shape, getattr(torch, dtype_name, torch.float32)))
+            nflops = float(family.flops(shape))
+            bytes_ps += nbytes * n
+            flops_ps += nflops * n
+            floor_ps += ctx.spec.floor_us(nbytes, nflops) * n
+        shapes = [list(s) for s, _ in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+        ai = flops_ps / bytes_ps if bytes_ps > 0 else None
+        regime, cost, new_cost, gain_us = estimate_gain(
+            cuda=ctx.cuda, host_bound=ctx.host_bound, spec=ctx.spec, host_us=host_us, device_us=device_us,
+            calls=float(calls), launches=launches, floor_us=floor_ps, arithmetic_intensity=ai)
+        step_us = ctx.step_us
+        default = family.default_module
+        target = {
+            "op": op,
+            "module_class": ",".join(dict.fromkeys(s.attr for s in mine)),
+            "qualified_class": default,  # what verify --module and swap(module_class=...) accept for it
+            "modules": sum(s.count for s in mine),
+            "adapter": [],
+            "binding": "function",
+            "functions": [s.dotted for s in mine],
+            "callers": list(dict.fromkeys(c for s in mine for c in s.caller_classes)),
+            "shapes": shapes,
+            "dtype": dtype_counts.most_common(1)[0][0] if dtype_counts else None,
+            "dtypes": sorted(dtype_counts),
+            "regime": regime,
+            "share": round(cost / step_us if step_us > 0 else 0.0, 5),
+            "device_us": round(device_us, 2),
+            "host_us": round(host_us, 2),
+            "launches": round(launches, 2),
+            "calls": float(calls),
+            "launches_per_call": float(ops_per_call),
+            "arithmetic_intensity": round(ai, 4) if ai is not None else None,
+            "bytes_per_step": int(bytes_ps),
+            "flops_per_step": int(flops_ps),
+            "floor_us": round(floor_ps, 3),
+            "cost_us": round(cost, 2),
+            "est_cost_after_us": round(new_cost, 2),
+            "est_gain_us": round(gain_us, 2),
+            "est_gain": round(gain_us / step_us if step_us > 0 else 0.0, 5),
+        }
+        target["why"] = _why(ctx, target) + " (function-level target: the swap replaces the module global " \
+            f"{', '.join(target['functions'])}, called by {', '.join(target['callers'])})"
+        targets.append(target)
+    return targets
 
 
 def _activation_shape(family, module, shape) -> tuple[int, ...]:

@@ -135,6 +135,8 @@ class SwapRecord:
     fallbacks: int = 0
     last_error: str | None = None
     superseded_by: str | None = None
+    binding: str = "module"  # module: forwards bound on modules; function: module globals replaced
+    functions: list[str] = field(default_factory=list)  # function binding: the dotted globals replaced
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,6 +159,7 @@ class _LiveSwap:
         self.candidate = candidate
         self.engine = engine
         self.modules: dict[str, torch.nn.Module] = {}
+        self.functions: dict[str, "FunctionSite"] = {}  # function binding: dotted global -> site
         self.strict = True  # during parity/capture: kernel exceptions propagate (no silent fallback)
         self.faulted = False
 
@@ -184,6 +187,7 @@ class SwapEngine:
         after_restore: Callable[[], None] | None = None,
         on_event: Callable[..., None] | None = None,
         seed: int = 1234,
+        probe_forward: Callable[[], Any] | None = None,
     ):
         self.model = model
         self.model_id = model_id
@@ -208,6 +212,12 @@ class SwapEngine:
         self._groups_cache: dict[str, list[ModuleGroup]] = {}
         self._staged: list[tuple[torch.nn.Module, Any]] | None = None
         self._modules = dict(model.named_modules())
+        # Function-level binding (families with known_functions, e.g. rope's apply_rotary_pos_emb).
+        self.probe_forward = probe_forward
+        self._sites_cache: dict[str, list[FunctionSite]] = {}
+        self._fn_owner: dict[str, str] = {}          # dotted global -> swap_id bound there
+        self._fn_originals: dict[str, Any] = {}      # dotted global -> the function before any swap
+        self._staged_functions: list[tuple[FunctionSite, Any]] | None = None
         self._load_manifest()
 
     # ------------------------------------------------------------------ public: queries
@@ -238,6 +248,16 @@ class SwapEngine:
         if op not in self._groups_cache:
             self._groups_cache[op] = find_module_groups(self.model, [op])
         return self._groups_cache[op]
+
+    def function_sites(self, op: str) -> list["FunctionSite"]:
+        """Module globals of the model's modeling files that compute `op` (families with known_functions)."""
+        if op not in self._sites_cache:
+            self._sites_cache[op] = find_function_sites(self.model, [op])
+        return self._sites_cache[op]
+
+    def function_state(self) -> dict[str, str | None]:
+        """Dotted function global -> id of the swap bound there (None: original)."""
+        return {site.dotted: self._fn_owner.get(site.dotted) for sites in self._sites_cache.values() for site in sites}
 
     def _all_groups(self) -> list[ModuleGroup]:
         out: list[ModuleGroup] = []
@@ -288,6 +308,11 @@ class SwapEngine:
                     f"ADAPTER binds kernel parameters {bound}, but {family.name} entry takes {wanted}")
 
             groups = self._select_groups(family, module_class)
+            if not groups and family.known_functions:
+                sites = [s for s in self.function_sites(family.name) if site_matches(s, family, module_class)]
+                if sites:
+                    return self._swap_functions(family, candidate, sites, swap_id, kept, origin, source_path,
+                                                module_class, live_shapes, _reapply_record)
             record = SwapRecord(
                 swap_id=swap_id, op=family.name, model=self.model_id, file=str(kept), digest=candidate.digest,
                 requested_module_class=module_class, adapter=candidate.adapter, origin=origin,
@@ -351,7 +376,7 @@ class SwapEngine:
                     elif previous != swap_id and previous in self._live:
                         old = self._live[previous]
                         old.modules.pop(name, None)
-                        if not old.modules:
+                        if not old.modules and not old.functions:
                             old.record.status = "superseded"
                             old.record.superseded_by = swap_id
                             old.record.rolled_back_at = now
@@ -397,6 +422,10 @@ class SwapEngine:
                     for name, module in live.modules.items():
                         _set_forward(module, self._originals.pop(name, _CLASS_FORWARD))
                         self._owner.pop(name, None)
+                    for dotted, site in live.functions.items():
+                        if self._fn_owner.get(dotted) == sid:
+                            site.set(self._fn_originals.pop(dotted))
+                            self._fn_owner.pop(dotted, None)
                     live.record.status = "rolled_back"
                     live.record.rolled_back_at = now
                     live.record.reason = reason
@@ -414,18 +443,24 @@ class SwapEngine:
     def previous_forwards(self):
         """Inside `before_commit`: temporarily put back the forwards the swap is replacing (what
         served before it), e.g. to compute the reference of a graph-path parity check."""
-        staged = self._staged
-        if not staged:
+        staged = self._staged or []
+        staged_functions = self._staged_functions or []
+        if not staged and not staged_functions:
             yield
             return
         current = [(module, module.__dict__.get("forward", _CLASS_FORWARD)) for module, _ in staged]
+        current_functions = [(site, site.current()) for site, _ in staged_functions]
         try:
             for module, previous in staged:
                 _set_forward(module, previous)
+            for site, previous in staged_functions:
+                site.set(previous)
             yield
         finally:
             for module, state in current:
                 _set_forward(module, state)
+            for site, state in current_functions:
+                site.set(state)
 
     def pending_faults(self) -> bool:
         return bool(self._faults)
@@ -582,6 +617,195 @@ class SwapEngine:
                 "shapes": sorted([list(s) for s in used_shapes]), "dtype": str(dtype).replace("torch.", ""),
                 "atol": atol, "rtol": rtol, "modules": len(targets)}
 
+    # -- function-level swaps ------------------------------------------------------------------------
+    def _swap_functions(self, family: OpFamily, candidate: Candidate, sites: list["FunctionSite"], swap_id: str,
+                        kept: Path, origin: str, source_path: str | None, module_class: str | None,
+                        live_shapes, reapply_record: SwapRecord | None) -> SwapRecord:
+        """`swap` for a family bound at module globals: replace every site, check parity, commit or restore."""
+        record = SwapRecord(
+            swap_id=swap_id, op=family.name, model=self.model_id, file=str(kept), digest=candidate.digest,
+            requested_module_class=module_class, adapter=candidate.adapter, origin=origin,
+            source_path=source_path, binding="function",
+        )
+        if reapply_record is not None:
+            record.created_at = reapply_record.created_at
+        record.functions = [s.dotted for s in sites]
+        record.module_class = ",".join(dict.fromkeys(s.attr for s in sites))
+        record.qualified_class = ",".join(s.dotted for s in sites)
+        record.module_classes = [c for s in sites for c in s.caller_classes]
+        record.module_names = [n for s in sites for n in s.callers]
+        record.modules = len(record.module_names)
+        live = _LiveSwap(record, family, candidate, self)
+        before = {s.dotted: s.current() for s in sites}
+        hook_called = False
+        try:
+            record.parity = self._bind_functions_and_check(live, sites, live_shapes)
+            if self.before_commit is not None:
+                hook_called = True
+                self._staged_functions = [(s, before[s.dotted]) for s in sites]
+                try:
+                    extra = self.before_commit(record)
+                finally:
+                    self._staged_functions = None
+                if extra:
+                    record.parity.update(dict(extra))
+        except Exception as exc:  # noqa: BLE001 - any failure restores every function
+            live.faulted = True
+            for site in sites:
+                site.set(before[site.dotted])
+            reason = exc.reason if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
+            self._finish_failed(record, reason, kept_file=reapply_record is None, parity_failed=True)
+            if hook_called and self.after_restore is not None:
+                self._safe_after_restore()
+            raise ParityError(reason, record) from exc
+
+        live.strict = False
+        now = time.time()
+        with self._state_lock:
+            for site in sites:
+                dotted = site.dotted
+                previous = self._fn_owner.get(dotted)
+                if previous is None:
+                    self._fn_originals[dotted] = before[dotted]
+                elif previous != swap_id and previous in self._live:
+                    old = self._live[previous]
+                    old.functions.pop(dotted, None)
+                    if not old.functions and not old.modules:
+                        old.record.status = "superseded"
+                        old.record.superseded_by = swap_id
+                        old.record.rolled_back_at = now
+                        self._live.pop(previous, None)
+                self._fn_owner[dotted] = swap_id
+                live.functions[dotted] = site
+            record.status = "committed"
+            record.reason = None
+            if reapply_record is not None:
+                record.committed_at = reapply_record.committed_at or now
+                record.reapplied_at = now
+                record.calls, record.fallbacks = reapply_record.calls, reapply_record.fallbacks
+                self._history = [record if r.swap_id == swap_id else r for r in self._history]
+            else:
+                record.committed_at = now
+                self._history.append(record)
+            self._live[swap_id] = live
+        self._save_manifest()
+        self._emit("committed", record)
+        return record
+
+    def _function_original(self, site: "FunctionSite") -> Any:
+        """What the site computed before any swap (the parity reference and the fallback)."""
+        if site.dotted in self._fn_owner:
+            return self._fn_originals[site.dotted]
+        current = site.current()
+        return getattr(current, "gpuyantra_original", current)
+
+    def _capture_function_calls(self, sites: list["FunctionSite"], limit: int):
+        """Live-shaped calls of each site: its original on a probe forward of the model (inputs and
+        outputs of up to `limit` calls with distinct input shapes per site), and the probe's output."""
+        captured: dict[str, list[tuple[tuple, dict, Any]]] = {s.dotted: [] for s in sites}
+        probe = self.probe_forward if self.probe_forward is not None else probe_model_forward(self.model)
+        if probe is None:
+            return captured, None
+        states = {s.dotted: s.current() for s in sites}
+
+        def recorder(site, original):
+            seen: set = set()
+
+            def record_call(*args, **kwargs):
+                out = original(*args, **kwargs)
+                key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+                if key not in seen and len(captured[site.dotted]) < limit:
+                    seen.add(key)
+                    captured[site.dotted].append((args, dict(kwargs), out))
+                return out
+
+            return record_call
+
+        try:
+            for site in sites:
+                site.set(recorder(site, self._function_original(site)))
+            output = probe()
+        except Exception:  # noqa: BLE001 - a model we cannot probe is checked on synthetic inputs only
+            output = None
+        finally:
+            for site in sites:
+                site.set(states[site.dotted])
+        return captured, output
+
+    def _bind_functions_and_check(self, live: _LiveSwap, sites: list["FunctionSite"], live_shapes) -> dict[str, Any]:
+        family = live.family
+        dtype, device = _param_dtype_device(self.model)
+        captured, probe_before = self._capture_function_calls(sites, max(1, self.max_parity_shapes))
+        # Explicit q shapes [B, Hq, S, D] (e.g. from a profile) add synthetic calls at those shapes.
+        chosen = live_shapes
+        if isinstance(live_shapes, Mapping):
+            chosen = next((live_shapes[k] for s in sites for k in (s.dotted, s.attr) if k in live_shapes), None)
+        synthetic: list[tuple] = []
+        for i, shape in enumerate(chosen or []):
+            t = tuple(int(d) for d in shape)
+            if len(t) == 4 and all(d > 0 for d in t) and t[-1] % 2 == 0:
+                gen = torch.Generator().manual_seed(self.seed + 7919 * i)
+                synthetic.append(family.make_activations(t[:-1], t[-1], dtype, device, gen))
+        if not synthetic and not any(captured.values()):
+            gen = torch.Generator().manual_seed(self.seed)
+            synthetic.append(family.make_activations(FUNCTION_PROBE_ROWS, FUNCTION_PROBE_HIDDEN, dtype, device, gen))
+        atol, rtol = family.tolerance(dtype)
+        max_abs = max_rel = 0.0
+        checked = 0
+        used_shapes: set[Shape] = set()
+        with torch.no_grad():
+            for site in sites:
+                original = self._function_original(site)
+                calls = list(captured[site.dotted])
+                for acts in synthetic[: self.max_parity_shapes]:
+                    calls.append((acts, {}, original(*acts)))
+                site.set(_function_wrapper(site, live, original))
+                for args, kwargs, want in calls:
+                    shape = tuple(args[0].shape) if args and isinstance(args[0], torch.Tensor) else ()
+                    got = as_tuple(site.current()(*args, **kwargs))
+                    want = as_tuple(want)
+                    if len(got) != len(want):
+                        raise ParityError(f"{site.dotted}: the kernel returned {len(got)} outputs, "
+                                          f"the original {len(want)}")
+                    for g, w in zip(got, want):
+                        if not isinstance(g, torch.Tensor):
+                            raise ParityError(f"{site.dotted}: the kernel returned {type(g).__name__}, not a tensor")
+                        if g.shape != w.shape or g.dtype != w.dtype:
+                            raise ParityError(
+                                f"{site.dotted}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
+                                f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}")
+                        gd, wd = g.double(), w.double()
+                        if not torch.isfinite(gd).all() and torch.isfinite(wd).all():
+                            raise ParityError(f"{site.dotted}: the kernel produced non-finite values at input shape "
+                                              f"{list(shape)}")
+                        diff = (gd - wd).abs()
+                        abs_err = float(diff.max()) if diff.numel() else 0.0
+                        rel_err = float((diff / wd.abs().clamp_min(atol)).max()) if diff.numel() else 0.0
+                        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
+                        if not torch.allclose(gd, wd, atol=atol, rtol=rtol):
+                            raise ParityError(
+                                f"parity failed on {site.dotted} at input shape {list(shape)}: max abs err "
+                                f"{abs_err:.3g} (atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})")
+                    checked += 1
+                    used_shapes.add(shape)
+        out = {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
+               "shapes": sorted([list(s) for s in used_shapes]), "dtype": str(dtype).replace("torch.", ""),
+               "atol": atol, "rtol": rtol, "modules": live.record.modules, "functions": [s.dotted for s in sites],
+               "live_calls": sum(len(v) for v in captured.values())}
+        # The whole model on the probe prompt, through the bound wrappers (reported; the per-call
+        # check above is the gate, a non-finite output where the original was finite also fails).
+        logits_before = getattr(probe_before, "logits", probe_before)
+        if isinstance(logits_before, torch.Tensor):
+            probe = self.probe_forward if self.probe_forward is not None else probe_model_forward(self.model)
+            after = probe() if probe is not None else None
+            logits_after = getattr(after, "logits", after)
+            if isinstance(logits_after, torch.Tensor) and logits_after.shape == logits_before.shape:
+                diff = (logits_after.double() - logits_before.double()).abs()
+                out["probe_max_abs_err"] = float(diff.max()) if diff.numel() else 0.0
+                if not torch.isfinite(logits_after).all() and torch.isfinite(logits_before).all():
+                    raise ParityError("the model's probe forward produced non-finite logits through the kernel")
+        return out
+
     def _finish_failed(self, record: SwapRecord, reason: str, *, kept_file: bool, parity_failed: bool = False) -> None:
         record.status = "rolled_back"
         record.reason = reason
@@ -681,5 +905,264 @@ def swapped_id(module: torch.nn.Module) -> str | None:
     return getattr(getattr(fwd, "__func__", None), "gpuyantra_swap_id", None)
 
 
-__all__ = ["CandidateLoadError", "NotActiveError", "ParityError", "SwapEngine", "SwapError", "SwapRecord",
-           "SwapRejected", "UnknownSwapError", "swapped_id"]
+
+# ---------------------------------------------------------------------- function-level binding
+# Families that no module computes (rope: attention modules call the module-level function
+# `apply_rotary_pos_emb` of their modeling file) declare `known_functions`. A function site is one
+# python module's global of that name, used by the live model's modules and checked numerically
+# against the family reference; a swap replaces the global with a guarded wrapper around `entry`.
+# The calling convention implemented here is rope's: `fn(q, k, cos, sin[, position_ids], unsqueeze_dim=1)`.
+
+@dataclass
+class FunctionSite:
+    """One module global (`<python module>.<attr>`) that computes a family, and who calls it."""
+
+    op: str
+    py_module: str
+    attr: str
+    callers: list[str] = field(default_factory=list)     # model module names whose class forward calls it
+    caller_classes: list[str] = field(default_factory=list)
+    partial_ok: bool = False        # R < D (Phi-3 partial rotary) matches the reference too
+    mixed_ok: bool = False          # 16-bit q/k with float32 cos/sin (OLMo2) matches the reference too
+    ignores_position_ids: bool = True
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.py_module}.{self.attr}"
+
+    @property
+    def count(self) -> int:
+        return len(self.callers)
+
+    def current(self) -> Any:
+        import sys
+        return getattr(sys.modules[self.py_module], self.attr)
+
+    def set(self, fn: Any) -> None:
+        import sys
+        setattr(sys.modules[self.py_module], self.attr, fn)
+
+
+FUNCTION_PROBE_ROWS = (2, 4, 3)  # (B, Hq, S)
+FUNCTION_PROBE_HIDDEN = 16
+# (family, id(fn)) -> (fn, verdict); fn is kept so that its id is never reused by another object.
+_function_verdicts: dict[tuple[str, int], tuple[Any, tuple[bool, bool, bool, bool] | None]] = {}
+
+
+def _function_call_matches(fn, family: OpFamily, acts, atol: float, rtol: float, **kwargs) -> bool | None:
+    """True/False: fn(*acts) equals the reference (dtypes included); None: fn raised."""
+    from gpuyantra.ops.base import outputs_close
+    try:
+        with torch.no_grad():
+            got = fn(*acts, **kwargs)
+            want = family.reference(*acts)
+    except Exception:  # noqa: BLE001
+        return None
+    got_t, want_t = as_tuple(got), as_tuple(want)
+    if len(got_t) != len(want_t) or any(not isinstance(g, torch.Tensor) or g.dtype != w.dtype or g.shape != w.shape
+                                        for g, w in zip(got_t, want_t)):
+        return False
+    return outputs_close(got, want, atol=atol, rtol=rtol)
+
+
+def function_computes(fn: Any, family: OpFamily) -> tuple[bool, bool, bool, bool] | None:
+    """(matches, partial_ok, mixed_ok, ignores_position_ids) of a free function, or None when its
+    math is not the family's (float64 on random inputs, then bfloat16 dtype handling)."""
+    import inspect
+
+    key = (family.name, id(fn))
+    if key in _function_verdicts:
+        return _function_verdicts[key][1]
+    from gpuyantra.binding import FP64_TOLERANCE
+    verdict = None
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    gen = torch.Generator().manual_seed(4321)
+    acts = family.make_activations(FUNCTION_PROBE_ROWS, FUNCTION_PROBE_HIDDEN, torch.float64, "cpu", gen)
+    if _function_call_matches(fn, family, acts, *FP64_TOLERANCE):
+        atol, rtol = family.tolerance(torch.bfloat16)
+        low = tuple(a.to(torch.bfloat16) for a in acts)
+        if _function_call_matches(fn, family, low, 2 * atol, 2 * rtol) is not False:
+            q, k, cos, sin = acts
+            rot = FUNCTION_PROBE_HIDDEN // 2
+            partial = bool(_function_call_matches(fn, family, (q, k, cos[..., :rot].contiguous(),
+                                                              sin[..., :rot].contiguous()), *FP64_TOLERANCE))
+            mixed = bool(_function_call_matches(fn, family, (low[0], low[1], cos.float(), sin.float()),
+                                                2 * atol, 2 * rtol))
+            ignores = True
+            if "position_ids" in params:
+                pos = torch.arange(FUNCTION_PROBE_ROWS[-1])[None].expand(FUNCTION_PROBE_ROWS[0], -1) + 3
+                ignores = bool(_function_call_matches(fn, family, acts, *FP64_TOLERANCE, position_ids=pos))
+            verdict = (True, partial, mixed, ignores)
+    _function_verdicts[key] = (fn, verdict)
+    return verdict
+
+
+def _forward_names(cls: type) -> set[str]:
+    import inspect
+    fwd = getattr(cls, "forward", None)
+    try:
+        fwd = inspect.unwrap(fwd)
+    except Exception:  # noqa: BLE001
+        pass
+    code = getattr(fwd, "__code__", None)
+    return set(code.co_names) if code is not None else set()
+
+
+def find_function_sites(model: torch.nn.Module, ops: Sequence[str] | None = None) -> list[FunctionSite]:
+    """Module globals named like a family's `known_functions` in the python modules of the model's
+    classes, called by a class's forward and numerically equal to the family's reference."""
+    import sys
+
+    from gpuyantra.ops import all_ops
+
+    sites: dict[tuple[str, str, str], FunctionSite] = {}
+    families = [f for f in all_ops() if f.known_functions and (ops is None or f.name in ops)]
+    for family in families:
+        attrs = sorted({dotted.rsplit(".", 1)[-1] for dotted in family.known_functions})
+        for name, module in model.named_modules():
+            cls = type(module)
+            py_module = sys.modules.get(cls.__module__)
+            if py_module is None:
+                continue
+            names = _forward_names(cls)
+            for attr in attrs:
+                if attr not in names:
+                    continue
+                fn = getattr(py_module, attr, None)
+                if fn is None or not callable(fn):
+                    continue
+                original = getattr(fn, "gpuyantra_original", fn)  # a site swapped now: judge what it replaced
+                verdict = function_computes(original, family)
+                if verdict is None:
+                    continue
+                site = sites.setdefault((family.name, cls.__module__, attr), FunctionSite(
+                    op=family.name, py_module=cls.__module__, attr=attr, partial_ok=verdict[1], mixed_ok=verdict[2],
+                    ignores_position_ids=verdict[3]))
+                site.callers.append(name)
+                if cls.__name__ not in site.caller_classes:
+                    site.caller_classes.append(cls.__name__)
+    return list(sites.values())
+
+
+def site_matches(site: FunctionSite, family: OpFamily, module_class: str | None) -> bool:
+    """Whether a swap's `module_class` filter selects this function site."""
+    if not module_class:
+        return True
+    default = family.default_module
+    return module_class in (site.attr, site.dotted, site.py_module, default, default.rsplit(".", 1)[-1],
+                            *site.caller_classes)
+
+
+def _function_wrapper(site: FunctionSite, live: "_LiveSwap", original: Callable[..., Any]) -> Callable[..., Any]:
+    """The guarded replacement of a rope-style function: the kernel where the call is in the regime
+    the function was verified for, the original otherwise (and on a kernel exception while serving)."""
+    import inspect
+
+    entry = live.candidate.entry
+    record = live.record
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
+
+    def eligible(q, k, cos, sin, position_ids, unsqueeze_dim) -> int | None:
+        """The unsqueeze dim normalized to 1 ([B, H, S, D]) or 2 ([B, S, H, D]); None: use the original."""
+        if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+            return None
+        if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+            return None
+        if position_ids is not None and not site.ignores_position_ids:
+            return None
+        try:
+            ud = int(unsqueeze_dim) % 4
+        except (TypeError, ValueError):
+            return None
+        if ud not in (1, 2):
+            return None
+        if q.dtype != k.dtype or cos.dtype != sin.dtype or not q.is_floating_point():
+            return None
+        if cos.dtype != q.dtype and not site.mixed_ok:
+            return None
+        if len({q.device, k.device, cos.device, sin.device}) != 1:
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, cos, sin)):
+            return None
+        head_dim, rot = q.shape[-1], cos.shape[-1]
+        if k.shape[-1] != head_dim or rot % 2 or rot > head_dim or (rot < head_dim and not site.partial_ok):
+            return None
+        seq_dim, head_dim_ax = (2, 1) if ud == 1 else (1, 2)
+        if q.shape[0] != k.shape[0] or q.shape[seq_dim] != k.shape[seq_dim] or cos.shape[1] != q.shape[seq_dim]:
+            return None
+        if cos.shape[0] not in (1, q.shape[0]):
+            return None
+        return ud
+
+    def wrapper(*args, **kwargs):
+        if live.faulted:
+            record.fallbacks += 1
+            return original(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs) if signature is not None else None
+        except TypeError:
+            bound = None
+        if bound is None:
+            return original(*args, **kwargs)
+        bound.apply_defaults()
+        values = list(bound.arguments.values())
+        if len(values) < 4:
+            return original(*args, **kwargs)
+        q, k, cos, sin = values[:4]
+        ud = eligible(q, k, cos, sin, bound.arguments.get("position_ids"), bound.arguments.get("unsqueeze_dim", 1))
+        if ud is None:
+            return original(*args, **kwargs)
+        try:
+            if ud == 1:
+                out = entry(q, k, cos, sin)
+            else:
+                q_embed, k_embed = entry(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+                out = (q_embed.transpose(1, 2), k_embed.transpose(1, 2))
+        except Exception as exc:  # noqa: BLE001 - any kernel failure: serve with the original instead
+            if live.strict:
+                raise
+            live.note_fault(exc)
+            return original(*args, **kwargs)
+        if not live.strict:
+            record.calls += 1
+        return out
+
+    wrapper.__name__ = getattr(original, "__name__", site.attr)
+    wrapper.__qualname__ = wrapper.__name__
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.gpuyantra_swap_id = record.swap_id  # type: ignore[attr-defined]
+    wrapper.gpuyantra_original = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def swapped_function_id(fn: Any) -> str | None:
+    """The swap id whose wrapper `fn` is (None: not a swapped function)."""
+    return getattr(fn, "gpuyantra_swap_id", None)
+
+
+def probe_model_forward(model: torch.nn.Module, tokens: int = 8) -> Callable[[], Any] | None:
+    """A forward of a causal LM on a fixed probe prompt (no cache), or None for other models."""
+    config = getattr(model, "config", None)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab < 2:
+        return None
+    _, device = _param_dtype_device(model)
+    ids = torch.tensor([[(13 * i + 1) % vocab for i in range(tokens)]], device=device)
+
+    def run():
+        with torch.no_grad():
+            return model(input_ids=ids, use_cache=False)
+
+    return run
+
+
+__all__ = ["CandidateLoadError", "FunctionSite", "NotActiveError", "ParityError", "SwapEngine", "SwapError",
+           "SwapRecord", "SwapRejected", "UnknownSwapError", "find_function_sites", "function_computes",
+           "swapped_function_id", "swapped_id"]

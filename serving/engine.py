@@ -588,6 +588,13 @@ class Engine:
         if self.graphs is not None:
             self.graphs.capture_all()
 
+    def function_sites(self) -> list[Any]:
+        """Function-level swap sites of the served model (rope's `apply_rotary_pos_emb` globals)."""
+        from gpuyantra.ops import all_ops
+
+        return [site for family in all_ops() if family.known_functions
+                for site in self.swaps.function_sites(family.name)]
+
     def live_shapes(self) -> dict[str, list[list[int]]]:
         return {g.qualified_class: [list(s) for s in self.shapes.shapes_for(g.qualified_class)] for g in self.groups}
 
@@ -679,7 +686,8 @@ class Engine:
         probes = self.probes()
         source, error, result = "fallback", None, None
         try:
-            result = run_profiler(self.model, probes, str(self.device), self.groups)
+            result = run_profiler(self.model, probes, str(self.device), self.groups,
+                                  function_sites=self.function_sites())
             if result is not None:
                 source = "profiler"
         except Exception as exc:  # noqa: BLE001 - the fallback always answers
@@ -701,6 +709,8 @@ class Engine:
                 if live:
                     t.setdefault("live_shapes", live)
                 t["swapped"] = sorted({self.swaps._owner.get(n) for n in group.names} - {None})
+            elif t.get("functions"):  # function-level target (rope): which swaps hold its globals
+                t["swapped"] = sorted({self.swaps._fn_owner.get(f) for f in t["functions"]} - {None})
             targets.append(t)
         result["targets"] = targets
         result.setdefault("device", str(self.device))
@@ -758,13 +768,63 @@ class Engine:
                 "dtype": str(self.dtype).replace("torch.", ""), "regime": "unknown", "share": round(share, 4),
                 "est_us_per_step": round(per_call * group.count * 1e6, 2),
             })
+        targets.extend(self._fallback_function_targets(probes["decode"], step_s))
         targets.sort(key=lambda t: t["share"], reverse=True)
         return {"targets": targets, "device": str(self.device), "hardware": _hardware_name(self.device),
                 "step_ms": round(step_s * 1000, 3)}
 
 
+    def _fallback_function_targets(self, decode: Callable[[], Any], step_s: float) -> list[dict[str, Any]]:
+        """Function-level targets (rope) for the fallback profile: one decode step with each site's
+        global wrapped in a timer; shapes are the q shapes seen."""
+        sites = self.function_sites()
+        if not sites:
+            return []
+        seen: dict[str, Counter] = {s.op: Counter() for s in sites}
+        spent: dict[str, float] = {s.op: 0.0 for s in sites}
+        states = {s.dotted: s.current() for s in sites}
+
+        def timer(site, current):
+            def timed(*args, **kwargs):
+                if args and isinstance(args[0], torch.Tensor):
+                    seen[site.op][tuple(args[0].shape)] += 1
+                t0 = time.perf_counter()
+                try:
+                    return current(*args, **kwargs)
+                finally:
+                    spent[site.op] += time.perf_counter() - t0
+            return timed
+
+        try:
+            for site in sites:
+                site.set(timer(site, states[site.dotted]))
+            with torch.no_grad():
+                decode()
+        finally:
+            for site in sites:
+                site.set(states[site.dotted])
+        out = []
+        for op in seen:
+            mine = [s for s in sites if s.op == op]
+            if not seen[op]:
+                continue
+            from gpuyantra.ops import get_op
+
+            out.append({
+                "op": op, "module_class": ",".join(dict.fromkeys(s.attr for s in mine)),
+                "qualified_class": get_op(op).default_module, "modules": sum(s.count for s in mine), "adapter": [],
+                "binding": "function", "functions": [s.dotted for s in mine],
+                "shapes": [list(sh) for sh, _ in seen[op].most_common()],
+                "dtype": str(self.dtype).replace("torch.", ""), "regime": "unknown",
+                "share": round(min(1.0, spent[op] / step_s), 4) if step_s > 0 else 0.0,
+                "est_us_per_step": round(spent[op] * 1e6, 2),
+            })
+        return out
+
+
 def run_profiler(model: torch.nn.Module, probes: Mapping[str, Callable[[], Any]], device: str,
-                 groups: Sequence[ModuleGroup] | None = None) -> dict[str, Any] | None:
+                 groups: Sequence[ModuleGroup] | None = None, function_sites: Sequence[Any] | None = None
+                 ) -> dict[str, Any] | None:
     """`gpuyantra.profiler.profile_model(model, run_probe, device)` when that module exists, else None."""
     try:
         from gpuyantra.profiler import profile_model
@@ -775,7 +835,8 @@ def run_profiler(model: torch.nn.Module, probes: Mapping[str, Callable[[], Any]]
     except (TypeError, ValueError):
         params = set()
     if "groups" in params:
-        return profile_model(model, dict(probes), device, groups=list(groups or []))
+        extra = {"function_sites": list(function_sites or [])} if "function_sites" in params else {}
+        return profile_model(model, dict(probes), device, groups=list(groups or []), **extra)
     # The minimal contract: one callable probe.
     return profile_model(model, lambda: [p() for p in probes.values()], device)
 

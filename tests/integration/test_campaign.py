@@ -132,3 +132,15 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     result = json.loads(finished.stdout.strip().splitlines()[-1])
     assert result["server"] == url and [d["op"] for d in result["deployed"]] == ["rms_norm"]
     assert set(result["e2e"]) == {"tokens_per_s_before", "tokens_per_s_after"}
+
+
+async def test_rope_campaign_swaps_the_attention_function(temporal, workers, served_model, admin_headers):
+    url = served_model.info["url"]
+    before_logits = logits(url, admin_headers)
+    result = await run_campaign(temporal, CampaignInput(server_url=url, ops=["rope"], min_reward=1,
+                                                        max_iterations=2))
+    assert [d["op"] for d in result["deployed"]] == ["rope"], result
+    kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
+    assert [(k["op"], k.get("binding")) for k in kernels["active"]] == [("rope", "function")]
+    assert max_abs_diff(before_logits, logits(url, admin_headers)) < 1e-3
+    assert completion(url)
