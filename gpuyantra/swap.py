@@ -370,30 +370,9 @@ class SwapEngine:
             now = time.time()
             with self._state_lock:
                 for name, module in targets:
-                    previous = self._owner.get(name)
-                    if previous is None:
-                        self._originals[name] = before[name]
-                    elif previous != swap_id and previous in self._live:
-                        old = self._live[previous]
-                        old.modules.pop(name, None)
-                        if not old.modules and not old.functions:
-                            old.record.status = "superseded"
-                            old.record.superseded_by = swap_id
-                            old.record.rolled_back_at = now
-                            self._live.pop(previous, None)
-                    self._owner[name] = swap_id
+                    self._take_over(self._owner, self._originals, name, before[name], swap_id, now, "modules")
                     live.modules[name] = module
-                record.status = "committed"
-                record.reason = None
-                if _reapply_record is not None:
-                    record.committed_at = _reapply_record.committed_at or now
-                    record.reapplied_at = now
-                    record.calls, record.fallbacks = _reapply_record.calls, _reapply_record.fallbacks
-                    self._history = [record if r.swap_id == swap_id else r for r in self._history]
-                else:
-                    record.committed_at = now
-                    self._history.append(record)
-                self._live[swap_id] = live
+                self._mark_committed(record, live, _reapply_record, now)
             self._save_manifest()
             self._emit("committed", record)
             return record
@@ -663,34 +642,44 @@ class SwapEngine:
         now = time.time()
         with self._state_lock:
             for site in sites:
-                dotted = site.dotted
-                previous = self._fn_owner.get(dotted)
-                if previous is None:
-                    self._fn_originals[dotted] = before[dotted]
-                elif previous != swap_id and previous in self._live:
-                    old = self._live[previous]
-                    old.functions.pop(dotted, None)
-                    if not old.functions and not old.modules:
-                        old.record.status = "superseded"
-                        old.record.superseded_by = swap_id
-                        old.record.rolled_back_at = now
-                        self._live.pop(previous, None)
-                self._fn_owner[dotted] = swap_id
-                live.functions[dotted] = site
-            record.status = "committed"
-            record.reason = None
-            if reapply_record is not None:
-                record.committed_at = reapply_record.committed_at or now
-                record.reapplied_at = now
-                record.calls, record.fallbacks = reapply_record.calls, reapply_record.fallbacks
-                self._history = [record if r.swap_id == swap_id else r for r in self._history]
-            else:
-                record.committed_at = now
-                self._history.append(record)
-            self._live[swap_id] = live
+                self._take_over(self._fn_owner, self._fn_originals, site.dotted, before[site.dotted], swap_id, now,
+                                "functions")
+                live.functions[site.dotted] = site
+            self._mark_committed(record, live, reapply_record, now)
         self._save_manifest()
         self._emit("committed", record)
         return record
+
+    def _take_over(self, owners: dict[str, str], originals: dict[str, Any], key: str, original: Any,
+                   swap_id: str, now: float, kind: str) -> None:
+        """Give `key` (a module name or a function's dotted path) to `swap_id`; an older swap that
+        loses its last binding is superseded. Caller holds _state_lock."""
+        previous = owners.get(key)
+        if previous is None:
+            originals[key] = original
+        elif previous != swap_id and previous in self._live:
+            old = self._live[previous]
+            getattr(old, kind).pop(key, None)
+            if not old.modules and not old.functions:
+                old.record.status = "superseded"
+                old.record.superseded_by = swap_id
+                old.record.rolled_back_at = now
+                self._live.pop(previous, None)
+        owners[key] = swap_id
+
+    def _mark_committed(self, record: SwapRecord, live: Any, reapply_record: SwapRecord | None, now: float) -> None:
+        """Record a commit (a re-applied swap keeps its history entry and counters). Caller holds _state_lock."""
+        record.status = "committed"
+        record.reason = None
+        if reapply_record is not None:
+            record.committed_at = reapply_record.committed_at or now
+            record.reapplied_at = now
+            record.calls, record.fallbacks = reapply_record.calls, reapply_record.fallbacks
+            self._history = [record if r.swap_id == record.swap_id else r for r in self._history]
+        else:
+            record.committed_at = now
+            self._history.append(record)
+        self._live[record.swap_id] = live
 
     def _function_original(self, site: "FunctionSite") -> Any:
         """What the site computed before any swap (the parity reference and the fallback)."""
