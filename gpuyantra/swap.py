@@ -569,27 +569,8 @@ class SwapEngine:
                 for acts, want in wants:
                     shape = tuple(acts[0].shape)
                     got = as_tuple(family.module_call(module, *acts))
-                    if len(got) != len(want):
-                        raise ParityError(f"{name}: the kernel returned {len(got)} outputs, the original {len(want)}")
-                    for g, w in zip(got, want):
-                        if not isinstance(g, torch.Tensor):
-                            raise ParityError(f"{name}: the kernel returned {type(g).__name__}, not a tensor")
-                        if g.shape != w.shape or g.dtype != w.dtype:
-                            raise ParityError(
-                                f"{name}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
-                                f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}")
-                        gd, wd = g.double(), w.double()
-                        if not torch.isfinite(gd).all() and torch.isfinite(wd).all():
-                            raise ParityError(f"{name}: the kernel produced non-finite values at input shape "
-                                              f"{list(shape)}")
-                        diff = (gd - wd).abs()
-                        abs_err = float(diff.max()) if diff.numel() else 0.0
-                        rel_err = float((diff / wd.abs().clamp_min(atol)).max()) if diff.numel() else 0.0
-                        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
-                        if not torch.allclose(gd, wd, atol=atol, rtol=rtol):
-                            raise ParityError(
-                                f"parity failed on {name} at input shape {list(shape)}: max abs err {abs_err:.3g} "
-                                f"(atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})")
+                    abs_err, rel_err = compare_outputs(name, got, want, shape, atol, rtol, dtype)
+                    max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
                     checked += 1
                     used_shapes.add(shape)
         return {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
@@ -752,29 +733,8 @@ class SwapEngine:
                 for args, kwargs, want in calls:
                     shape = tuple(args[0].shape) if args and isinstance(args[0], torch.Tensor) else ()
                     got = as_tuple(site.current()(*args, **kwargs))
-                    want = as_tuple(want)
-                    if len(got) != len(want):
-                        raise ParityError(f"{site.dotted}: the kernel returned {len(got)} outputs, "
-                                          f"the original {len(want)}")
-                    for g, w in zip(got, want):
-                        if not isinstance(g, torch.Tensor):
-                            raise ParityError(f"{site.dotted}: the kernel returned {type(g).__name__}, not a tensor")
-                        if g.shape != w.shape or g.dtype != w.dtype:
-                            raise ParityError(
-                                f"{site.dotted}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
-                                f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}")
-                        gd, wd = g.double(), w.double()
-                        if not torch.isfinite(gd).all() and torch.isfinite(wd).all():
-                            raise ParityError(f"{site.dotted}: the kernel produced non-finite values at input shape "
-                                              f"{list(shape)}")
-                        diff = (gd - wd).abs()
-                        abs_err = float(diff.max()) if diff.numel() else 0.0
-                        rel_err = float((diff / wd.abs().clamp_min(atol)).max()) if diff.numel() else 0.0
-                        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
-                        if not torch.allclose(gd, wd, atol=atol, rtol=rtol):
-                            raise ParityError(
-                                f"parity failed on {site.dotted} at input shape {list(shape)}: max abs err "
-                                f"{abs_err:.3g} (atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})")
+                    abs_err, rel_err = compare_outputs(site.dotted, got, as_tuple(want), shape, atol, rtol, dtype)
+                    max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
                     checked += 1
                     used_shapes.add(shape)
         out = {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
@@ -1151,6 +1111,32 @@ def probe_model_forward(model: torch.nn.Module, tokens: int = 8) -> Callable[[],
 
     return run
 
+
+
+def compare_outputs(where: str, got: tuple, want: tuple, shape: tuple, atol: float, rtol: float,
+                    dtype: torch.dtype) -> tuple[float, float]:
+    """Parity of a kernel's outputs with the original's: same count, tensors, shapes and dtypes,
+    no new non-finite values, within (atol, rtol). Returns (max abs err, max rel err)."""
+    if len(got) != len(want):
+        raise ParityError(f"{where}: the kernel returned {len(got)} outputs, the original {len(want)}")
+    max_abs = max_rel = 0.0
+    for g, w in zip(got, want):
+        if not isinstance(g, torch.Tensor):
+            raise ParityError(f"{where}: the kernel returned {type(g).__name__}, not a tensor")
+        if g.shape != w.shape or g.dtype != w.dtype:
+            raise ParityError(f"{where}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
+                              f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}")
+        gd, wd = g.double(), w.double()
+        if not torch.isfinite(gd).all() and torch.isfinite(wd).all():
+            raise ParityError(f"{where}: the kernel produced non-finite values at input shape {list(shape)}")
+        diff = (gd - wd).abs()
+        abs_err = float(diff.max()) if diff.numel() else 0.0
+        rel_err = float((diff / wd.abs().clamp_min(atol)).max()) if diff.numel() else 0.0
+        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
+        if not torch.allclose(gd, wd, atol=atol, rtol=rtol):
+            raise ParityError(f"parity failed on {where} at input shape {list(shape)}: max abs err {abs_err:.3g} "
+                              f"(atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})")
+    return max_abs, max_rel
 
 __all__ = ["CandidateLoadError", "FunctionSite", "NotActiveError", "ParityError", "SwapEngine", "SwapError",
            "SwapRecord", "SwapRejected", "UnknownSwapError", "find_function_sites", "function_computes",
