@@ -51,22 +51,33 @@ def validate_adapter(adapter: Any) -> list[dict[str, str]]:
     return [dict(b) for b in adapter]
 
 
+def import_file(path: Path, module_name: str) -> ModuleType:
+    """Import a real `.py` file as `module_name`. It is registered in sys.modules before it runs so
+    triton's inspect-based source lookup resolves while `@triton.jit` decorators run; a file that
+    fails to import is unregistered again."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
 def load_candidate(path: str | Path) -> Candidate:
     """Import the file as a uniquely named module and check OP, ADAPTER and entry exist."""
     path = Path(path).resolve()
     source = read_source(path)
     digest = source_digest(source)
-    module_name = f"gpuyantra_candidate_{path.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise CandidateError(f"cannot import candidate file {path}")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before exec so triton's inspect-based source lookup resolves while decorators run.
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        module = import_file(path, f"gpuyantra_candidate_{path.stem}_{digest}")
+    except ImportError as exc:
+        raise CandidateError(f"cannot import candidate file {path}") from exc
     except Exception as exc:
-        sys.modules.pop(module_name, None)
         raise CandidateError(f"importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
     op = getattr(module, "OP", None)
     entry = getattr(module, "entry", None)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib.util
 import inspect
 import json
 import re
@@ -57,6 +56,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from gpuyantra.candidate import import_file
 from gpuyantra.ops import OpFamily, all_ops
 from gpuyantra.ops.base import adapter_kwargs, as_tuple, import_class, outputs_close
 
@@ -180,17 +180,7 @@ def load_module(file: Path) -> ModuleType:
     module_name = f"gpuyantra_kernelbench_{re.sub(r'[^A-Za-z0-9_]', '_', file.stem)}_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {file}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(module_name, None)
-        raise
-    return module
+    return import_file(file, module_name)
 
 
 def check_problem_module(module: ModuleType) -> str | None:
@@ -396,17 +386,7 @@ class ModelNew(Model):
 def load_model_new(path: Path) -> ModuleType:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     name = f"gpuyantra_kernelbench_modelnew_{re.sub(r'[^A-Za-z0-9_]', '_', path.parent.name)}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return import_file(path, name)
 
 
 def check_model_new(problem_module: ModuleType, model_new_path: Path, family: OpFamily, device: str,
