@@ -181,6 +181,7 @@ class Engine:
         max_batch: int = 8,
         max_seq_len: int | None = None,
         cuda_graphs: bool = False,
+        decode_attention: str = "auto",
         graph_buckets: Sequence[int] | None = None,
         observer: EngineObserver | None = None,
         max_parity_shapes: int = 4,
@@ -205,6 +206,7 @@ class Engine:
         params = _signature_params(self.model)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        self.decode_attention = self._install_decode_attention(decode_attention)
         self.groups = find_module_groups(self.model)
         self.shapes = ShapeRecorder(self.model, self.groups)
         self.slots: list[_Slot | None] = [None] * max_batch
@@ -237,6 +239,22 @@ class Engine:
             self.self_check_report = self.self_check()
         if self.graphs is not None:
             self.graphs.capture_all()
+
+    def _install_decode_attention(self, choice: str):
+        """`triton`: one-token attention runs `serving.attention`'s kernel over each row's own
+        positions (fewer, cheaper kernels per decode step); `sdpa`: transformers' SDPA over the masked
+        cache; `auto`: triton on CUDA, sdpa elsewhere (the interpreter is too slow to serve with)."""
+        if choice not in ("auto", "triton", "sdpa"):
+            raise ValueError(f"decode_attention must be auto, triton or sdpa, not {choice!r}")
+        if choice == "sdpa" or (choice == "auto" and self.device.type != "cuda"):
+            if str(self.model.config._attn_implementation).startswith("gpuyantra_decode"):
+                from serving.attention import uninstall  # a model shared with an earlier engine
+
+                uninstall(self.model)
+            return None
+        from serving.attention import install
+
+        return install(self.model, scratch=self.cache.scratch_position)
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="folder for the swap manifest and kept candidate files (default: $GPUYANTRA_STATE_DIR or .state)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="decode with CUDA graphs (static KV cache, one graph per batch-size bucket); needs cuda")
+    p.add_argument("--decode-attention", choices=["auto", "triton", "sdpa"], default="auto",
+                   help="attention of decode steps: the Triton decode kernel over each row's positions, or "
+                        "transformers' SDPA (default auto: triton on cuda, sdpa on cpu)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per request, prompt + generated (default: min(model limit, 2048))")
@@ -67,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         model=args.model, random_weights=args.random_weights, device=device,
         dtype=None if args.dtype == "auto" else args.dtype, seed=args.seed, state_dir=args.state_dir,
-        admin_token=token, cuda_graphs=args.cuda_graphs, max_batch=args.max_batch, max_seq_len=args.max_seq_len,
+        admin_token=token, cuda_graphs=args.cuda_graphs,
+        decode_attention=args.decode_attention, max_batch=args.max_batch, max_seq_len=args.max_seq_len,
         max_parity_shapes=args.max_parity_shapes,
     )
     if token is None:
