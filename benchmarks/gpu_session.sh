@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Every GPU measurement of the project in one device call (about 8 minutes on an H200):
-#   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh
+# Every GPU measurement of the project in device calls of < 10 minutes on an H200:
+#   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
+# parts (default: all): verify ops sweep launch profile serving http
 # Fetch the wheels first, here: ../shared/scripts/device-wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
 source benchmarks/device_prelude.sh || exit 1
 OUT=${OUT:-/tmp/gy-out}; mkdir -p "$OUT"
+parts=${*:-verify ops sweep launch profile serving http}
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/versions.txt"
-run() { local name=$1; shift; echo "== $name"; timeout "$@" 2>&1 | tee "$OUT/$name.log" | tail -40; }
-run verify_rms_norm 120 python3 -m gpuyantra.cli verify gpuyantra/kernels/rms_norm.py --device cuda --shapes 1x1536,4096x1536 --dtypes bfloat16 --json
-run ops_bench 200 python3 benchmarks/ops_bench.py --out "$OUT"
-run profile_bench 100 python3 benchmarks/profile_bench.py --out "$OUT/profile_h200.json"
-run serving_bench 200 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" --skip-compile
+python3 -c 'import liger_kernel; print("liger_kernel", getattr(liger_kernel, "__version__", "installed"))' 2>&1 | tail -1 | tee -a "$OUT/versions.txt"
+run() { local name=$1; shift; echo "== $name"; timeout "$@" 2>&1 | tee "$OUT/$name.log" | tail -45; }
+for part in $parts; do
+  case $part in
+    verify) run verify_rms_norm 120 python3 -m gpuyantra.cli verify gpuyantra/kernels/rms_norm.py --device cuda --shapes 1x1536,4096x1536 --dtypes bfloat16 --json ;;
+    ops) run ops_bench 280 python3 benchmarks/ops_bench.py --out "$OUT" --budget-s 240 ;;
+    sweep) [ -f benchmarks/sweep_points.json ] && run strategy_sweep 200 python3 benchmarks/strategy_sweep.py --ops layer_norm,rope,softmax,rms_norm --shape large --dtype bf16 --extra "$(cat benchmarks/sweep_points.json)" ;;
+    launch) run launch_probe 60 python3 benchmarks/launch_probe.py ;;
+    profile) run profile_bench 100 python3 benchmarks/profile_bench.py --out "$OUT/profile_h200.json" ;;
+    serving) run serving_bench 420 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" ;;
+    serving-nocompile) run serving_bench 300 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" --skip-compile ;;
+    http) run http_serving 200 python3 benchmarks/http_serving_bench.py --out "$OUT/http_serving.json" ;;
+    *) echo "unknown part $part" ;;
+  esac
+done

@@ -221,6 +221,9 @@ def main(argv=None) -> int:
             if engine.graphs is not None:
                 out["buckets"] = engine.graphs.buckets
             out["swaps"] = apply_swaps(engine, names)
+            if engine.decode_attention is not None:  # calls run eagerly (graph replays do not count)
+                out["attention_calls_before_bench"] = {"kernel": engine.decode_attention.calls,
+                                                       "sdpa_fallbacks": engine.decode_attention.fallbacks}
             out.update(bench(engine, label))
             return agreement(out)
         section(label, run)
@@ -236,6 +239,40 @@ def main(argv=None) -> int:
     measure("graphs+attn+rms_norm", ("rms_norm",), cuda_graphs=True, decode_attention="triton")
     measure("graphs+attn+rms_norm+rope", ("rms_norm", "rope"), cuda_graphs=True, decode_attention="triton")
     measure("graphs+attn+swaps", ("rms_norm", "rope", "silu_mul"), cuda_graphs=True, decode_attention="triton")
+
+    # ------------------------------------------------------------------ where the graph step's time goes
+    def profile_graph_step():
+        """The last engine (graphs + decode attention + the swaps) at batch 1: a replay-only loop (GPU
+        time per step, no host round trip) and the kernels of 10 replays by total GPU time."""
+        engine = holder["engine"]
+        if engine.graphs is None or not engine.graphs.capture_enabled:
+            return {"skipped": "no captured graphs"}
+        tokens, positions = [5], [args.prompt_tokens]
+        engine.graphs.decode(tokens, positions)
+        graph = engine.graphs.static[1]["graph"]
+        sync()
+        t = time.perf_counter()
+        for _ in range(100):
+            graph.replay()
+        sync()
+        replay_ms = (time.perf_counter() - t) * 10
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                graph.replay()
+            sync()
+        rows = []
+        for ev in prof.key_averages():
+            total = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if total:
+                rows.append({"kernel": ev.key[:90], "calls_per_step": ev.count / 10, "us_per_step": total / 10})
+        rows.sort(key=lambda r: -r["us_per_step"])
+        return {"replay_only_ms_per_step": round(replay_ms, 3),
+                "kernels_per_step": sum(r["calls_per_step"] for r in rows),
+                "gpu_us_per_step": round(sum(r["us_per_step"] for r in rows), 1), "top": rows[:30]}
+
+    section("profile_graph_step", profile_graph_step)
 
     # ------------------------------------------------------------------ checks: the kernel is in the graph
     def check_weights_live_in_graph():

@@ -34,12 +34,12 @@ KEYS_PER_SPLIT = 512  # past this many cache slots, keys are split over programs
 
 @triton.jit
 def _decode_attention(
-    Q, K, V, O, POS, PART_M, PART_L, PART_ACC,
+    Q, K, V, O, POS, PART_M, PART_L, PART_ACC, K_NEW, V_NEW,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh,
+    stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     scale, scratch, keys_per_split,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, WRITE_NEW: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -47,7 +47,9 @@ def _decode_attention(
     pos = tl.load(POS + row).to(tl.int32)
     lo = tl.where(pos >= scratch, pos, 0)  # scratch rows: their own slot only
     start = lo + split * keys_per_split
-    stop = tl.minimum(pos + 1, start + keys_per_split)
+    # WRITE_NEW: this step's key/value come in K_NEW/V_NEW (not yet in the cache): the cache loop
+    # stops before `pos`, split 0 adds the new key and writes it to slot `pos` (one writer per head).
+    stop = tl.minimum(pos if WRITE_NEW else pos + 1, start + keys_per_split)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, BLOCK_D)
@@ -82,6 +84,20 @@ def _decode_attention(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+
+    if WRITE_NEW:
+        if split == 0:
+            k_new = tl.load(K_NEW + row * stride_knb + kv_head * stride_knh + d, mask=d_ok, other=0.0)
+            v_new = tl.load(V_NEW + row * stride_vnb + kv_head * stride_vnh + d, mask=d_ok, other=0.0)
+            score = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
+            m_new = tl.maximum(m_i, score)
+            alpha = tl.exp(m_i - m_new)
+            p_new = tl.exp(score - m_new)
+            l_i = l_i * alpha + p_new
+            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+            m_i = m_new
+            tl.store(k_base + pos * stride_kn + d, k_new, mask=d_ok)
+            tl.store(v_base + pos * stride_vn + d, v_new, mask=d_ok)
 
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -122,13 +138,16 @@ def _splits_for(keys: int) -> int:
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
-                     scale: float, scratch: int | None = None) -> torch.Tensor:
+                     scale: float, scratch: int | None = None,
+                     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attention of one query token per row over cache slots `0..positions[r]`.
 
     query `[B, Hq, 1, D]`; key/value `[B', Hkv, L, D]` (B' >= B, positions[r] < L) or views of a
     cache whose storage also holds the slot `scratch` (rows at `scratch` attend to it alone);
-    positions `[B]` (long). Returns `[B, 1, Hq, D]`, the layout transformers' attention functions
-    return.
+    positions `[B]` (long). With `new_kv` (`[B, Hkv, 1, D]` each), this step's key/value are not
+    in the cache yet: the kernel attends to them and writes them at `positions` (one kernel instead
+    of a cache-update kernel per tensor plus the attention). Returns `[B, 1, Hq, D]`, the layout
+    transformers' attention functions return.
     """
     batch, q_heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
@@ -142,13 +161,16 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         part_acc = torch.empty((batch, q_heads, splits, head_dim), dtype=torch.float32, device=query.device)
     else:
         part_m = part_l = part_acc = out  # unused when SPLITS == 1
+    k_new, v_new = new_kv if new_kv is not None else (key, value)  # unused without new_kv
     _decode_attention[(batch, kv_heads, splits)](
-        query, key, value, out, positions, part_m, part_l, part_acc,
+        query, key, value, out, positions, part_m, part_l, part_acc, k_new, v_new,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(2),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         scale, scratch if scratch is not None else 2**31 - 1, KEYS_PER_SPLIT,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_N=64, SPLITS=splits, IEEE=query.dtype == torch.float32, num_warps=4,
+        BLOCK_N=64, SPLITS=splits, IEEE=query.dtype == torch.float32, WRITE_NEW=new_kv is not None,
+        num_warps=4,
     )
     if splits > 1:
         _merge_splits[(batch, q_heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(2), q_heads,
@@ -193,35 +215,44 @@ def _unsupported(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 
 
 class DecodeAttention:
-    """The attention function transformers calls, bound to one engine's cache (its scratch slot)."""
+    """The attention function transformers calls, bound to one engine's cache: its scratch slot, and
+    the key/value of the current decode step that the cache hands over instead of writing them."""
 
-    def __init__(self, name: str, scratch: int | None):
+    def __init__(self, name: str, cache: Any):
         self.name = name
-        self.scratch = scratch
+        self.cache = cache
         self.calls = 0
         self.fallbacks = 0
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        layer = getattr(module, "layer_idx", None)
+        new_kv = self.cache.take_pending(layer) if self.cache is not None else None
         if _unsupported(module, query, key, kwargs) is not None:
             self.fallbacks += 1
+            if new_kv is not None:
+                self.cache.write_decode(layer, *new_kv)
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         positions = kwargs["position_ids"].reshape(-1)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         self.calls += 1
-        return decode_attention(query, key, value, positions, scale, self.scratch), None
+        scratch = self.cache.scratch_position if self.cache is not None else None
+        return decode_attention(query, key, value, positions, scale, scratch, new_kv), None
 
 
 _installed = itertools.count()
 
 
-def install(model: torch.nn.Module, scratch: int | None) -> DecodeAttention:
+def install(model: torch.nn.Module, cache: Any) -> DecodeAttention:
     """Register a decode attention for `model` (one query token per row) under a name of its own and
-    switch the model to it; the mask interface keeps SDPA's, so prefill passes behave as before."""
+    switch the model to it; the mask interface keeps SDPA's, so prefill passes behave as before.
+    `cache` (the engine's `SlotCache`) then hands each decode step's key/value to the kernel."""
     from transformers import AttentionInterface
 
-    function = DecodeAttention(f"{NAME}_{next(_installed)}", scratch)
+    function = DecodeAttention(f"{NAME}_{next(_installed)}", cache)
+    if cache is not None:
+        cache.defer_decode_writes = True
     AttentionInterface.register(function.name, function)
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS

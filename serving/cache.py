@@ -47,6 +47,10 @@ class SlotCache:
         self.values: list[torch.Tensor | None] = []
         self.rows = torch.arange(max_batch, device=self.device)
         self.mode: _Prefill | _Decode | None = None
+        # Set by the Triton decode attention: a decode step's key/value are handed to it (it writes
+        # them while attending) instead of being written here by two index kernels per layer.
+        self.defer_decode_writes = False
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def scratch_position(self) -> int:
@@ -87,11 +91,24 @@ class SlotCache:
             values[mode.row, :, mode.start:end] = value_states[0]
             return keys[mode.row:mode.row + 1, :, :end], values[mode.row:mode.row + 1, :, :end]
         if isinstance(mode, _Decode):
-            rows = self.rows[:mode.rows]
-            keys[rows, :, mode.positions] = key_states[:, :, 0]
-            values[rows, :, mode.positions] = value_states[:, :, 0]
+            if self.defer_decode_writes:
+                self._pending[layer_idx] = (key_states, value_states)
+            else:
+                self.write_decode(layer_idx, key_states, value_states)
             return keys[:mode.rows, :, :mode.kv_len], values[:mode.rows, :, :mode.kv_len]
         raise RuntimeError("SlotCache.update called before set_prefill/set_decode")
+
+    def write_decode(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write one decode step's key/value `[rows, heads, 1, dim]` at each row's position."""
+        mode = self.mode
+        assert isinstance(mode, _Decode)
+        rows = self.rows[:mode.rows]
+        self.keys[layer_idx][rows, :, mode.positions] = key_states[:, :, 0]
+        self.values[layer_idx][rows, :, mode.positions] = value_states[:, :, 0]
+
+    def take_pending(self, layer_idx: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The deferred key/value of this decode step's layer (None if it was written already)."""
+        return self._pending.pop(layer_idx, None) if layer_idx is not None else None
 
     # Positions and masks are explicit, so the model never needs the cache's length; these exist
     # for code paths of transformers versions that still compute `cache_position` from it.

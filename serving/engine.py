@@ -254,7 +254,7 @@ class Engine:
             return None
         from serving.attention import install
 
-        return install(self.model, scratch=self.cache.scratch_position)
+        return install(self.model, self.cache)
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:

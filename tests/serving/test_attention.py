@@ -92,3 +92,21 @@ def test_engine_rejects_an_unknown_decode_attention(tmp_path):
 
     with pytest.raises(ValueError, match="decode_attention"):
         Engine(load_model("tiny-qwen2"), state_dir=tmp_path, decode_attention="flash")
+
+
+@pytest.mark.parametrize("splits_of", [None, 8])
+def test_new_key_value_are_attended_and_written_at_the_position(monkeypatch, splits_of):
+    if splits_of:
+        monkeypatch.setattr(attention, "KEYS_PER_SPLIT", splits_of)
+    keys, values, gen = _cache(2, 2, 30, 16, torch.float32, seed=7)
+    query = torch.randn(2, 6, 1, 16, generator=gen)
+    new_k = torch.randn(2, 2, 1, 16, generator=gen)
+    new_v = torch.randn(2, 2, 1, 16, generator=gen)
+    positions = torch.tensor([20, 29])  # row 1 sits at the scratch slot
+    keys[:, :, 20] = 50.0  # stale slot content must be replaced, not attended
+    got = decode_attention(query, keys[:, :, :21], values[:, :, :21], positions, 0.25, scratch=29,
+                           new_kv=(new_k, new_v))
+    torch.testing.assert_close(keys[0, :, 20], new_k[0, :, 0])
+    torch.testing.assert_close(values[1, :, 29], new_v[1, :, 0])
+    want = reference_decode_attention(query, keys[:, :, :21], values[:, :, :21], positions, 0.25, scratch=29)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
