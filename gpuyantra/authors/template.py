@@ -56,13 +56,14 @@ GATED_KNOBS: dict[str, list[Any]] = {
 }
 ROPE_KNOBS: dict[str, list[Any]] = {
     "HEAD_BLOCK": [0, 1, 2, 4, 8, 16, 32],
+    "TOKENS_PER_PROGRAM": [1, 2, 4, 8],  # token mode: tokens per tile (cos/sin shared by all their heads)
     "NUM_WARPS": [0, 1, 2, 4, 8],
     "MAX_PROGRAMS": [0, 8448, 4224, 2112, 1056, 528, 264, 132],
     "FLAT_ROWS": [0, 16, 32, 64],  # 0: a program per token; N: stream N head vectors per program
 }
 ROW_FAMILIES = ("rms_norm", "gemma_rms_norm", "layer_norm", "add_rms_norm", "softmax")
 GATED_FAMILIES = ("silu_mul", "gelu_tanh_mul")
-LAYER_NORM_KNOBS: dict[str, list[Any]] = {**ROW_KNOBS, "SHIFTED_STATS": [False, True]}
+LAYER_NORM_KNOBS: dict[str, list[Any]] = {**ROW_KNOBS, "SHIFTED_STATS": [False, True], "RELOAD_AFFINE": [False, True]}
 KNOBS: dict[str, dict[str, list[Any]]] = {
     **{op: ROW_KNOBS for op in ROW_FAMILIES},
     "layer_norm": LAYER_NORM_KNOBS,
@@ -70,13 +71,16 @@ KNOBS: dict[str, dict[str, list[Any]]] = {
     "rope": ROPE_KNOBS,
 }
 # Knobs whose larger values need more registers / shared memory (banned upwards on resource errors).
-SIZE_KNOBS = ("BLOCK_H_MAX", "CHUNK", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "NUM_STAGES")
+SIZE_KNOBS = ("BLOCK_H_MAX", "CHUNK", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "TOKENS_PER_PROGRAM",
+              "NUM_STAGES")
 # Knob order when the measurement is far from a floor that is large (bandwidth-bound) ...
-BANDWIDTH_PRIORITY = ("ROWS_PER_PROGRAM", "FLAT_ROWS", "MAX_PROGRAMS", "SHIFTED_STATS", "NUM_WARPS", "BLOCK_SIZE", "X_EVICTION",
-                      "HEAD_BLOCK", "CHUNK", "BLOCK_H_MAX", "NUM_STAGES", "FLAT")
+BANDWIDTH_PRIORITY = ("ROWS_PER_PROGRAM", "TOKENS_PER_PROGRAM", "SHIFTED_STATS", "RELOAD_AFFINE", "FLAT_ROWS",
+                      "MAX_PROGRAMS", "NUM_WARPS", "BLOCK_SIZE", "X_EVICTION", "HEAD_BLOCK", "CHUNK", "BLOCK_H_MAX",
+                      "NUM_STAGES", "FLAT")
 # ... and when the floor is tiny and the time is launch overhead (fewer, leaner programs first).
 LAUNCH_PRIORITY = ("NUM_WARPS", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "MAX_PROGRAMS", "FLAT", "FLAT_ROWS",
-                   "X_EVICTION", "SHIFTED_STATS", "BLOCK_H_MAX", "CHUNK", "NUM_STAGES")
+                   "TOKENS_PER_PROGRAM", "X_EVICTION", "SHIFTED_STATS", "RELOAD_AFFINE", "BLOCK_H_MAX", "CHUNK",
+                   "NUM_STAGES")
 
 CONVERGED_GAP = 1.05  # stop once kernel_us <= 1.05 * floor_us
 PLATEAU_STEPS = 4  # stop after this many measured steps in a row without a 1% gain
@@ -197,8 +201,14 @@ def auto_warps(op: str, strategy: dict[str, Any], shape: Sequence[int]) -> int:
     if op == "rope":
         if strategy.get("FLAT_ROWS"):
             return max(1, min(8, strategy["FLAT_ROWS"] * _pow2(hidden // 2) // 128))
-        hb = _pow2(heads) if not strategy["HEAD_BLOCK"] else min(_pow2(heads), strategy["HEAD_BLOCK"])
-        return max(1, min(8, hb * _pow2(hidden // 2) // 128))
+        kv_heads = heads // 4 if heads % 4 == 0 else heads  # the families' grouped-query k
+        hbq, hbk = _pow2(heads), _pow2(kv_heads)
+        if strategy["HEAD_BLOCK"]:
+            hbq, hbk = min(hbq, strategy["HEAD_BLOCK"]), min(hbk, strategy["HEAD_BLOCK"])
+        tokens = min(strategy.get("TOKENS_PER_PROGRAM", 1), _pow2(rows))
+        if hbq >= heads and hbk >= kv_heads:  # one tile per tensor
+            return max(1, min(8, tokens * hbq * _pow2(hidden // 2) // 512))
+        return max(1, min(8, tokens * hbq * _pow2(hidden // 2) // 128))
     return 4
 
 
@@ -219,6 +229,8 @@ def canonical(op: str, strategy: dict[str, Any], shapes: Sequence[Sequence[int]]
             if not s["NUM_WARPS"]:
                 s["NUM_WARPS"] = auto_warps(op, s, shape)
             s["BLOCK_H_MAX"] = "chunked" if chunked else "rows"
+            if chunked and "RELOAD_AFFINE" in s:
+                s["RELOAD_AFFINE"] = None  # the chunked kernel reads weight/bias per slice anyway
             s["CHUNK" if not chunked else "ROWS_PER_PROGRAM"] = None
             if s["MAX_PROGRAMS"] >= programs:
                 s["MAX_PROGRAMS"] = 0
@@ -230,9 +242,11 @@ def canonical(op: str, strategy: dict[str, Any], shapes: Sequence[Sequence[int]]
         elif op == "rope":
             if not s["NUM_WARPS"]:
                 s["NUM_WARPS"] = auto_warps(op, s, shape)
+            tokens = min(s.get("TOKENS_PER_PROGRAM", 1), _pow2(rows))
+            s["TOKENS_PER_PROGRAM"] = None if s.get("FLAT_ROWS") else tokens
             if s["HEAD_BLOCK"] >= _pow2(heads) or s.get("FLAT_ROWS"):
                 s["HEAD_BLOCK"] = 0
-            if s["MAX_PROGRAMS"] >= rows or s.get("FLAT_ROWS"):
+            if s["MAX_PROGRAMS"] >= -(-rows // tokens) or s.get("FLAT_ROWS"):
                 s["MAX_PROGRAMS"] = 0
         per_shape.append(s)
     return json.dumps(per_shape, sort_keys=True, default=str)
@@ -484,6 +498,11 @@ _ROW_POINTS = [
     {"ROWS_PER_PROGRAM": 16, "NUM_WARPS": 8},
     {"NUM_WARPS": 8},
     {"NUM_WARPS": 16},
+    {"NUM_WARPS": 4},  # H 4096: ~64 registers, 8 programs (8 rows in flight) per SM
+    {"ROWS_PER_PROGRAM": 2, "NUM_WARPS": 8},
+    {"ROWS_PER_PROGRAM": 4, "NUM_WARPS": 8},
+    {"MAX_PROGRAMS": 1056, "ROWS_PER_PROGRAM": 2},  # persistent: 8 programs per SM (132-SM H100/H200)
+    {"MAX_PROGRAMS": 528, "ROWS_PER_PROGRAM": 4},
     {"MAX_PROGRAMS": 1056, "NUM_STAGES": 2},
     {"MAX_PROGRAMS": 2112, "ROWS_PER_PROGRAM": 2, "NUM_STAGES": 2},
     {"X_EVICTION": "evict_first"},
@@ -494,9 +513,14 @@ _ROW_POINTS = [
     {"BLOCK_H_MAX": 2048, "CHUNK": 2048, "NUM_WARPS": 4},
     {"BLOCK_H_MAX": 2048, "CHUNK": 1024, "NUM_WARPS": 4, "MAX_PROGRAMS": 2112},
 ]
-_LAYER_NORM_POINTS = _ROW_POINTS[:3] + [{"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "MAX_PROGRAMS": 2112},
-                                        {"SHIFTED_STATS": True, "BLOCK_H_MAX": 2048, "CHUNK": 2048},
-                                        {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 2}] + _ROW_POINTS[3:]
+# layer_norm's lean single-pass point: one paired reduction, weight/bias re-read per tile.
+_LEAN_LN = {"SHIFTED_STATS": True, "RELOAD_AFFINE": True}
+_LAYER_NORM_POINTS = _ROW_POINTS[:3] + [
+    _LEAN_LN, {**_LEAN_LN, "ROWS_PER_PROGRAM": 2}, {**_LEAN_LN, "NUM_WARPS": 4},
+    {**_LEAN_LN, "ROWS_PER_PROGRAM": 2, "NUM_WARPS": 8}, {**_LEAN_LN, "MAX_PROGRAMS": 1056},
+    {"RELOAD_AFFINE": True}, {"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "MAX_PROGRAMS": 2112},
+    {"SHIFTED_STATS": True, "BLOCK_H_MAX": 2048, "CHUNK": 2048},
+    {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 2}] + _ROW_POINTS[3:]
 # Strategy spaces per family: ordered points (partial: missing knobs keep the template default).
 STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
     **{op: _space(_ROW_POINTS) for op in ROW_FAMILIES},
@@ -514,14 +538,19 @@ STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
     ]) for op in GATED_FAMILIES},
     "rope": _space([
         {},
+        {"NUM_WARPS": 2},
+        {"TOKENS_PER_PROGRAM": 2},
+        {"TOKENS_PER_PROGRAM": 4},
+        {"TOKENS_PER_PROGRAM": 2, "NUM_WARPS": 4},
+        {"MAX_PROGRAMS": 1056},
         {"FLAT_ROWS": 16},
         {"FLAT_ROWS": 32, "NUM_WARPS": 4},
         {"HEAD_BLOCK": 8, "NUM_WARPS": 2},
         {"HEAD_BLOCK": 8},
         {"HEAD_BLOCK": 4, "NUM_WARPS": 2},
-        {"NUM_WARPS": 4},
+        {"NUM_WARPS": 1},
         {"NUM_WARPS": 8},
-        {"MAX_PROGRAMS": 2112},
+        {"TOKENS_PER_PROGRAM": 8, "NUM_WARPS": 8},
         {"HEAD_BLOCK": 16, "NUM_WARPS": 4},
     ]),
 }

@@ -1,8 +1,10 @@
 """LayerNorm over the last dim in float32: y = ((x - mean) * rstd * weight + bias).to(x.dtype).
 
-Mean and variance come from the row held in registers: two-pass (mean, then centered squares, as
-torch computes them), or with SHIFTED_STATS one sweep of shifted moments (two independent sums). Rows wider than BLOCK_H_MAX use a chunked kernel (sum pass, centered-square
-pass, write pass). weight and bias may be None.
+Mean and variance come from the row held in registers (x is read once): two dependent reductions
+(mean, then centered squares, as torch computes them), or with SHIFTED_STATS one paired reduction of
+shifted moments. RELOAD_AFFINE re-reads weight/bias per tile instead of holding them in float32
+registers (fewer registers per program, more programs per SM). Rows wider than BLOCK_H_MAX use a
+chunked kernel (sum pass, centered-square pass, write pass). weight and bias may be None.
 """
 import torch
 import triton
@@ -23,46 +25,68 @@ NUM_WARPS = 0  # 0: from the tile size (one warp per 512 elements, 1 to 16)
 NUM_STAGES = 1  # software pipelining depth of the tile loop
 MAX_PROGRAMS = 0  # 0: one program per tile; N: persistent grid of at most N programs
 X_EVICTION = ""  # "" or "evict_first": cache hint for the streamed x loads
-SHIFTED_STATS = False  # True: mean and variance from one sweep of x - x[0] (two independent sums)
+SHIFTED_STATS = False  # True: mean and variance from one sweep of x - x[0] (one paired reduction)
+RELOAD_AFFINE = False  # True: weight/bias re-read per tile after the stats instead of held in registers
 # strategy:end
 
 
 @triton.jit
+def _add_pair(a1, a2, b1, b2):
+    return a1 + b1, a2 + b2
+
+
+@triton.jit
 def _layer_norm_rows(X, W, B, Y, n_rows, stride_x, eps,
-                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SHIFTED: tl.constexpr,
+                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SHIFTED: tl.constexpr, RELOAD: tl.constexpr,
                      H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     col_mask = cols < H
-    if HAS_W:
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if HAS_B:
-        b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if not RELOAD:
+        # Held in float32 registers for the program's life (2 x BLOCK / threads registers each).
+        if HAS_W:
+            w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
     n_tiles = tl.cdiv(n_rows, ROWS)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows = tile * ROWS + tl.arange(0, ROWS)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         rows64 = rows.to(tl.int64)[:, None]
+        # x is read once; mean and variance come from the registers. Padded rows load zeros, so
+        # only padded columns (H not a power of 2) need zeroing before the sums.
         x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0,
                     eviction_policy=EVICT).to(tl.float32)
         if SHIFTED:
-            # Shifted one-pass moments: both sums are independent (one reduction round), and the
+            # Shifted one-pass moments in ONE reduction round (a paired sum of d and d^2); the
             # shift by the row's first element keeps E[d^2] - E[d]^2 free of cancellation.
             k = tl.load(X + rows64 * stride_x, mask=(rows < n_rows)[:, None], other=0.0).to(tl.float32)
-            dlt = tl.where(mask, x - k, 0.0)
-            m1 = tl.sum(dlt, axis=1) / H
-            var = tl.maximum(tl.sum(dlt * dlt, axis=1) / H - m1 * m1, 0.0)
-            mean = k + m1[:, None]
-            xc = x - mean
+            dlt = x - k
+            if H < BLOCK:
+                dlt = tl.where(col_mask[None, :], dlt, 0.0)
+            s1, s2 = tl.reduce((dlt, dlt * dlt), 1, _add_pair)
+            m1 = s1 / H
+            var = tl.maximum(s2 / H - m1 * m1, 0.0)
+            xc = dlt - m1[:, None]
         else:
+            # Two dependent reductions: the mean, then the centered squares (as torch computes them).
             mean = tl.sum(x, axis=1) / H
-            xc = tl.where(mask, x - mean[:, None], 0.0)
+            xc = x - mean[:, None]
+            if H < BLOCK:
+                xc = tl.where(col_mask[None, :], xc, 0.0)
             var = tl.sum(xc * xc, axis=1) / H
-        rstd = tl.rsqrt(var + eps)
-        y = xc * rstd[:, None]
-        if HAS_W:
-            y = y * w[None, :]
-        if HAS_B:
-            y = y + b[None, :]
+        y = xc * tl.rsqrt(var + eps)[:, None]
+        if RELOAD:
+            # Re-read per tile after the statistics (L1/L2 hits): the registers stay free for x
+            # while the loads are in flight, so more programs fit on an SM.
+            if HAS_W:
+                y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            if HAS_B:
+                y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            if HAS_W:
+                y = y * w[None, :]
+            if HAS_B:
+                y = y + b[None, :]
         tl.store(Y + rows64 * H + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -132,7 +156,7 @@ def entry(x, *, weight, bias, eps):
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
         _layer_norm_rows[grid](x2, weight, bias, y, n_rows, stride, eps, HAS_W=weight is not None,
-                               HAS_B=bias is not None, SHIFTED=SHIFTED_STATS, H=hidden, BLOCK=block, ROWS=rows,
+                               HAS_B=bias is not None, SHIFTED=SHIFTED_STATS, RELOAD=RELOAD_AFFINE, H=hidden, BLOCK=block, ROWS=rows,
                                EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)

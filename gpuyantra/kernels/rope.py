@@ -1,9 +1,11 @@
 """Rotary embedding (rotate-half) on q and k in one launch.
 
-Two kernels over the same math, [rows, D/2] tiles of the two halves in float32, rounded once:
+Two kernels over the same math, [.., D/2] tiles of the two halves in float32, rounded once:
     out1 = x1 * cos1 - x2 * sin1,  out2 = x2 * cos2 + x1 * sin2
-* token mode (FLAT_ROWS = 0): a program takes one token (b, s), loads its cos/sin once and rotates
-  every q head and every k head of the token, HEAD_BLOCK heads per step;
+* token mode (FLAT_ROWS = 0): a program takes TOKENS_PER_PROGRAM tokens (b, s), loads their cos/sin
+  once and rotates every q head and every k head of those tokens in [tokens, heads, D/2] tiles. With
+  all heads in one tile (HEAD_BLOCK = 0) every q and k load is issued before the first store (one
+  memory round trip per program); HEAD_BLOCK = N walks the heads N at a time instead;
 * flat mode (FLAT_ROWS = N): the (b, s, h) head vectors of q and then of k form one row space in
   memory order of the usual layout; a program streams N consecutive rows (cos/sin re-read from
   cache per row), the first programs doing q and the rest k.
@@ -19,50 +21,90 @@ ADAPTER = [
 ]
 
 # strategy:begin
-HEAD_BLOCK = 0  # heads per tile; 0: all heads of the token in one tile
-NUM_WARPS = 0  # 0: from the tile size (one warp per 256 elements, 1 to 8)
-MAX_PROGRAMS = 0  # 0: one program per token; N: persistent grid of at most N programs (token mode)
+HEAD_BLOCK = 0  # heads per tile; 0: all heads of the tokens in one tile (all loads before the stores)
+TOKENS_PER_PROGRAM = 1  # tokens per tile in token mode (cos/sin loaded once per token, shared by all heads)
+NUM_WARPS = 0  # 0: from the tile size (one warp per 512 q elements of a half, 1 to 8)
+MAX_PROGRAMS = 0  # 0: one program per token tile; N: persistent grid of at most N programs (token mode)
 FLAT_ROWS = 0  # 0: token mode; N: flat mode, N head vectors per program
 # strategy:end
 
 
 @triton.jit
-def _rope_heads(X, XO, base, n_heads, stride_h, d, d_mask, c1, c2, s1, s2, head_dim,
-                HALF: tl.constexpr, HEAD_BLOCK: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    for h0 in range(0, n_heads, HEAD_BLOCK):
-        heads = h0 + tl.arange(0, HEAD_BLOCK)
-        row = base + heads.to(tl.int64)[:, None] * stride_h
-        mask = (heads < n_heads)[:, None] & d_mask[None, :]
-        x1 = tl.load(X + row + d[None, :], mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(X + row + HALF + d[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(XO + row + d[None, :], (x1 * c1[None, :] - x2 * s1[None, :]).to(XO.dtype.element_ty), mask=mask)
-        tl.store(XO + row + HALF + d[None, :], (x2 * c2[None, :] + x1 * s2[None, :]).to(XO.dtype.element_ty),
-                 mask=mask)
-        if HAS_PASS:
-            p = 2 * HALF + tl.arange(0, BLOCK_PASS)
-            pmask = (heads < n_heads)[:, None] & (p < head_dim)[None, :]
-            tl.store(XO + row + p[None, :], tl.load(X + row + p[None, :], mask=pmask, other=0.0), mask=pmask)
+def _rope_rotate(X, XO, off, mask, c1, c2, s1, s2, HALF: tl.constexpr):
+    """Load both halves at `off` (any tile shape), rotate, store: one head block."""
+    x1 = tl.load(X + off, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(X + off + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(XO + off, (x1 * c1 - x2 * s1).to(XO.dtype.element_ty), mask=mask)
+    tl.store(XO + off + HALF, (x2 * c2 + x1 * s2).to(XO.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rope_kernel(Q, K, COS, SIN, QO, KO, seq_len, n_tokens, hq, hk, head_dim,
-                 sqb, sqh, sqs, skb, skh, sks, scb, scs,
-                 HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                 HEAD_BLOCK_Q: tl.constexpr, HEAD_BLOCK_K: tl.constexpr):
-    d = tl.arange(0, BLOCK_HALF)
+def _rope_copy_tail(X, XO, base, mask_th, HEAD_DIM: tl.constexpr, ROT: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    """Partial rotary: copy dims ROT..HEAD_DIM of a [tokens, heads] block unchanged."""
+    p = ROT + tl.arange(0, BLOCK_PASS)[None, None, :]
+    pmask = mask_th & (p < HEAD_DIM)
+    tl.store(XO + base + p, tl.load(X + base + p, mask=pmask, other=0.0), mask=pmask)
+
+
+@triton.jit
+def _rope_kernel(Q, K, COS, SIN, QO, KO, seq_len, n_tokens, sqb, sqh, sqs, skb, skh, sks, scb, scs,
+                 HQ: tl.constexpr, HK: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
+                 TOKENS: tl.constexpr, HBQ: tl.constexpr, HBK: tl.constexpr, ONE_SHOT: tl.constexpr):
+    d = tl.arange(0, BLOCK_HALF)[None, None, :]  # [1, 1, BLOCK_HALF]
     d_mask = d < HALF
-    for token in range(tl.program_id(0), n_tokens, tl.num_programs(0)):
-        b = tl.cast(token // seq_len, tl.int64)
-        s = tl.cast(token % seq_len, tl.int64)
-        cs = b * scb + s * scs
-        c1 = tl.load(COS + cs + d, mask=d_mask, other=0.0).to(tl.float32)
-        c2 = tl.load(COS + cs + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
-        s1 = tl.load(SIN + cs + d, mask=d_mask, other=0.0).to(tl.float32)
-        s2 = tl.load(SIN + cs + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
-        _rope_heads(Q, QO, b * sqb + s * sqs, hq, sqh, d, d_mask, c1, c2, s1, s2, head_dim,
-                    HALF, HEAD_BLOCK_Q, HAS_PASS, BLOCK_PASS)
-        _rope_heads(K, KO, b * skb + s * sks, hk, skh, d, d_mask, c1, c2, s1, s2, head_dim,
-                    HALF, HEAD_BLOCK_K, HAS_PASS, BLOCK_PASS)
+    hq = tl.arange(0, HBQ)[None, :, None]  # [1, HBQ, 1]
+    hk = tl.arange(0, HBK)[None, :, None]
+    for blk in range(tl.program_id(0), tl.cdiv(n_tokens, TOKENS), tl.num_programs(0)):
+        tok = blk * TOKENS + tl.arange(0, TOKENS)
+        t_mask = (tok < n_tokens)[:, None, None]  # [TOKENS, 1, 1]
+        b = (tok // seq_len).to(tl.int64)[:, None, None]
+        s = (tok % seq_len).to(tl.int64)[:, None, None]
+        # cos/sin of each token: loaded once, broadcast over every q and k head.
+        cs = b * scb + s * scs + d
+        cs_mask = t_mask & d_mask
+        c1 = tl.load(COS + cs, mask=cs_mask, other=0.0).to(tl.float32)
+        c2 = tl.load(COS + cs + HALF, mask=cs_mask, other=0.0).to(tl.float32)
+        s1 = tl.load(SIN + cs, mask=cs_mask, other=0.0).to(tl.float32)
+        s2 = tl.load(SIN + cs + HALF, mask=cs_mask, other=0.0).to(tl.float32)
+        q_base = b * sqb + s * sqs
+        k_base = b * skb + s * sks
+        if ONE_SHOT:
+            # Every head of q and k in one tile each: all four loads are in flight before any store.
+            q_row = q_base + hq.to(tl.int64) * sqh
+            k_row = k_base + hk.to(tl.int64) * skh
+            q_th = t_mask & (hq < HQ)
+            k_th = t_mask & (hk < HK)
+            q_mask = q_th & d_mask
+            k_mask = k_th & d_mask
+            q1 = tl.load(Q + q_row + d, mask=q_mask, other=0.0)
+            q2 = tl.load(Q + q_row + HALF + d, mask=q_mask, other=0.0)
+            k1 = tl.load(K + k_row + d, mask=k_mask, other=0.0)
+            k2 = tl.load(K + k_row + HALF + d, mask=k_mask, other=0.0)
+            q1 = q1.to(tl.float32)
+            q2 = q2.to(tl.float32)
+            k1 = k1.to(tl.float32)
+            k2 = k2.to(tl.float32)
+            tl.store(QO + q_row + d, (q1 * c1 - q2 * s1).to(QO.dtype.element_ty), mask=q_mask)
+            tl.store(QO + q_row + HALF + d, (q2 * c2 + q1 * s2).to(QO.dtype.element_ty), mask=q_mask)
+            tl.store(KO + k_row + d, (k1 * c1 - k2 * s1).to(KO.dtype.element_ty), mask=k_mask)
+            tl.store(KO + k_row + HALF + d, (k2 * c2 + k1 * s2).to(KO.dtype.element_ty), mask=k_mask)
+            if HAS_PASS:
+                _rope_copy_tail(Q, QO, q_row, q_th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
+                _rope_copy_tail(K, KO, k_row, k_th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
+        else:
+            for h0 in range(0, HQ, HBQ):
+                row = q_base + (h0 + hq).to(tl.int64) * sqh
+                th = t_mask & (h0 + hq < HQ)
+                _rope_rotate(Q, QO, row + d, th & d_mask, c1, c2, s1, s2, HALF)
+                if HAS_PASS:
+                    _rope_copy_tail(Q, QO, row, th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
+            for h0 in range(0, HK, HBK):
+                row = k_base + (h0 + hk).to(tl.int64) * skh
+                th = t_mask & (h0 + hk < HK)
+                _rope_rotate(K, KO, row + d, th & d_mask, c1, c2, s1, s2, HALF)
+                if HAS_PASS:
+                    _rope_copy_tail(K, KO, row, th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
 
 
 @triton.jit
@@ -115,7 +157,7 @@ def entry(q, k, cos, sin):
     sq = q.stride()
     sk = k.stride()
     sc = cos.stride()
-    qo = torch.empty_like(q)
+    qo = torch.empty_like(q)  # keeps q's layout when q is dense (the usual transposed view)
     if sq[3] != 1 or qo.stride() != sq:
         q = q.contiguous()
         sq = q.stride()
@@ -132,25 +174,35 @@ def entry(q, k, cos, sin):
     n_tokens = batch * seq
     half = rot // 2
     block_half = triton.next_power_of_2(half)
+    has_pass = rot < head_dim
+    block_pass = triton.next_power_of_2(head_dim - rot) if has_pass else 1
+    scb = sc[0] if cos.shape[0] != 1 else 0
+    if FLAT_ROWS:
+        q_programs = triton.cdiv(n_tokens * hq, FLAT_ROWS)
+        _rope_flat[(q_programs + triton.cdiv(n_tokens * hk, FLAT_ROWS),)](
+            q, k, cos, sin, qo, ko, seq, hq, hk, head_dim, n_tokens * hq, n_tokens * hk, q_programs,
+            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], scb, sc[1],
+            HALF=half, BLOCK_HALF=block_half, HAS_PASS=has_pass, BLOCK_PASS=block_pass, ROWS=FLAT_ROWS,
+            num_warps=NUM_WARPS or max(1, min(8, FLAT_ROWS * block_half // 128)))
+        return qo, ko
     hbq = triton.next_power_of_2(hq)
     hbk = triton.next_power_of_2(hk)
     if HEAD_BLOCK:
         hbq = min(hbq, HEAD_BLOCK)
         hbk = min(hbk, HEAD_BLOCK)
-    if FLAT_ROWS:
-        q_programs = triton.cdiv(n_tokens * hq, FLAT_ROWS)
-        _rope_flat[(q_programs + triton.cdiv(n_tokens * hk, FLAT_ROWS),)](
-            q, k, cos, sin, qo, ko, seq, hq, hk, head_dim, n_tokens * hq, n_tokens * hk, q_programs,
-            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sc[0] if cos.shape[0] != 1 else 0, sc[1],
-            HALF=half, BLOCK_HALF=block_half, HAS_PASS=rot < head_dim,
-            BLOCK_PASS=triton.next_power_of_2(head_dim - rot) if rot < head_dim else 1, ROWS=FLAT_ROWS,
-            num_warps=NUM_WARPS or max(1, min(8, FLAT_ROWS * block_half // 128)))
-        return qo, ko
-    grid = (min(n_tokens, MAX_PROGRAMS) if MAX_PROGRAMS else n_tokens,)
-    _rope_kernel[grid](q, k, cos, sin, qo, ko, seq, n_tokens, hq, hk, head_dim,
-                       sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sc[0] if cos.shape[0] != 1 else 0, sc[1],
-                       HALF=half, BLOCK_HALF=block_half, HAS_PASS=rot < head_dim,
-                       BLOCK_PASS=triton.next_power_of_2(head_dim - rot) if rot < head_dim else 1,
-                       HEAD_BLOCK_Q=hbq, HEAD_BLOCK_K=hbk,
-                       num_warps=NUM_WARPS or max(1, min(8, hbq * block_half // 128)))
+    one_shot = hbq >= hq and hbk >= hk
+    tokens = min(TOKENS_PER_PROGRAM, triton.next_power_of_2(n_tokens))
+    tiles = triton.cdiv(n_tokens, tokens)
+    if NUM_WARPS:
+        warps = NUM_WARPS
+    elif one_shot:
+        # 512 elements of each q half per warp: 16 per lane (two 128-bit vectors in 16-bit types),
+        # few enough registers (~72 at D 128) for 7 programs of 4 warps per SM.
+        warps = max(1, min(8, tokens * hbq * block_half // 512))
+    else:
+        warps = max(1, min(8, tokens * hbq * block_half // 128))
+    _rope_kernel[(min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)](
+        q, k, cos, sin, qo, ko, seq, n_tokens, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], scb, sc[1],
+        HQ=hq, HK=hk, HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=block_half, HAS_PASS=has_pass, BLOCK_PASS=block_pass,
+        TOKENS=tokens, HBQ=hbq, HBK=hbk, ONE_SHOT=one_shot, num_warps=warps)
     return qo, ko

@@ -105,8 +105,11 @@ def test_rms_norm_mixed_dtypes_and_strided_input(load_rendered):
 def test_layer_norm_without_affine_and_with_shifted_stats(load_rendered):
     family = get_op("layer_norm")
     x = torch.randn(6, 120) * 3 + 40  # large mean: the shifted moments must not cancel
+    lean = {"SHIFTED_STATS": True, "RELOAD_AFFINE": True}
     for strategy in ({}, {"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 4},
-                     {**WIDE, "SHIFTED_STATS": True}, {**WIDE, "SHIFTED_STATS": True, "MAX_PROGRAMS": 2}):
+                     {**WIDE, "SHIFTED_STATS": True}, {**WIDE, "SHIFTED_STATS": True, "MAX_PROGRAMS": 2},
+                     {"RELOAD_AFFINE": True}, lean, {**lean, "ROWS_PER_PROGRAM": 4, "NUM_WARPS": 2},
+                     {**lean, "ROWS_PER_PROGRAM": 2, "MAX_PROGRAMS": 2}, {**WIDE, **lean}):
         candidate = load_rendered("layer_norm", {**default_strategy("layer_norm"), **strategy})
         for weight, bias in ((torch.randn(120), torch.randn(120)), (None, None), (torch.randn(120), None)):
             params = {"weight": weight, "bias": bias, "eps": 1e-5}
@@ -153,7 +156,9 @@ def test_rope_layouts_broadcast_cos_partial_rotary_and_float32_cos(load_rendered
     part = (q, k, cos[..., :16].contiguous(), sin[..., :16].contiguous())
     assert_matches_reference(family, candidate.entry(*part), part, {})
     for strategy in ({"HEAD_BLOCK": 2}, {"MAX_PROGRAMS": 3, "NUM_WARPS": 2}, {"FLAT_ROWS": 16},
-                     {"FLAT_ROWS": 32, "NUM_WARPS": 2}):
+                     {"FLAT_ROWS": 32, "NUM_WARPS": 2}, {"TOKENS_PER_PROGRAM": 2}, {"TOKENS_PER_PROGRAM": 4},
+                     {"TOKENS_PER_PROGRAM": 4, "HEAD_BLOCK": 2}, {"TOKENS_PER_PROGRAM": 8, "NUM_WARPS": 1},
+                     {"TOKENS_PER_PROGRAM": 2, "MAX_PROGRAMS": 2}):
         other = load_rendered("rope", {**default_strategy("rope"), **strategy})
         assert_matches_reference(family, other.entry(q, k, cos, sin), (q, k, cos, sin), {})
         assert_matches_reference(family, other.entry(*part), part, {})
@@ -188,3 +193,29 @@ def test_template_passes_the_verifier(op, tmp_path):
     assert verdict.accepted, [f"{f.layer}/{f.rule}: {f.message}" for f in verdict.failures]
     assert verdict.reward >= 1
     assert len(verdict.shapes) >= 3 and set(verdict.dtypes) >= {"float32", "float16"}
+
+
+# One point per knob added for the large-shape bandwidth work (issue 4), each through the whole
+# verifier (its hidden shapes, float32 and float16, seeds, input scales).
+NEW_KNOB_POINTS = [
+    ("layer_norm", {"SHIFTED_STATS": True, "RELOAD_AFFINE": True, "ROWS_PER_PROGRAM": 2}),
+    ("layer_norm", {"RELOAD_AFFINE": True, "MAX_PROGRAMS": 3}),
+    ("rope", {"TOKENS_PER_PROGRAM": 4}),
+    ("rope", {"TOKENS_PER_PROGRAM": 2, "HEAD_BLOCK": 2, "MAX_PROGRAMS": 3}),
+    ("rms_norm", {"ROWS_PER_PROGRAM": 2, "NUM_WARPS": 8, "MAX_PROGRAMS": 3}),
+    ("softmax", {"ROWS_PER_PROGRAM": 4, "NUM_WARPS": 8, "MAX_PROGRAMS": 3}),
+]
+
+
+@pytest.mark.parametrize("op,point", NEW_KNOB_POINTS, ids=[f"{op}-{i}" for i, (op, _) in enumerate(NEW_KNOB_POINTS)])
+def test_new_strategy_points_pass_the_verifier(op, point, tmp_path):
+    verifier = pytest.importorskip("gpuyantra.verifier")
+    from gpuyantra.authors.template import render
+
+    family = get_op(op)
+    adapter = family.default_adapter(import_class(family.default_module)) if family.params else []
+    path = tmp_path / f"{op}.py"
+    path.write_text(render(op, {**default_strategy(op), **point}, adapter))
+    verdict = verifier.verify(path, device="cpu")
+    assert verdict.accepted, [f"{f.layer}/{f.rule}: {f.message}" for f in verdict.failures]
+    assert set(verdict.dtypes) >= {"float32", "float16"}
