@@ -15,7 +15,8 @@ for part in $parts; do
   case $part in
     verify) run verify_rms_norm 120 python3 -m gpuyantra.cli verify gpuyantra/kernels/rms_norm.py --device cuda --shapes 1x1536,4096x1536 --dtypes bfloat16 --json ;;
     ops) run ops_bench 280 python3 benchmarks/ops_bench.py --out "$OUT" --budget-s 240 ;;
-    sweep) [ -f benchmarks/sweep_points.json ] && run strategy_sweep 200 python3 benchmarks/strategy_sweep.py --ops layer_norm,rope,softmax,rms_norm --shape large --dtype bf16 --extra "$(cat benchmarks/sweep_points.json)" ;;
+    sweep) run strategy_sweep_bf16 150 python3 benchmarks/strategy_sweep.py --ops layer_norm,rope,softmax,rms_norm --shape large --dtype bf16 --only-extra --extra "$(cat benchmarks/sweep_points.json)"
+           run strategy_sweep_fp16 100 python3 benchmarks/strategy_sweep.py --ops rms_norm,layer_norm,rope --shape large --dtype fp16 --only-extra --extra "$(cat benchmarks/sweep_points.json)" ;;
     launch) run launch_probe 60 python3 benchmarks/launch_probe.py ;;
     profile) run profile_bench 100 python3 benchmarks/profile_bench.py --out "$OUT/profile_h200.json" ;;
     serving) run serving_bench 420 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" ;;

@@ -25,8 +25,8 @@ NUM_WARPS = 0  # 0: from the tile size (one warp per 512 elements, 1 to 16)
 NUM_STAGES = 1  # software pipelining depth of the tile loop
 MAX_PROGRAMS = 0  # 0: one program per tile; N: persistent grid of at most N programs
 X_EVICTION = ""  # "" or "evict_first": cache hint for the streamed x loads
-SHIFTED_STATS = False  # True: mean and variance from one sweep of x - x[0] (one paired reduction)
-RELOAD_AFFINE = False  # True: weight/bias re-read per tile after the stats instead of held in registers
+SHIFTED_STATS = True  # True: mean and variance from one sweep of x - x[0] (one paired reduction)
+RELOAD_AFFINE = True  # True: weight/bias re-read per tile after the stats instead of held in registers
 # strategy:end
 
 
