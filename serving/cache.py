@@ -15,6 +15,7 @@ capture and graph-path parity checks write there, so they can run while requests
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -23,6 +24,7 @@ import torch
 class _Prefill:
     row: int
     start: int
+    rows: torch.Tensor | None = None  # several rows prefilled together (right-padded, start 0)
 
 
 @dataclass
@@ -65,6 +67,11 @@ class SlotCache:
     def set_prefill(self, row: int, start: int = 0) -> None:
         self.mode = _Prefill(row=row, start=start)
 
+    def set_prefill_rows(self, rows: Sequence[int]) -> None:
+        """Prefill of several rows in one pass, prompts right-padded to one length, from position 0.
+        Padding writes slots past a row's prompt; decode overwrites each slot before attending to it."""
+        self.mode = _Prefill(row=rows[0], start=0, rows=torch.tensor(list(rows), device=self.device))
+
     def set_decode(self, rows: int, positions: torch.Tensor, kv_len: int) -> None:
         self.mode = _Decode(rows=rows, positions=positions, kv_len=kv_len)
 
@@ -84,6 +91,11 @@ class SlotCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = self._layer(layer_idx, key_states, value_states)
         mode = self.mode
+        if isinstance(mode, _Prefill) and mode.rows is not None:
+            length = key_states.shape[-2]
+            keys[mode.rows, :, :length] = key_states
+            values[mode.rows, :, :length] = value_states
+            return keys[mode.rows, :, :length], values[mode.rows, :, :length]
         if isinstance(mode, _Prefill):
             length = key_states.shape[-2]
             end = mode.start + length

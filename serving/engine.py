@@ -55,6 +55,9 @@ from serving.models import LoadedModel
 
 log = logging.getLogger("gpuyantra.serving")
 
+# Tokens (rows x longest prompt, padding included) one batched prefill pass may hold.
+PREFILL_TOKEN_BUDGET = 8192
+
 
 class EngineObserver:
     """Hooks the engine calls (from its thread); `serving.metrics` implements them with Prometheus."""
@@ -391,22 +394,38 @@ class Engine:
                 self.slots[index] = None
                 self._finish(slot.request, "cancelled")
 
-    def _one_pass(self) -> None:
+    def _admit(self) -> list[tuple[int, GenRequest]]:
+        """Waiting requests for the free slots, as many as one prefill pass may hold: the padded
+        batch (rows x longest prompt) stays within PREFILL_TOKEN_BUDGET (a lone prompt always fits)."""
+        admitted: list[tuple[int, GenRequest]] = []
         with self._cv:
-            req = None
-            if self._pending and self._can_admit():
-                req = self._pending.popleft()
-        if req is not None:
-            if req.cancelled:
-                self._finish(req, "cancelled")
-                return
-            index = self.slots.index(None)
+            if not self._can_admit():
+                return admitted
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            longest = 0
+            while self._pending and len(admitted) < len(free):
+                req = self._pending[0]
+                if req.cancelled:
+                    self._pending.popleft()
+                    self._finish(req, "cancelled")
+                    continue
+                longest_with = max(longest, len(req.prompt_ids))
+                if admitted and longest_with * (len(admitted) + 1) > PREFILL_TOKEN_BUDGET:
+                    break
+                longest = longest_with
+                admitted.append((free[len(admitted)], self._pending.popleft()))
+        return admitted
+
+    def _one_pass(self) -> None:
+        admitted = self._admit()
+        if admitted:
             try:
-                self._prefill_request(index, req)
-            except Exception as exc:  # noqa: BLE001 - fail this request, keep serving
+                self._prefill_requests(admitted)
+            except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
                 log.exception("prefill failed")
-                self.slots[index] = None
-                self._finish(req, "error", error=f"{type(exc).__name__}: {exc}")
+                for index, req in admitted:
+                    self.slots[index] = None
+                    self._finish(req, "error", error=f"{type(exc).__name__}: {exc}")
             self.observer.on_queue(len(self._pending), self.active_count)
             return
         if self.active_count:
@@ -440,6 +459,30 @@ class Engine:
         with torch.no_grad():
             return self._forward(ids, positions, mask, last_only=True)
 
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Prefill several cache rows in one forward pass (prompts right-padded to the longest; the
+        causal mask keeps every real position from seeing padding); logits [n, V] at each row's last
+        prompt position."""
+        if len(rows) == 1:
+            return self.prefill_row(rows[0], prompts[0])
+        length = max(len(p) for p in prompts)
+        ids = torch.tensor([list(p) + [0] * (length - len(p)) for p in prompts], dtype=torch.long,
+                           device=self.device)
+        positions = self._arange[:length][None].expand(len(rows), length)
+        mask = prefill_mask(length, 0, self.dtype, self.device)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        self.cache.set_prefill_rows(rows)
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
+        keep = None
+        if self._keep_kw:
+            keep = torch.unique(last)  # logits only at the positions some row ends on
+            kwargs[self._keep_kw] = keep
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs).logits
+        self.forward_passes += 1
+        column = torch.searchsorted(keep, last) if keep is not None else last
+        return logits[torch.arange(len(rows), device=self.device), column]
+
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One decode step over rows 0..n-1 (row r feeds tokens[r] at positions[r]); logits [n, V]."""
         if self.graphs is not None:
@@ -468,18 +511,24 @@ class Engine:
             out = run()
         return out
 
-    def _prefill_request(self, index: int, req: GenRequest) -> None:
+    def _prefill_requests(self, admitted: Sequence[tuple[int, GenRequest]]) -> None:
         started = time.perf_counter()
-        logits = self._clean_pass(lambda: self.prefill_row(index, req.prompt_ids))
-        gen = None
-        if req.temperature > 0:
-            gen = torch.Generator().manual_seed(req.seed if req.seed is not None else int(uuid.uuid4().int % 2**31))
-        slot = _Slot(request=req, pos=len(req.prompt_ids), last_token=0, generator=gen)
-        self.slots[index] = slot
-        token = self._select(logits, [slot])[0]
-        self.observer.on_forward("prefill", 1, len(req.prompt_ids), time.perf_counter() - started)
-        self._recent_prompt_lens.append(len(req.prompt_ids))
-        self._accept(index, slot, token)
+        rows = [index for index, _ in admitted]
+        prompts = [req.prompt_ids for _, req in admitted]
+        logits = self._clean_pass(lambda: self.prefill_rows(rows, prompts))
+        slots = []
+        for index, req in admitted:
+            gen = None
+            if req.temperature > 0:
+                gen = torch.Generator().manual_seed(req.seed if req.seed is not None else int(uuid.uuid4().int % 2**31))
+            slot = _Slot(request=req, pos=len(req.prompt_ids), last_token=0, generator=gen)
+            self.slots[index] = slot
+            slots.append(slot)
+        tokens = self._select(logits, slots)
+        self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), time.perf_counter() - started)
+        for (index, _), slot, token in zip(admitted, slots, tokens):
+            self._recent_prompt_lens.append(len(slot.request.prompt_ids))
+            self._accept(index, slot, token)
 
     def _decode_active(self) -> None:
         started = time.perf_counter()

@@ -21,9 +21,9 @@ ADAPTER = [
 ]
 
 # strategy:begin
-HEAD_BLOCK = 8  # heads per tile; 0: all heads of the tokens in one tile (all loads before the stores)
-TOKENS_PER_PROGRAM = 1  # tokens per tile in token mode (cos/sin loaded once per token, shared by all heads)
-NUM_WARPS = 2  # 0: from the tile size (one warp per 512 q elements of a half, 1 to 8)
+HEAD_BLOCK = 0  # heads per tile; 0: all heads of the tokens in one tile (all loads before the stores)
+TOKENS_PER_PROGRAM = 2  # tokens per tile in token mode (cos/sin loaded once per token, shared by all heads)
+NUM_WARPS = 0  # 0: from the tile size (one warp per 512 q elements of a half, 1 to 8)
 MAX_PROGRAMS = 0  # 0: one program per token tile; N: persistent grid of at most N programs (token mode)
 FLAT_ROWS = 0  # 0: token mode; N: flat mode, N head vectors per program
 # strategy:end

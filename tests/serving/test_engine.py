@@ -181,3 +181,36 @@ def test_faulty_kernel_pass_is_rerun_on_the_original_forwards(tmp_path):
         assert history[record.swap_id]["fallbacks"] >= 1 and engine.swaps.active() == []
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-gpt2"])
+def test_waiting_requests_are_prefilled_together(tmp_path, preset):
+    engine = make_engine(tmp_path, preset)
+    want = [reference_greedy(engine.model, p, 4) for p in PROMPTS[:4]]
+    reqs = [engine.submit(GenRequest(p, 4)) for p in PROMPTS[:4]]  # queued before the loop starts
+    passes = engine.forward_passes
+    engine.start()
+    try:
+        for r in reqs:
+            assert r.done.wait(60)
+        assert [r.output_ids for r in reqs] == want  # prompts of 5, 3, 7, 3 tokens, right-padded
+        # one prefill pass for all four rows, then 3 decode steps (the 4th token needs no pass)
+        assert engine.forward_passes - passes == 1 + 3
+    finally:
+        engine.stop()
+
+
+def test_prefill_batches_stay_within_the_token_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_module, "PREFILL_TOKEN_BUDGET", 10)
+    engine = make_engine(tmp_path)  # not started: _admit is driven by hand
+    for p in PROMPTS[:4]:  # prompt lengths 5, 3, 7, 3
+        engine.submit(GenRequest(p, 2))
+
+    def admit_lengths():
+        admitted = engine._admit()
+        return [len(r.prompt_ids) for _, r in admitted]
+
+    assert admit_lengths() == [5, 3]  # 2 rows x 5 tokens = 10 fits; adding 7 would pad to 3 x 7
+    assert admit_lengths() == [7]  # a lone prompt always fits; 7 + 3 would pad to 2 x 7 = 14
+    assert admit_lengths() == [3]
+    assert engine._admit() == []

@@ -27,7 +27,7 @@ PROMPTS = ["Hello", "The quick brown fox", "gpuyantra", "a", "Kernels swap live"
 MAX_TOKENS = 4
 CYCLES = 100
 CLIENTS = 8
-LOAD_TIME_CAP_S = 240
+LOAD_TIME_CAP_S = 480  # CPU interpreter: parity on batched-prefill shapes costs ~0.8 s a swap
 
 
 def test_load_with_swap_rollback_cycles(shared_server):
