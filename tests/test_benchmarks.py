@@ -1,0 +1,46 @@
+"""The GPU benchmarks' own code paths, end to end on the CPU (`--smoke`: tiny-qwen2, Triton's
+interpreter), so a benchmark cannot rot between GPU sessions. Timings here mean nothing; the
+checks they make (kernel inside the graph, greedy agreement, no failed request) do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_bench(script: str, out: Path, timeout: int) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_serving_bench_smoke(tmp_path):
+    result = run_bench("serving_bench.py", tmp_path / "serving.json", 600)
+    assert result["errors"] == {}
+    assert result["checks"]["check_counter_in_graph"]["ok"]
+    assert result["checks"]["check_weights_live_in_graph"]["ok"]
+    paths = result["results"]
+    final = paths["graphs+attn+swaps"]
+    assert final["decode_attention"] == "triton"
+    assert [s["op"] for s in final["swaps"]] == ["rms_norm", "rope", "silu_mul"]
+    assert final["attention_calls_before_bench"]["kernel"] > 0
+    for name, section in paths.items():
+        for key, value in section.items():
+            if key.startswith("batch") and "agrees_with_eager_first_tokens" in value:
+                assert value["agrees_with_eager_first_tokens"] == len(value["output_ids"]), (name, key)
+
+
+def test_http_serving_bench_smoke(tmp_path):
+    result = run_bench("http_serving_bench.py", tmp_path / "http.json", 600)
+    assert result["errors"] == []
+    assert [s["http"] for s in result["swaps"]] == [200, 200, 200]
+    assert result["during_swaps"]["failed"] == 0
+    assert result["rollback"]["http"] == 200 and result["rollback"]["active"] == []
+    assert result["after_rollback_equals_before"]
