@@ -75,7 +75,12 @@ def probe_copy(module: torch.nn.Module, dtype: torch.dtype = torch.float64) -> t
             return torch.empty(t.shape, dtype=t.dtype, device="cpu")
         return t.to("cpu")
 
-    return probe._apply(materialize)
+    probe = probe._apply(materialize)
+    # Instance-level forwards are bindings of the live modules (swaps, fused projections) whose
+    # closures still compute with the live tensors: the probe checks the classes' own math.
+    for sub in probe.modules():
+        sub.__dict__.pop("forward", None)
+    return probe
 
 
 def _agrees(module: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]], dtype: torch.dtype,

@@ -52,6 +52,7 @@ class ServeConfig:
     admin_token: str | None = None
     cuda_graphs: bool = False
     decode_attention: str = "auto"
+    fuse_projections: str = "auto"
     max_batch: int = 8
     max_seq_len: int | None = None
     max_parity_shapes: int = 4
@@ -268,7 +269,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             state.description = describe(loaded)
             engine = Engine(loaded, state_dir=config.resolved_state_dir(), max_batch=config.max_batch,
                             max_seq_len=config.max_seq_len, cuda_graphs=config.cuda_graphs,
-                            decode_attention=config.decode_attention, graph_buckets=config.graph_buckets, observer=metrics,
+                            decode_attention=config.decode_attention, fuse_projections=config.fuse_projections,
+                            graph_buckets=config.graph_buckets, observer=metrics,
                             max_parity_shapes=config.max_parity_shapes)
             metrics.bind_active_swaps(engine.swaps.active_ids)
             state.reapplied = engine.start(reapply=True)
@@ -363,7 +365,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         return {"status": "ready", "model": engine.model_name, "device": str(engine.device),
                 "active_swaps": engine.swaps.active_ids(), "reapplied": state.reapplied,
                 "cuda_graphs": engine.graphs is not None,
-                "decode_attention": "triton" if engine.decode_attention is not None else "sdpa"}
+                "decode_attention": "triton" if engine.decode_attention is not None else "sdpa",
+                "fused_projection_groups": engine.fused_projections}
 
     @app.get("/metrics")
     async def metrics_route():

@@ -185,6 +185,7 @@ class Engine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = False,
         decode_attention: str = "auto",
+        fuse_projections: str = "auto",
         graph_buckets: Sequence[int] | None = None,
         observer: EngineObserver | None = None,
         max_parity_shapes: int = 4,
@@ -210,6 +211,7 @@ class Engine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
         self.decode_attention = self._install_decode_attention(decode_attention)
+        self.fused_projections = self._fuse_projections(fuse_projections)
         self.groups = find_module_groups(self.model)
         self.shapes = ShapeRecorder(self.model, self.groups)
         self.slots: list[_Slot | None] = [None] * max_batch
@@ -258,6 +260,18 @@ class Engine:
         from serving.attention import install
 
         return install(self.model, self.cache)
+
+    def _fuse_projections(self, choice: str) -> int:
+        """`on`: q/k/v and gate/up projections run as one GEMM each (`serving/fusion.py`); `off`:
+        as the modeling code wrote them; `auto`: on for CUDA (where small GEMVs are latency-bound)."""
+        if choice not in ("auto", "on", "off"):
+            raise ValueError(f"fuse_projections must be auto, on or off, not {choice!r}")
+        from serving import fusion
+
+        if choice == "off" or (choice == "auto" and self.device.type != "cuda"):
+            fusion.unfuse(self.model)  # a model shared with an earlier engine
+            return 0
+        return fusion.fuse(self.model)
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:

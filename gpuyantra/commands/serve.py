@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--decode-attention", choices=["auto", "triton", "sdpa"], default="auto",
                    help="attention of decode steps: the Triton decode kernel over each row's positions, or "
                         "transformers' SDPA (default auto: triton on cuda, sdpa on cpu)")
+    p.add_argument("--fuse-projections", choices=["auto", "on", "off"], default="auto",
+                   help="run q/k/v and gate/up projections as one GEMM each (weights stay the modules' own, "
+                        "as views; default auto: on for cuda)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per request, prompt + generated (default: min(model limit, 2048))")
@@ -71,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, random_weights=args.random_weights, device=device,
         dtype=None if args.dtype == "auto" else args.dtype, seed=args.seed, state_dir=args.state_dir,
         admin_token=token, cuda_graphs=args.cuda_graphs,
-        decode_attention=args.decode_attention, max_batch=args.max_batch, max_seq_len=args.max_seq_len,
-        max_parity_shapes=args.max_parity_shapes,
+        decode_attention=args.decode_attention, fuse_projections=args.fuse_projections,
+        max_batch=args.max_batch, max_seq_len=args.max_seq_len, max_parity_shapes=args.max_parity_shapes,
     )
     if token is None:
         print("gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
