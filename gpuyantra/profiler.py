@@ -585,11 +585,10 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
             for j, value in enumerate((*_absorbed(st, modules), 1)):
                 row[j] += value
     host_us, dev, kernels, ops, op_time, calls_ps = _median_per_step(per_step, ctx.steps, 6)
-    steps = ctx.steps
     device_us = dev if ctx.cuda else op_time
     launches = kernels if ctx.cuda else ops
 
-    # Shapes of the family's first activation, most frequent first, and the roofline on them.
+    # Shapes of the family's first activation (the roofline is computed on them).
     seen: Counter = Counter()
     for i in indices:
         _, module = modules[i]
@@ -597,45 +596,49 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
             act_shape = tuple(shape) if family.module_activations is not None else _activation_shape(
                 family, module, shape)
             seen[(act_shape, dtype)] += n
-    shape_counts: Counter = Counter()
-    dtype_counts: Counter = Counter()
-    for (shape, dtype), n in seen.items():
-        shape_counts[shape] += n
-        dtype_counts[dtype] += n
-    shapes = [list(s) for s, _ in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    dtype = dtype_counts.most_common(1)[0][0] if dtype_counts else None
-    bytes_ps = flops_ps = floor_ps = 0.0
-    for (shape, dtype_name), n in seen.items():
-        torch_dtype = getattr(torch, dtype_name, torch.float32)
-        nbytes = float(family.bytes_moved(shape, torch_dtype))
-        nflops = float(family.flops(shape))
-        bytes_ps += nbytes * n / steps
-        flops_ps += nflops * n / steps
-        floor_ps += ctx.spec.floor_us(nbytes, nflops) * n / steps
-    ai = flops_ps / bytes_ps if bytes_ps > 0 else None
-
     launches_per_call = launches / calls_ps if calls_ps else 0.0
-    regime, cost, new_cost, gain_us = estimate_gain(
-        cuda=ctx.cuda, host_bound=ctx.host_bound, spec=ctx.spec, host_us=host_us, device_us=device_us,
-        calls=calls_ps, launches=launches, floor_us=floor_ps, arithmetic_intensity=ai)
-    step_us = ctx.step_us
-    share = cost / step_us if step_us > 0 else 0.0
-    est_gain = gain_us / step_us if step_us > 0 else 0.0
     target = {
         "op": group.op,
         "module_class": group.module_class,
         "qualified_class": group.qualified_class,
         "modules": group.count,
         "adapter": [dict(b) for b in group.adapter],
-        "shapes": shapes,
-        "dtype": dtype,
+        **_cost_fields(ctx, family, seen, ctx.steps, host_us, device_us, calls_ps, launches, launches_per_call),
+    }
+    target["why"] = _why(ctx, target)
+    return target
+
+
+def _cost_fields(ctx: _PhaseContext, family, seen: Counter, steps: int, host_us: float, device_us: float,
+                 calls: float, launches: float, launches_per_call: float) -> dict[str, Any]:
+    """The measured and estimated fields of a target: its shapes (most frequent first), the roofline
+    on them, and the swap's estimated gain. `seen` counts (shape, dtype) over `steps` steps."""
+    shape_counts: Counter = Counter()
+    dtype_counts: Counter = Counter()
+    bytes_ps = flops_ps = floor_ps = 0.0
+    for (shape, dtype_name), n in seen.items():
+        shape_counts[shape] += n
+        dtype_counts[dtype_name] += n
+        nbytes = float(family.bytes_moved(shape, getattr(torch, dtype_name, torch.float32)))
+        nflops = float(family.flops(shape))
+        bytes_ps += nbytes * n / steps
+        flops_ps += nflops * n / steps
+        floor_ps += ctx.spec.floor_us(nbytes, nflops) * n / steps
+    ai = flops_ps / bytes_ps if bytes_ps > 0 else None
+    regime, cost, new_cost, gain_us = estimate_gain(
+        cuda=ctx.cuda, host_bound=ctx.host_bound, spec=ctx.spec, host_us=host_us, device_us=device_us,
+        calls=calls, launches=launches, floor_us=floor_ps, arithmetic_intensity=ai)
+    step_us = ctx.step_us
+    return {
+        "shapes": [list(s) for s, _ in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+        "dtype": dtype_counts.most_common(1)[0][0] if dtype_counts else None,
         "dtypes": sorted(dtype_counts),
         "regime": regime,
-        "share": round(share, 5),
+        "share": round(cost / step_us if step_us > 0 else 0.0, 5),
         "device_us": round(device_us, 2),
         "host_us": round(host_us, 2),
         "launches": round(launches, 2),
-        "calls": round(calls_ps, 2),
+        "calls": round(calls, 2),
         "launches_per_call": round(launches_per_call, 2),
         "arithmetic_intensity": round(ai, 4) if ai is not None else None,
         "bytes_per_step": int(bytes_ps),
@@ -644,10 +647,8 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
         "cost_us": round(cost, 2),
         "est_cost_after_us": round(new_cost, 2),
         "est_gain_us": round(gain_us, 2),
-        "est_gain": round(est_gain, 5),
+        "est_gain": round(gain_us / step_us if step_us > 0 else 0.0, 5),
     }
-    target["why"] = _why(ctx, target)
-    return target
 
 
 def estimate_gain(*, cuda: bool, host_bound: bool, spec: HardwareSpec, host_us: float, device_us: float,
@@ -764,51 +765,17 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
         seen: Counter = Counter()
         for s in mine:
             seen.update(stats[s.dotted]["seen"])
-        shape_counts: Counter = Counter()
-        dtype_counts: Counter = Counter()
-        bytes_ps = flops_ps = floor_ps = 0.0
-        for (shape, dtype_name), n in seen.items():
-            shape_counts[shape] += n
-            dtype_counts[dtype_name] += n
-            nbytes = float(family.bytes_moved(shape, getattr(torch, dtype_name, torch.float32)))
-            nflops = float(family.flops(shape))
-            bytes_ps += nbytes * n
-            flops_ps += nflops * n
-            floor_ps += ctx.spec.floor_us(nbytes, nflops) * n
-        shapes = [list(s) for s, _ in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-        ai = flops_ps / bytes_ps if bytes_ps > 0 else None
-        regime, cost, new_cost, gain_us = estimate_gain(
-            cuda=ctx.cuda, host_bound=ctx.host_bound, spec=ctx.spec, host_us=host_us, device_us=device_us,
-            calls=float(calls), launches=launches, floor_us=floor_ps, arithmetic_intensity=ai)
-        step_us = ctx.step_us
-        default = family.default_module
+        costs = _cost_fields(ctx, family, seen, 1, host_us, device_us, float(calls), launches, float(ops_per_call))
         target = {
             "op": op,
             "module_class": ",".join(dict.fromkeys(s.attr for s in mine)),
-            "qualified_class": default,  # what verify --module and swap(module_class=...) accept for it
+            "qualified_class": family.default_module,  # what verify --module and swap(module_class=...) accept
             "modules": sum(s.count for s in mine),
             "adapter": [],
             "binding": "function",
             "functions": [s.dotted for s in mine],
             "callers": list(dict.fromkeys(c for s in mine for c in s.caller_classes)),
-            "shapes": shapes,
-            "dtype": dtype_counts.most_common(1)[0][0] if dtype_counts else None,
-            "dtypes": sorted(dtype_counts),
-            "regime": regime,
-            "share": round(cost / step_us if step_us > 0 else 0.0, 5),
-            "device_us": round(device_us, 2),
-            "host_us": round(host_us, 2),
-            "launches": round(launches, 2),
-            "calls": float(calls),
-            "launches_per_call": float(ops_per_call),
-            "arithmetic_intensity": round(ai, 4) if ai is not None else None,
-            "bytes_per_step": int(bytes_ps),
-            "flops_per_step": int(flops_ps),
-            "floor_us": round(floor_ps, 3),
-            "cost_us": round(cost, 2),
-            "est_cost_after_us": round(new_cost, 2),
-            "est_gain_us": round(gain_us, 2),
-            "est_gain": round(gain_us / step_us if step_us > 0 else 0.0, 5),
+            **costs,
         }
         target["why"] = _why(ctx, target) + " (function-level target: the swap replaces the module global " \
             f"{', '.join(target['functions'])}, called by {', '.join(target['callers'])})"

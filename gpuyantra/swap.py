@@ -45,7 +45,7 @@ import types
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import torch
 
@@ -356,14 +356,11 @@ class SwapEngine:
                     if extra:
                         record.parity.update(dict(extra))
             except Exception as exc:  # noqa: BLE001 - any failure restores every module
-                live.faulted = True
-                for name, module in targets:
-                    _set_forward(module, before[name])
-                reason = exc.reason if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
-                self._finish_failed(record, reason, kept_file=_reapply_record is None, parity_failed=True)
-                if hook_called and self.after_restore is not None:
-                    self._safe_after_restore()
-                raise ParityError(reason, record) from exc
+                def restore() -> None:
+                    for name, module in targets:
+                        _set_forward(module, before[name])
+
+                self._fail_parity(record, live, exc, restore, _reapply_record is None, hook_called)
 
             # Commit: ownership moves to this swap; older swaps lose the modules it took.
             live.strict = False
@@ -610,14 +607,11 @@ class SwapEngine:
                 if extra:
                     record.parity.update(dict(extra))
         except Exception as exc:  # noqa: BLE001 - any failure restores every function
-            live.faulted = True
-            for site in sites:
-                site.set(before[site.dotted])
-            reason = exc.reason if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
-            self._finish_failed(record, reason, kept_file=reapply_record is None, parity_failed=True)
-            if hook_called and self.after_restore is not None:
-                self._safe_after_restore()
-            raise ParityError(reason, record) from exc
+            def restore() -> None:
+                for site in sites:
+                    site.set(before[site.dotted])
+
+            self._fail_parity(record, live, exc, restore, reapply_record is None, hook_called)
 
         live.strict = False
         now = time.time()
@@ -754,6 +748,18 @@ class SwapEngine:
                 if not torch.isfinite(logits_after).all() and torch.isfinite(logits_before).all():
                     raise ParityError("the model's probe forward produced non-finite logits through the kernel")
         return out
+
+    def _fail_parity(self, record: SwapRecord, live: _LiveSwap, exc: BaseException, restore: Callable[[], None],
+                     kept_file: bool, hook_called: bool) -> NoReturn:
+        """A swap that failed between binding and commit: put every original back, record why,
+        let the engine re-capture (if it was told about the binding), raise ParityError."""
+        live.faulted = True
+        restore()
+        reason = exc.reason if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
+        self._finish_failed(record, reason, kept_file=kept_file, parity_failed=True)
+        if hook_called and self.after_restore is not None:
+            self._safe_after_restore()
+        raise ParityError(reason, record) from exc
 
     def _finish_failed(self, record: SwapRecord, reason: str, *, kept_file: bool, parity_failed: bool = False) -> None:
         record.status = "rolled_back"

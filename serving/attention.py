@@ -223,14 +223,17 @@ class DecodeAttention:
         self.cache = cache
         self.calls = 0
         self.fallbacks = 0
+        self.last_fallback: str | None = None  # why the last call went to SDPA
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         layer = getattr(module, "layer_idx", None)
         new_kv = self.cache.take_pending(layer) if self.cache is not None else None
-        if _unsupported(module, query, key, kwargs) is not None:
+        reason = _unsupported(module, query, key, kwargs)
+        if reason is not None:
             self.fallbacks += 1
+            self.last_fallback = reason
             if new_kv is not None:
                 self.cache.write_decode(layer, *new_kv)
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)

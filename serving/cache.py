@@ -24,7 +24,11 @@ import torch
 class _Prefill:
     row: int
     start: int
-    rows: torch.Tensor | None = None  # several rows prefilled together (right-padded, start 0)
+
+
+@dataclass
+class _PrefillRows:
+    rows: torch.Tensor  # several rows prefilled together from position 0 (right-padded prompts)
 
 
 @dataclass
@@ -48,7 +52,7 @@ class SlotCache:
         self.keys: list[torch.Tensor | None] = []
         self.values: list[torch.Tensor | None] = []
         self.rows = torch.arange(max_batch, device=self.device)
-        self.mode: _Prefill | _Decode | None = None
+        self.mode: _Prefill | _PrefillRows | _Decode | None = None
         # Set by the Triton decode attention: a decode step's key/value are handed to it (it writes
         # them while attending) instead of being written here by two index kernels per layer.
         self.defer_decode_writes = False
@@ -70,7 +74,7 @@ class SlotCache:
     def set_prefill_rows(self, rows: Sequence[int]) -> None:
         """Prefill of several rows in one pass, prompts right-padded to one length, from position 0.
         Padding writes slots past a row's prompt; decode overwrites each slot before attending to it."""
-        self.mode = _Prefill(row=rows[0], start=0, rows=torch.tensor(list(rows), device=self.device))
+        self.mode = _PrefillRows(rows=torch.tensor(list(rows), device=self.device))
 
     def set_decode(self, rows: int, positions: torch.Tensor, kv_len: int) -> None:
         self.mode = _Decode(rows=rows, positions=positions, kv_len=kv_len)
@@ -91,7 +95,7 @@ class SlotCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = self._layer(layer_idx, key_states, value_states)
         mode = self.mode
-        if isinstance(mode, _Prefill) and mode.rows is not None:
+        if isinstance(mode, _PrefillRows):
             length = key_states.shape[-2]
             keys[mode.rows, :, :length] = key_states
             values[mode.rows, :, :length] = value_states

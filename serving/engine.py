@@ -245,33 +245,33 @@ class Engine:
         if self.graphs is not None:
             self.graphs.capture_all()
 
+    def _chosen(self, option: str, choice: str, on: str, off: str) -> bool:
+        """An auto/on/off engine option: `auto` means on for CUDA only (on a CPU the Triton
+        interpreter is too slow to serve with, and launch latency, what these options cut, is moot)."""
+        if choice not in ("auto", on, off):
+            raise ValueError(f"{option} must be auto, {on} or {off}, not {choice!r}")
+        return choice == on or (choice == "auto" and self.device.type == "cuda")
+
     def _install_decode_attention(self, choice: str):
         """`triton`: one-token attention runs `serving.attention`'s kernel over each row's own
         positions (fewer, cheaper kernels per decode step); `sdpa`: transformers' SDPA over the masked
-        cache; `auto`: triton on CUDA, sdpa elsewhere (the interpreter is too slow to serve with)."""
-        if choice not in ("auto", "triton", "sdpa"):
-            raise ValueError(f"decode_attention must be auto, triton or sdpa, not {choice!r}")
-        if choice == "sdpa" or (choice == "auto" and self.device.type != "cuda"):
-            if str(self.model.config._attn_implementation).startswith("gpuyantra_decode"):
-                from serving.attention import uninstall  # a model shared with an earlier engine
+        cache. Either way a model shared with an earlier engine is switched accordingly."""
+        from serving import attention
 
-                uninstall(self.model)
-            return None
-        from serving.attention import install
-
-        return install(self.model, self.cache)
+        if self._chosen("decode_attention", choice, "triton", "sdpa"):
+            return attention.install(self.model, self.cache)
+        attention.uninstall(self.model)
+        return None
 
     def _fuse_projections(self, choice: str) -> int:
         """`on`: q/k/v and gate/up projections run as one GEMM each (`serving/fusion.py`); `off`:
-        as the modeling code wrote them; `auto`: on for CUDA (where small GEMVs are latency-bound)."""
-        if choice not in ("auto", "on", "off"):
-            raise ValueError(f"fuse_projections must be auto, on or off, not {choice!r}")
+        as the modeling code wrote them. Returns the number of fused groups."""
         from serving import fusion
 
-        if choice == "off" or (choice == "auto" and self.device.type != "cuda"):
-            fusion.unfuse(self.model)  # a model shared with an earlier engine
-            return 0
-        return fusion.fuse(self.model)
+        if self._chosen("fuse_projections", choice, "on", "off"):
+            return fusion.fuse(self.model)
+        fusion.unfuse(self.model)
+        return 0
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:
@@ -455,13 +455,15 @@ class Engine:
 
     # ================================================================== forward passes
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                 last_only: bool) -> torch.Tensor:
+                 keep: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits `[rows, positions, V]`: at every position, or only at `keep` (the last `keep`
+        positions, or these position indices) when the model takes `logits_to_keep`."""
         kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
-        if last_only and self._keep_kw:
-            kwargs[self._keep_kw] = 1
+        if keep is not None and self._keep_kw:
+            kwargs[self._keep_kw] = keep
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         self.forward_passes += 1
-        return out.logits[:, -1, :]
+        return out.logits
 
     def prefill_row(self, row: int, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Prefill one cache row with a prompt; returns the last position's logits [1, V]."""
@@ -471,7 +473,7 @@ class Engine:
         mask = prefill_mask(length, 0, self.dtype, self.device)
         self.cache.set_prefill(row, 0)
         with torch.no_grad():
-            return self._forward(ids, positions, mask, last_only=True)
+            return self._forward(ids, positions, mask, keep=1)[:, -1, :]
 
     def prefill_rows(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Prefill several cache rows in one forward pass (prompts right-padded to the longest; the
@@ -486,14 +488,9 @@ class Engine:
         mask = prefill_mask(length, 0, self.dtype, self.device)
         last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
         self.cache.set_prefill_rows(rows)
-        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
-        keep = None
-        if self._keep_kw:
-            keep = torch.unique(last)  # logits only at the positions some row ends on
-            kwargs[self._keep_kw] = keep
+        keep = torch.unique(last) if self._keep_kw else None  # logits only where some row ends
         with torch.no_grad():
-            logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs).logits
-        self.forward_passes += 1
+            logits = self._forward(ids, positions, mask, keep=keep)
         column = torch.searchsorted(keep, last) if keep is not None else last
         return logits[torch.arange(len(rows), device=self.device), column]
 
@@ -512,7 +509,7 @@ class Engine:
         self.cache.set_decode(n, pos, kv_len)
         mask = decode_mask(pos, kv_len, self._arange, self.dtype)
         with torch.no_grad():
-            return self._forward(ids, pos[:, None], mask, last_only=False)
+            return self._forward(ids, pos[:, None], mask)[:, -1, :]
 
     def _clean_pass(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Run one forward pass. If a swapped kernel raised during it (that call fell back to the

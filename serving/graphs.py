@@ -69,7 +69,7 @@ class GraphDecoder:
         cache.set_decode(b, st["pos"], cache.max_len)
         mask = decode_mask(st["pos"], cache.max_len, self.engine._arange, self.engine.dtype)
         with torch.no_grad():
-            return self.engine._forward(st["ids"], st["pos"][:, None], mask, last_only=False)
+            return self.engine._forward(st["ids"], st["pos"][:, None], mask)[:, -1, :]
 
     def bucket_for(self, n: int) -> int:
         for b in self.buckets:

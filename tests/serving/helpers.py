@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,3 +124,17 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
         if line.startswith(key + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+# Prompts of different lengths (5, 3, 7, 3, 4 tokens) for the in-process engine tests.
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3, 3], [400, 401, 402, 403]]
+
+
+def reference_greedy(model, prompt, steps):
+    """Greedy tokens from full forwards without a cache: the oracle of every engine path."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+

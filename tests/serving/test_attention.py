@@ -69,7 +69,7 @@ def test_scratch_rows_attend_to_their_own_slot_only():
 def test_engine_with_triton_decode_attention_generates_the_reference_tokens(tmp_path, cuda_graphs):
     from serving.engine import Engine, GenRequest
     from serving.models import load_model
-    from tests.serving.test_engine import PROMPTS, reference_greedy
+    from tests.serving.helpers import PROMPTS, reference_greedy
 
     engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=4, max_seq_len=64,
                     cuda_graphs=cuda_graphs, decode_attention="triton")

@@ -6,23 +6,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
 
 from gpuyantra.swap import swapped_id
 from serving import engine as engine_module
 from serving.engine import Engine, GenRequest, RequestError
 from serving.models import load_model
-from tests.serving.helpers import RMS_NORM_KERNEL
-
-PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3, 3], [400, 401, 402, 403]]
-
-
-def reference_greedy(model, prompt, steps):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(steps):
-            ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+from tests.serving.helpers import PROMPTS, RMS_NORM_KERNEL, reference_greedy
 
 
 def make_engine(tmp_path, preset="tiny-qwen2", **kw):

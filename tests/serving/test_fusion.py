@@ -43,7 +43,7 @@ def test_fused_model_matches_and_weights_stay_live():
 
 def test_engine_with_fusion_attention_and_swaps_serves_the_reference_tokens(tmp_path):
     from serving.engine import Engine, GenRequest
-    from tests.serving.test_engine import PROMPTS, reference_greedy
+    from tests.serving.helpers import PROMPTS, reference_greedy
 
     loaded = load_model("tiny-qwen2")
     want = [reference_greedy(loaded.model, p, 4) for p in PROMPTS]

@@ -13,7 +13,7 @@ from gpuyantra.swap import SwapEngine, swapped_function_id
 from serving import engine as engine_module
 from serving.engine import Engine
 from serving.models import load_model
-from tests.serving.helpers import REPO
+from tests.serving.helpers import REPO, reference_greedy
 
 ROPE_KERNEL = REPO / "gpuyantra" / "kernels" / "rope.py"
 DOTTED = "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
@@ -33,14 +33,6 @@ def restore_global():
     """The modeling module is process-wide: every test leaves the original function in place."""
     yield
     modeling_qwen2.apply_rotary_pos_emb = ORIGINAL
-
-
-def reference_greedy(model, prompt, steps):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(steps):
-            ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def make_engine(tmp_path):
