@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import platform
+from datetime import datetime
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from workflows.types import LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, WriteInput, WriteResult
+from workflows.types import (CampaignInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, WriteInput,
+                             WriteResult)
 
 
 @activity.defn(name="retrieve_skills")
@@ -88,6 +92,26 @@ def learn_skill(request: LearnInput) -> str:
         return store.upsert(skill)
 
 
-ACTIVITIES = [retrieve_skills, record_outcome, write_candidate, learn_skill]
+@activity.defn(name="preflight_campaign")
+async def preflight_campaign(params: CampaignInput) -> None:
+    """Refuse, before any GPU work, unknown op names and a second campaign on the same server."""
+    from gpuyantra.campaign_client import refusal, running_campaign, unknown_ops
+
+    unknown = await asyncio.to_thread(unknown_ops, params.ops or [])  # the registry imports torch
+    if unknown:
+        raise ApplicationError(f"invalid campaign input: {unknown}", type="InvalidInput", non_retryable=True)
+    info = activity.info()
+    running = await running_campaign(activity.client(), params.server_url, info.workflow_id,
+                                     started=await _started(info.workflow_id, info.workflow_run_id))
+    if running is not None:
+        raise ApplicationError(refusal(params.server_url, running), type="CampaignConflict", non_retryable=True)
+
+
+async def _started(workflow_id: str, run_id: str | None) -> datetime:
+    description = await activity.client().get_workflow_handle(workflow_id, run_id=run_id).describe()
+    return description.start_time
+
+
+ACTIVITIES = [retrieve_skills, record_outcome, write_candidate, learn_skill, preflight_campaign]
 
 

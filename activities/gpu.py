@@ -33,7 +33,8 @@ def benchmark_server(call: ServerCall) -> dict[str, Any]:
 
 @activity.defn(name="deploy_kernel")
 def deploy_kernel(request: DeployInput) -> dict[str, Any]:
-    body = {"source": request.source, "module_class": request.target.get("qualified_class")}
+    body = {"source": request.source, "module_class": request.target.get("qualified_class"),
+            "attestation": request.attestation}  # the server swaps only the bytes this attests
     return admin_post(request.server_url, "/admin/swap", body)
 
 
@@ -46,7 +47,7 @@ def rollback_swap(request: RollbackInput) -> dict[str, Any]:
 def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     """Write the candidate to a real file (kept: it is the audit trail) and run the trust anchor."""
     from gpuyantra.triton_env import prepare
-    from gpuyantra.verifier import verify
+    from gpuyantra.verifier import run_verification
 
     device = prepare(request.device)
     folder = config.candidates_dir() / request.campaign_id
@@ -57,8 +58,9 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     shapes = [list(s) for s in target.get("shapes", [])] or None
     # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
     dtypes = [target["dtype"]] if target.get("dtype") and device != "cpu" else None
-    verdict = with_heartbeat(lambda: verify(path, device=device, module_class=target.get("qualified_class"),
-                                            shapes=shapes, dtypes=dtypes))
+    # keep_warm: the next verification on this worker finds its sandbox child started.
+    verdict = with_heartbeat(lambda: run_verification(path, device=device, module_class=target.get("qualified_class"),
+                                                      shapes=shapes, dtypes=dtypes, keep_warm=device == "cuda"))
     result = verdict.to_dict()
     result.setdefault("device", device)
     result["candidate_path"] = str(path)

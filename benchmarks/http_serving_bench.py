@@ -3,8 +3,8 @@
 calling `/v1/completions`, the campaign's kernels swapped in through `/admin/swap` while it serves.
 
 Phases: (1) C concurrent clients for each C in --clients, on the server as started; (2) the swaps
-(rms_norm, rope, silu_mul templates) posted one by one while a background client keeps sending
-requests (none may fail); (3) the same client runs again; (4) `/admin/rollback {"all": true}`, then
+(rms_norm, rope, silu_mul templates, each verified first and posted with its verdict's attestation)
+posted one by one while a background client keeps sending requests (none may fail); (3) the same client runs again; (4) `/admin/rollback {"all": true}`, then
 a completion and `/admin/kernels`, `/metrics` read back. Tokens/s counts completion tokens over
 wall time, with greedy decoding and `max_tokens` per request.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -64,6 +65,24 @@ def load_phase(url: str, clients: int, requests: int, max_tokens: int) -> dict:
             "tokens_per_s": round(tokens / wall, 1), "texts": [o["text"] for o in outs]}
 
 
+def attest_templates(device: str, smoke: bool) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Verify each template (untimed, one seed in a smoke run: only the attestation is needed)."""
+    from gpuyantra.triton_env import prepare
+
+    prepare(device)
+    from gpuyantra.verifier import run_verification
+
+    proofs, summary = {}, {}
+    for name in SWAPS:
+        verdict = run_verification(REPO / "gpuyantra" / "kernels" / f"{name}.py", device=device, benchmark=False,
+                                   seeds=(0,) if smoke else None)
+        proofs[name] = verdict.attestation
+        summary[name] = {"reward": verdict.reward, "seconds": verdict.seconds,
+                         "failures": [f.to_dict() for f in verdict.failures][:3]}
+        print(f"verify {name}: reward {verdict.reward:+d} in {verdict.seconds:.1f}s", flush=True)
+    return proofs, summary
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.smoke:
@@ -74,7 +93,11 @@ def main(argv=None) -> int:
         extra.append("--cuda-graphs")
     env = {"TRITON_INTERPRET": "1"} if args.smoke else {}
     state = Path(tempfile.mkdtemp(prefix="gy-http-bench-"))
+    # The server (--state-dir) and this process's verifier share the attestation key through this
+    # folder, unless $GPUYANTRA_ATTESTATION_KEY gives both the same key.
+    os.environ["GPUYANTRA_STATE_DIR"] = str(state)
     out: dict = {"config": vars(args), "phases": {}, "errors": []}
+    proofs, out["verified"] = attest_templates(device, args.smoke)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     t0 = time.perf_counter()
     server = start_server(args.model, state, free_port(), TOKEN, device=device, extra_args=extra, env=env,
@@ -106,7 +129,8 @@ def main(argv=None) -> int:
         for name in SWAPS:
             t = time.perf_counter()
             r = httpx.post(f"{url}/admin/swap", headers=auth, timeout=600,
-                           json={"path": str(REPO / "gpuyantra" / "kernels" / f"{name}.py")})
+                           json={"path": str(REPO / "gpuyantra" / "kernels" / f"{name}.py"),
+                                 "attestation": proofs[name]})
             body = r.json()
             swaps.append({"op": name, "http": r.status_code, "seconds": round(time.perf_counter() - t, 2),
                           "status": body.get("status"), "modules": body.get("modules"),

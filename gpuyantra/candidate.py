@@ -6,6 +6,7 @@ from a file that stays on disk for as long as the kernel may be re-specialized.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import sys
@@ -30,11 +31,26 @@ class Candidate:
 
 
 def read_source(path: str | Path) -> str:
+    """The file's text, decoded as UTF-8 with no newline translation: `text.encode()` gives back
+    exactly the bytes on disk, so a digest of the text is a digest of the file."""
     path = Path(path)
     try:
-        return path.read_text()
+        return path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CandidateError(f"cannot read candidate file {path}: {exc}") from exc
+
+
+def read_op(source: str) -> str | None:
+    """The string literal assigned to OP at module level, read without running anything."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in stmt.targets) \
+                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            return stmt.value.value
+    return None
 
 
 def source_digest(source: str) -> str:

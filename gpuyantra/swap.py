@@ -87,6 +87,13 @@ class CandidateLoadError(SwapError):
     status = "invalid_candidate"
 
 
+class SwapForbidden(SwapError):
+    """The candidate's bytes are not what the verifier accepted (or carry no attestation)."""
+
+    http_status = 403
+    status = "forbidden"
+
+
 class SwapRejected(SwapError):
     """The candidate is valid but fits no module of this model."""
 
@@ -274,9 +281,14 @@ class SwapEngine:
         module_class: str | None = None,
         live_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[Sequence[int]]] | None = None,
         swap_id: str | None = None,
+        admit: Callable[[bytes], str | None] | None = None,
         _reapply_record: SwapRecord | None = None,
     ) -> SwapRecord:
-        """Load, bind, check parity, commit. Raises a `SwapError` subclass when nothing changed."""
+        """Load, bind, check parity, commit. Raises a `SwapError` subclass when nothing changed.
+
+        `admit` sees the exact bytes about to be imported (the kept copy) and returns why they may
+        not be, or None; it runs before the candidate's code does.
+        """
         with self._op_lock:
             if _reapply_record is not None:
                 swap_id = _reapply_record.swap_id
@@ -287,6 +299,10 @@ class SwapEngine:
             else:
                 swap_id = swap_id or self._new_id()
                 kept, origin, source_path = self._keep_file(swap_id, path, source)
+                refused = admit(kept.read_bytes()) if admit is not None else None
+                if refused:
+                    kept.unlink(missing_ok=True)
+                    raise SwapForbidden(refused)
             try:
                 candidate = load_candidate(kept)
             except CandidateError as exc:
@@ -549,7 +565,7 @@ class SwapEngine:
         group_of = {name: g for g in groups for name in g.names}
         max_abs = 0.0
         max_rel = 0.0
-        checked = 0
+        checked = perturbed = 0
         used_shapes: set[Shape] = set()
         with torch.no_grad():
             for index, (name, module) in enumerate(targets):
@@ -561,18 +577,24 @@ class SwapEngine:
                 for k, rows in enumerate(rows_by_group[group_of[name].qualified_class]):
                     gen = torch.Generator().manual_seed(self.seed + 7919 * k + index)
                     acts = family.activations_for_module(module, rows, dtype, device, gen)
-                    wants.append((acts, as_tuple(family.module_call(module, *acts))))
+                    # The first rows run once more with every bound float attribute moved off its
+                    # live value on the module itself: a kernel with a baked-in eps fails here.
+                    for scalars in ({}, perturbed_scalars(module, live.candidate.adapter, gen))[: 2 if k == 0 else 1]:
+                        with attributes_set(module, scalars):
+                            wants.append((acts, scalars, as_tuple(family.module_call(module, *acts))))
                 _bind(module, live, original)
-                for acts, want in wants:
+                for acts, scalars, want in wants:
                     shape = tuple(acts[0].shape)
-                    got = as_tuple(family.module_call(module, *acts))
+                    with attributes_set(module, scalars):
+                        got = as_tuple(family.module_call(module, *acts))
+                    perturbed += bool(scalars)
                     abs_err, rel_err = compare_outputs(name, got, want, shape, atol, rtol, dtype)
                     max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
                     checked += 1
                     used_shapes.add(shape)
         return {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
                 "shapes": sorted([list(s) for s in used_shapes]), "dtype": str(dtype).replace("torch.", ""),
-                "atol": atol, "rtol": rtol, "modules": len(targets)}
+                "atol": atol, "rtol": rtol, "modules": len(targets), "perturbed_scalar_checks": perturbed}
 
     # -- function-level swaps ------------------------------------------------------------------------
     def _swap_functions(self, family: OpFamily, candidate: Candidate, sites: list["FunctionSite"], swap_id: str,
@@ -1117,6 +1139,34 @@ def probe_model_forward(model: torch.nn.Module, tokens: int = 8) -> Callable[[],
 
     return run
 
+
+
+def perturbed_scalars(module: torch.nn.Module, adapter: Sequence[Mapping[str, str]],
+                      generator: torch.Generator) -> dict[str, float]:
+    """A value far from the live one for every float attribute the ADAPTER binds. Small ones (eps)
+    move by 0.5 to 2, comparable to the probe rows' mean square, so ignoring them shows in any dtype;
+    others scale by 0.5x to 2x (never exactly 1x)."""
+    out: dict[str, float] = {}
+    for binding in adapter:
+        value = getattr(module, binding["module_attr"], None)
+        if isinstance(value, float) and not isinstance(value, bool):
+            u = float(torch.rand((), generator=generator))
+            out[binding["module_attr"]] = value + 0.5 + 1.5 * u if abs(value) < 0.01 else \
+                value * (0.5 + 0.4 * u if u < 0.5 else 1.25 + 1.5 * (u - 0.5))
+    return out
+
+
+@contextlib.contextmanager
+def attributes_set(module: torch.nn.Module, values: Mapping[str, Any]):
+    """Set module attributes for the duration of a check, restoring the live values after."""
+    saved = {name: getattr(module, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def compare_outputs(where: str, got: tuple, want: tuple, shape: tuple, atol: float, rtol: float,

@@ -6,6 +6,9 @@ Public: `POST /v1/completions` (OpenAI-compatible, streaming), `GET /v1/models`,
 Admin (bearer token): `GET /admin/kernels`, `POST /admin/swap`, `POST /admin/rollback`,
 `POST /admin/profile`, `POST /admin/benchmark`. Without the token (or with a wrong one) they answer
 401, before the body is even read; with no token configured they are disabled (401 too, saying so).
+`/admin/swap` swaps only bytes the verifier accepted: it checks the request's `attestation` against
+the SHA-256 of the bytes it would import and answers 403 otherwise (`--allow-unverified-swaps`
+turns that into a logged warning).
 Malformed bodies get 422 with `detail` (FastAPI's list) and `message` (one readable line).
 
 Differences from OpenAI worth knowing: `temperature` defaults to 0 (greedy); `n` must be 1;
@@ -25,7 +28,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuyantra import attestation
 from gpuyantra.swap import SwapError
 from serving.engine import Engine, GenRequest, RequestError
 from serving.metrics import Metrics
@@ -57,6 +61,7 @@ class ServeConfig:
     max_seq_len: int | None = None
     max_parity_shapes: int = 4
     graph_buckets: list[int] | None = None
+    allow_unverified_swaps: bool = False  # swap without a valid attestation, with a warning each time
 
     def resolved_state_dir(self) -> Path:
         if self.state_dir:
@@ -137,6 +142,21 @@ class CompletionRequest(BaseModel):
         return v
 
 
+class Attestation(BaseModel):
+    """The verifier's signed record of an accepted candidate: the verdict's `attestation`, as is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    digest: str = Field(..., pattern="^[0-9a-f]{64}$",
+                        description="SHA-256 (hex) of the candidate file's bytes the verifier read")
+    op: str = Field(..., description="the candidate's OP, as the verifier read it")
+    reward: int = Field(..., description="the verdict's reward; only +1 and above are swapped")
+    device: str = Field(..., description="where it was verified (cpu or cuda); must be the server's device")
+    signature: str = Field(..., pattern="^[0-9a-f]{64}$",
+                           description="HMAC-SHA256 (hex), under the key shared by workers and server, of "
+                                       "the canonical JSON of {digest, op, reward, device}")
+
+
 class SwapBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -145,6 +165,9 @@ class SwapBody(BaseModel):
     module_class: str | None = Field(None, description="restrict the swap to this class (name or dotted)")
     shapes: list[list[int]] | None = Field(
         None, description="input shapes to check parity on, instead of the shapes seen in live traffic")
+    attestation: Attestation | None = Field(
+        None, description="the verdict's attestation of exactly these bytes; required unless the server runs "
+                          "with --allow-unverified-swaps")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -162,6 +185,19 @@ class SwapBody(BaseModel):
                 if len(s) < 2 or any(d < 1 for d in s):
                     raise ValueError(f"each shape needs at least 2 positive dims (rows..., hidden), got {s}")
         return self
+
+
+class SwapRefusalDetail(BaseModel):
+    status: str = Field(..., description="forbidden, invalid_candidate, rejected or rolled_back")
+    reason: str = Field(..., description="one line saying why nothing was swapped")
+    swap_id: str | None = None
+    parity: dict[str, Any] | None = None
+
+
+class SwapRefusal(BaseModel):
+    """Body of a swap the swap engine refused (403, 409; a candidate that does not load: 422)."""
+
+    detail: SwapRefusalDetail
 
 
 class RollbackBody(BaseModel):
@@ -261,6 +297,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         config.admin_token = os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
     metrics = Metrics()
     state = ServerState(config=config, metrics=metrics)
+    # Loaded (or created) now: a key problem stops the server at startup, not at the first swap.
+    attestation_key = attestation.load_key(config.resolved_state_dir())
+    if config.allow_unverified_swaps:
+        log.warning("UNVERIFIED SWAPS ALLOWED (--allow-unverified-swaps): /admin/swap will swap kernels the "
+                    "verifier did not attest; use only for development")
 
     def build() -> None:
         try:
@@ -538,15 +579,33 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                 "graphs": engine.graphs.info() if engine.graphs is not None else None,
                 "state_dir": str(engine.swaps.state_dir), "manifest": str(engine.swaps.manifest_path)}
 
-    @app.post("/admin/swap", dependencies=[Depends(require_admin)])
+    def admission(body: SwapBody, device: str) -> Callable[[bytes], str | None]:
+        """The swap engine's check of the bytes it is about to import (see SwapEngine.swap)."""
+        def admit(source: bytes) -> str | None:
+            if body.attestation is None:
+                reason = "no attestation: start the server with --allow-unverified-swaps to swap unverified kernels"
+            else:
+                reason = attestation.check(source, body.attestation.model_dump(), device, attestation_key)
+            if reason and config.allow_unverified_swaps:
+                log.warning("UNVERIFIED SWAP (--allow-unverified-swaps): %s", reason)
+                return None
+            return reason
+        return admit
+
+    @app.post("/admin/swap", dependencies=[Depends(require_admin)], responses={
+        403: {"model": SwapRefusal, "description": "no valid attestation of these bytes: nothing swapped"},
+        409: {"model": SwapRefusal, "description": "parity failed or no module fits: nothing swapped"}})
     async def swap(body: SwapBody):
         engine = engine_or_503()
+        admit = admission(body, engine.device.type)
         fut = engine.call(lambda: engine.swaps.swap(body.path, source=body.source, module_class=body.module_class,
-                                                    live_shapes=body.shapes), name="swap")
+                                                    live_shapes=body.shapes, admit=admit), name="swap")
         try:
             record = await asyncio.wrap_future(fut)
         except SwapError as exc:
-            if exc.http_status == 422:
+            if exc.http_status == 403:
+                metrics.swaps.labels(result="forbidden").inc()
+            elif exc.http_status == 422:
                 metrics.swaps.labels(result="invalid").inc()
             elif exc.status == "rejected":
                 metrics.swaps.labels(result="rejected").inc()

@@ -34,7 +34,8 @@ class Metrics(EngineObserver):
                                   f"Tokens generated per second over the last {TOKENS_WINDOW_S:g} s", registry=r)
         self.waiting = Gauge("gpuyantra_requests_waiting", "Requests queued for a batch slot", registry=r)
         self.active = Gauge("gpuyantra_requests_active", "Requests in a batch slot", registry=r)
-        self.swaps = Counter("gpuyantra_swaps", "Swap attempts by result (committed, rolled_back, rejected, invalid)",
+        self.swaps = Counter("gpuyantra_swaps",
+                             "Swap attempts by result (committed, rolled_back, rejected, invalid, forbidden)",
                              ["result"], registry=r)
         self.rollbacks = Counter("gpuyantra_rollbacks", "Rollbacks by cause (admin, fallback, parity, reapply)",
                                  ["cause"], registry=r)
@@ -45,7 +46,7 @@ class Metrics(EngineObserver):
         self.active_swaps = Gauge("gpuyantra_active_swaps", "Swaps bound in the live model now", registry=r)
         for status in ("ok", "error", "cancelled"):
             self.requests.labels(status=status)
-        for result in ("committed", "rolled_back", "rejected", "invalid"):
+        for result in ("committed", "rolled_back", "rejected", "invalid", "forbidden"):
             self.swaps.labels(result=result)
         for cause in ("admin", "fallback", "parity", "reapply"):
             self.rollbacks.labels(cause=cause)

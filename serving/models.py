@@ -185,6 +185,9 @@ def _from_config(config: Any, device: str, dtype: torch.dtype, seed: int) -> tor
 def load_model(spec: str, *, random_weights: bool = False, device: str | None = None,
                dtype: str | torch.dtype | None = None, seed: int = 0) -> LoadedModel:
     """Load a preset (always random weights) or a local folder (weights, or config + random)."""
+    problem = model_problem(spec, random_weights)
+    if problem is not None:
+        raise ModelLoadError(problem)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     folder = Path(spec).expanduser()
@@ -193,19 +196,14 @@ def load_model(spec: str, *, random_weights: bool = False, device: str | None = 
         model = _from_config(config, device, torch_dtype, seed)
         tokenizer: Any = ByteTokenizer(int(config.vocab_size))
         name, source, random_weights = spec, "preset", True
-    elif folder.is_dir():
+    else:
         folder = folder.resolve()
-        if not (folder / "config.json").exists():
-            raise ModelLoadError(f"{folder} has no config.json")
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         config = AutoConfig.from_pretrained(folder)
         if random_weights:
             model = _from_config(config, device, torch_dtype, seed)
         else:
-            if not _has_weights(folder):
-                raise ModelLoadError(
-                    f"{folder} holds a config but no weights; pass --random-weights to serve it with random weights")
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa")
             model = model.to(device)
         tokenizer = None
@@ -217,13 +215,26 @@ def load_model(spec: str, *, random_weights: bool = False, device: str | None = 
         if tokenizer is None:
             tokenizer = ByteTokenizer(int(config.vocab_size))
         name, source = str(folder), "folder"
-    else:
-        known = ", ".join(sorted(PRESETS))
-        raise ModelLoadError(f"--model {spec!r} is neither a preset ({known}) nor a local folder")
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=device, dtype=torch_dtype,
                        seed=seed, source=source, random_weights=random_weights)
+
+
+def model_problem(spec: str, random_weights: bool = False) -> str | None:
+    """Why `spec` cannot be served, found without loading anything (so `serve` can refuse before
+    it binds its port); None when it can be."""
+    if spec in PRESETS:
+        return None
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        return f"--model {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a local folder"
+    folder = folder.resolve()
+    if not (folder / "config.json").exists():
+        return f"{folder} has no config.json: pass a Hugging Face model folder or a preset"
+    if not random_weights and not _has_weights(folder):
+        return f"{folder} holds a config but no weights; pass --random-weights to serve it with random weights"
+    return None
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:
@@ -247,4 +258,4 @@ def write_preset_folder(preset: str, folder: str | Path) -> Path:
 
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "ModelLoadError", "PRESETS", "describe", "load_model",
-           "resolve_device", "resolve_dtype", "write_preset_folder"]
+           "model_problem", "resolve_device", "resolve_dtype", "write_preset_folder"]

@@ -4,6 +4,10 @@ must be set before anything imports triton."""
 from __future__ import annotations
 
 import os
+import secrets
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One attestation key for the whole run: the verifier, in-process apps, helpers that sign, and every
+# server and worker process the tests start (they inherit the environment) agree on it.
+os.environ.setdefault("GPUYANTRA_ATTESTATION_KEY", "gpuyantra-tests-" + secrets.token_hex(16))

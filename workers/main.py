@@ -32,25 +32,14 @@ def build_workers(client: Client, role: str, executor: concurrent.futures.Execut
     return workers
 
 
-async def connect(address: str, attempts: int = 60) -> Client:
-    """Connect, retrying for a bounded time while a just-started server comes up."""
-    for attempt in range(attempts):
-        try:
-            return await Client.connect(address)
-        except RuntimeError:
-            if attempt == attempts - 1:
-                raise
-            await asyncio.sleep(0.5)
-    raise AssertionError("unreachable")
-
-
 async def run_workers(role: str, address: str, ready: asyncio.Event | None = None) -> None:
     if role not in ROLES:
         raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(ROLES)}")
+    from gpuyantra.campaign_client import connect
     from gpuyantra.triton_env import prepare
 
+    client = await connect(address)  # first: a wrong address fails in seconds, before torch loads
     device = prepare()
-    client = await connect(address)
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as executor:
         workers = build_workers(client, role, executor)
         log.info("worker %s polling %s on %s (device %s)", role, [w.task_queue for w in workers], address, device)

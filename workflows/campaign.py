@@ -21,10 +21,12 @@ with workflow.unsafe.imports_passed_through():
         ServerCall,
         VerifyInput, WriteInput, WriteResult,
     )
+    from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
 
 # GPU activities heartbeat every few seconds: a crashed GPU worker's task moves to another worker
 # after this long, not after the whole start-to-close timeout.
 HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+MAX_NOTICES = 20  # rejected signals kept for the progress query; bounded so a flood cannot grow state
 MAX_REWARD = 3
 CPU_MAX_REWARD = 1  # the interpreter judges correctness only
 RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
@@ -36,31 +38,55 @@ __all__ = ["OptimizeCampaign", "CONTROL_TASK_QUEUE"]
 @workflow.defn(name="OptimizeCampaign")
 class OptimizeCampaign:
     def __init__(self) -> None:
-        self._progress: dict[str, Any] = {"stage": "starting", "targets": {}}
+        self._progress: dict[str, Any] = {"stage": "starting", "targets": {}, "notices": []}
         self._approved: set[str] = set()
         self._rejected_by_user: set[str] = set()
+        self._target_ops: set[str] = set()  # known once the profile is in; signals naming others get a notice
 
     @workflow.query
     def progress(self) -> dict[str, Any]:
         return self._progress
 
+    # Signals take raw arguments (*args) and never raise: an exception in a handler fails the
+    # workflow task, which Temporal retries forever. A malformed signal becomes a notice instead.
     @workflow.signal
-    def approve(self, op: str) -> None:
-        """Approve deploying `op` (or "*" for every op) when the input asked for approval."""
-        self._approved.add(op)
+    def approve(self, *args: Any) -> None:
+        """Approve deploying one op (`"rms_norm"`), or every op (`"*"`, or no argument)."""
+        self._take_decision("approve", args, self._approved)
 
     @workflow.signal
-    def reject(self, op: str) -> None:
-        self._rejected_by_user.add(op)
+    def reject(self, *args: Any) -> None:
+        """Refuse deploying one op, or every op (`"*"`, or no argument); the op is reported, not deployed."""
+        self._take_decision("reject", args, self._rejected_by_user)
+
+    def _take_decision(self, signal: str, args: tuple[Any, ...], into: set[str]) -> None:
+        op, notice = signal_op(signal, args)
+        if op is not None:
+            into.add(op)
+            if op != "*" and self._target_ops and op not in self._target_ops:
+                targets = ", ".join(sorted(self._target_ops))
+                notice = f"{signal} {op!r} matches no target of this campaign ({targets})"
+        if notice is not None:
+            self._progress["notices"] = [*self._progress["notices"], notice][-MAX_NOTICES:]
 
     @workflow.run
-    async def run(self, params: CampaignInput) -> dict[str, Any]:
+    async def run(self, *args: Any) -> dict[str, Any]:
+        # Raw JSON in, checked here: a bad input fails this run at once with the field named, where
+        # the SDK's own decoding into CampaignInput would fail the workflow task again and again.
+        try:
+            params = parse_campaign_input(args)
+        except InvalidInput as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
         campaign_id = workflow.info().workflow_id
         server = ServerCall(params.server_url)
+        if workflow.patched("preflight"):  # campaigns started before this step replay without it
+            self._stage("preflight")
+            await self._preflight(params)
         self._stage("profile")
         profile = await self._gpu("profile_server", server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
         targets = select_targets(profile.get("targets", []), params.ops, params.max_targets)
+        self._target_ops = {t["op"] for t in targets}
         self._stage("e2e-before")
         before = await self._gpu("benchmark_server", server, timedelta(minutes=10))
         tokens_now = before.get("tokens_per_s")
@@ -152,7 +178,9 @@ class OptimizeCampaign:
         progress["stage"] = "deploy"
         try:
             swap = await self._gpu("deploy_kernel", DeployInput(server_url=params.server_url, target=target,
-                                                                 source=written.source), timedelta(minutes=10))
+                                                                 source=written.source,
+                                                                 attestation=verdict.get("attestation")),
+                                   timedelta(minutes=10))
         except ActivityError as exc:
             return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
         summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
@@ -178,6 +206,19 @@ class OptimizeCampaign:
         decided = lambda: bool({op, "*"} & (self._approved | self._rejected_by_user))  # noqa: E731
         await workflow.wait_condition(decided)
         return not ({op, "*"} & self._rejected_by_user)
+
+    async def _preflight(self, params: CampaignInput) -> None:
+        """Op names (the registry needs torch) and one campaign per server (needs the Temporal
+        client) are checked by an activity; its refusal ends the campaign with the same message."""
+        try:
+            await workflow.execute_activity("preflight_campaign", params, task_queue=CPU_TASK_QUEUE,
+                                            start_to_close_timeout=timedelta(minutes=1), retry_policy=RETRY)
+        except ActivityError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type in ("InvalidInput", "CampaignConflict"):
+                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from exc
+            raise ApplicationError(f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed",
+                                   non_retryable=True) from exc
 
     async def _gpu(self, activity: str, arg: Any, timeout: timedelta) -> dict[str, Any]:
         try:

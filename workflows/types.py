@@ -85,6 +85,7 @@ class DeployInput:
     server_url: str
     target: dict[str, Any]
     source: str
+    attestation: dict[str, Any] | None = None  # the verdict's signed record of exactly `source`
 
 
 @dataclass

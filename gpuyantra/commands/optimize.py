@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ops", type=comma_list, default=None, help="op families to optimize, comma separated")
     parser.add_argument("--min-reward", type=int, choices=[1, 2, 3], default=3,
                         help="least verifier reward a kernel needs to be deployed (CPU-only setups: 1)")
-    parser.add_argument("--max-iterations", type=positive_int, default=6)
+    parser.add_argument("--max-iterations", type=iterations, default=6)
     parser.add_argument("--require-approval", action="store_true",
                         help="wait for the `approve` signal before each deployment")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
@@ -31,32 +31,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def comma_list(text: str) -> list[str]:
-    from gpuyantra.ops import UnknownOpError, get_op
+    from gpuyantra.campaign_client import unknown_ops
 
     names = [part.strip() for part in text.split(",") if part.strip()]
-    try:
-        for name in names:
-            get_op(name)
-    except UnknownOpError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    unknown = unknown_ops(names)
+    if unknown:
+        raise argparse.ArgumentTypeError(unknown)
     return names
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+def iterations(text: str) -> int:
+    from workflows.inputs import RANGES  # the workflow's own bounds: refuse here what it would refuse
+
+    value, (low, high) = int(text), RANGES["max_iterations"]
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be between {low} and {high}")
     return value
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuyantra.campaign_client import start_campaign
+    from gpuyantra.campaign_client import CampaignRefused, TemporalUnreachable, start_campaign
     from workflows.types import CampaignInput
 
     try:
         check_reachable(args.server)
     except ServerError as exc:
-        print(f"gpuyantra optimize: {exc}", file=sys.stderr)
+        print(f"gpuyantra optimize: {exc}; start it with `gpuyantra serve` or fix --server", file=sys.stderr)
         return 1
     params = CampaignInput(server_url=args.server, ops=args.ops, min_reward=args.min_reward,
                            max_iterations=args.max_iterations, require_approval=args.require_approval,
@@ -64,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
     address = args.temporal or config.temporal_address()
     try:
         result = asyncio.run(start_campaign(address, params, wait=args.wait))
-    except RuntimeError as exc:
-        print(f"gpuyantra optimize: cannot reach Temporal at {address}: {exc}", file=sys.stderr)
+    except (TemporalUnreachable, CampaignRefused) as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"gpuyantra optimize: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - a failed workflow: show its cause, not a traceback
         print(f"gpuyantra optimize: campaign failed: {describe_failure(exc)}", file=sys.stderr)

@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default: 8000)")
     p.add_argument("--admin-token", default=None,
                    help="bearer token of the /admin routes (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)")
     p.add_argument("--state-dir", default=None,
@@ -46,6 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
     p.add_argument("--max-parity-shapes", type=int, default=4,
                    help="live input shapes a swap checks parity on per module class (default: 4)")
+    p.add_argument("--allow-unverified-swaps", action="store_true",
+                   help="let /admin/swap swap kernels without a valid verifier attestation (logged as a warning "
+                        "each time); for development only")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(handler=run)
 
@@ -62,11 +65,17 @@ def run(args: argparse.Namespace) -> int:
     if args.max_batch < 1:
         print("gpuyantra serve: --max-batch must be at least 1", file=sys.stderr)
         return 2
+    _ensure_serving_importable()
+    from serving.models import model_problem
+
+    problem = model_problem(args.model, args.random_weights)
+    if problem is not None:  # before the port is bound: a server that can never be ready must not start
+        print(f"gpuyantra serve: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
 
-    _ensure_serving_importable()
     from serving.app import ServeConfig, create_app
 
     token = args.admin_token or os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
@@ -76,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token, cuda_graphs=args.cuda_graphs,
         decode_attention=args.decode_attention, fuse_projections=args.fuse_projections,
         max_batch=args.max_batch, max_seq_len=args.max_seq_len, max_parity_shapes=args.max_parity_shapes,
+        allow_unverified_swaps=args.allow_unverified_swaps,
     )
     if token is None:
         print("gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
@@ -85,6 +95,13 @@ def run(args: argparse.Namespace) -> int:
           f"(ready when GET /readyz answers 200)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def port_number(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535)")
+    return port
 
 
 def _ensure_serving_importable() -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Callable
+
+QDRANT_TIMEOUT_S = 10.0
 
 
 def register(subparsers) -> None:
@@ -26,29 +29,49 @@ def register(subparsers) -> None:
     p.add_argument("--op", help="only this op family")
     p.add_argument("--hardware", help="only this hardware class")
     p.add_argument("--json", action="store_true", help="print a JSON array (sources left out)")
-    p.set_defaults(handler=_list)
+    p.set_defaults(handler=_reachable(_list))
 
     p = sub.add_parser("show", parents=[where], help="one skill in full")
     p.add_argument("id", help="skill id, or a unique prefix of one")
     p.add_argument("--source", action="store_true", help="print only the kernel source")
-    p.set_defaults(handler=_show)
+    p.set_defaults(handler=_reachable(_show))
 
     p = sub.add_parser("export", parents=[where], help="write the library as JSON Lines")
     p.add_argument("file", help="output .jsonl file ('-' for stdout)")
     p.add_argument("--op", help="only this op family")
-    p.set_defaults(handler=_export)
+    p.set_defaults(handler=_reachable(_export))
 
     p = sub.add_parser("import", parents=[where], help="upsert the skills of a JSON Lines export")
     p.add_argument("file", help="input .jsonl file")
-    p.set_defaults(handler=_import)
+    p.set_defaults(handler=_reachable(_import))
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
 
 
 def _store(args):
     from gpuyantra.skills import SkillStore
 
-    return SkillStore(path=args.qdrant_path, url=args.qdrant_url) if (args.qdrant_path or args.qdrant_url) \
-        else SkillStore()
+    if args.qdrant_url:  # lock_timeout is also the server client's request timeout: keep the CLI's wait short
+        return SkillStore(url=args.qdrant_url, lock_timeout=QDRANT_TIMEOUT_S)
+    return SkillStore(path=args.qdrant_path) if args.qdrant_path else SkillStore()
+
+
+def _reachable(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """One line and exit 1 when the Qdrant server does not answer, instead of a client traceback."""
+    def run(args: argparse.Namespace) -> int:
+        from qdrant_client.http.exceptions import ResponseHandlingException
+
+        try:
+            return handler(args)
+        except ResponseHandlingException:
+            if getattr(args, "debug", False):
+                raise
+            from gpuyantra import config
+
+            url = args.qdrant_url or config.qdrant_url()
+            print(f"gpuyantra skills: cannot reach Qdrant at {url}: start it, or drop --qdrant-url "
+                  f"(and GPUYANTRA_QDRANT_URL) to use the local folder", file=sys.stderr)
+            return 1
+    return run
 
 
 def _fmt(value, spec: str = ".2f") -> str:

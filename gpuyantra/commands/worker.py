@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 from gpuyantra import config
 
@@ -21,13 +22,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuyantra.campaign_client import TemporalUnreachable
     from workers.main import run_workers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     address = args.temporal or config.temporal_address()
     try:
         asyncio.run(run_workers(args.role, address))
-    except RuntimeError as exc:
-        print(f"gpuyantra worker: cannot reach Temporal at {address}: {exc}")
+    except TemporalUnreachable as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"gpuyantra worker: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -73,6 +73,13 @@ class OpFamily:
     known_functions: tuple[str, ...] = ()
     # Number of outputs `entry` returns: 1 for a tensor, n > 1 for a tuple of n tensors.
     n_outputs: int = 1
+    # What each activation holds, for the verifier's activation-like inputs: "stream" (a residual
+    # stream: offsets and outliers), "gate" (feeds exp: values past its overflow point) or "bounded"
+    # (left as made, e.g. rope's cos/sin). Empty: every activation is a "stream".
+    activation_roles: tuple[str, ...] = ()
+    # adapt_shape(shape) -> the nearest shape this family accepts (e.g. rope needs an even head dim),
+    # applied to the verifier's fixed stress shapes. None: every shape is valid.
+    adapt_shape: Callable[[Sequence[int]], Sequence[int]] | None = None
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) for outputs of `dtype`, measured against a float64 reference."""

@@ -126,6 +126,8 @@ FAMILY = register(
         module_filter=is_parameterless_leaf,
         known_functions=tuple(f"transformers.models.{m}.modeling_{m}.apply_rotary_pos_emb" for m in _MODELS),
         n_outputs=2,
+        activation_roles=("stream", "stream", "bounded", "bounded"),
+        adapt_shape=lambda shape: [*shape[:-1], int(shape[-1]) + int(shape[-1]) % 2],  # rotate-half: even D
     )
 )
 

@@ -96,7 +96,9 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
 
 
 def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dtype: str,
-                param_specs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+                param_specs: Sequence[dict[str, Any]], cached: dict[str, float] | None = None) -> dict[str, Any]:
+    """Time the candidate and eager (interleaved), then each torch.compile mode unless `cached` holds
+    its time from an earlier verification of the same op, shape, dtype, device and versions."""
     sets = [make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000 + k, 1.0), param_specs, "cuda")
             for k in range(N_INPUT_SETS)]
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
@@ -129,6 +131,9 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
             row[key] = statistics.median(samples[key]) if samples[key] else None
         return row.get("kernel_us") is not None
 
+    seconds: dict[str, float] = {}
+    row["seconds"] = seconds
+    started = time.perf_counter()
     with torch.no_grad():
         # Candidate and eager first, interleaved, before anything is compiled in this process (a
         # compiled reduce-overhead function alive in the process was seen to inflate eager timings).
@@ -136,8 +141,14 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
         if not rounds({"kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None),
                        "eager_us": (lambda i: eager(*sets[i][0], **sets[i][1]), None)}):
             return row
+        seconds["kernel_and_eager"] = round(time.perf_counter() - started, 3)
         torch._dynamo.reset()
         for key, mode in (("compile_us", "default"), ("compile_ro_us", "reduce-overhead")):
+            if cached and isinstance(cached.get(key), (int, float)):
+                row[key] = float(cached[key])
+                row.setdefault("cached", []).append(key)
+                continue
+            started = time.perf_counter()
             try:
                 compiled = torch.compile(make_reference(mode.replace("-", "_")), mode=mode, dynamic=False)
                 step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) \
@@ -152,6 +163,7 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
                 row["errors"][key] = f"{type(exc).__name__}: {exc}"[:1000]
                 continue
             rounds({key: ((lambda i, c=compiled: c(*sets[i][0], **sets[i][1])), step)})
+            seconds[key.replace("_us", "")] = round(time.perf_counter() - started, 3)
             del compiled
         torch._dynamo.reset()  # also drops CUDA-graph trees before the next shape's eager timings
     row["bytes"] = int(family.bytes_moved(tuple(shape), sets[0][0][0].dtype))

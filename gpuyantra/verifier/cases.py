@@ -17,6 +17,35 @@ SEEDS = (0, 1, 2, 3, 4)
 RECHECK_SEEDS = (101,)
 # x1, x3, x0.01 and negated: scale-dependent bugs (eps misuse), sign bugs, all-positive hacks.
 SCALES = (1.0, 3.0, 0.01, -1.0)
+# Seeds whose cases keep every bound scalar (eps, ...) at the module's live value; the other seeds
+# draw each scalar from a range around it, so a kernel that bakes in a constant fails there.
+LIVE_SCALAR_SEEDS = (0,)
+
+# Activation-like distributions (see `realistic`): what real residual streams and gates hold and
+# N(0, 1) never shows. "offset": every row's mean far from zero relative to its spread
+# (catastrophic cancellation of a one-pass variance, exp overflow without a max shift, x*x overflow
+# in 16-bit); "outliers": N(0, 1) with a few elements per row near the top of the dtype's safe range
+# (sums of squares in 16-bit) and gates past exp's float32 overflow point (e^g / (1 + e^g)).
+ACTIVATION_DISTRIBUTIONS = ("offset", "outliers")
+ACTIVATION_SEEDS = (0, 1)
+# (mean offset, spread) per dtype for "offset": |mean| / spread of 500-2000 where the dtype can still
+# express the spread (bfloat16 keeps 8 bits, so its spread must grow with the offset).
+OFFSET = {"float16": (500.0, 1.0), "bfloat16": (2000.0, 16.0), "float32": (2000.0, 1.0)}
+# Largest outlier per dtype for "outliers": float16 values of several hundred, others in the thousands.
+OUTLIER_PEAK = {"float16": 600.0, "bfloat16": 4000.0, "float32": 4000.0}
+# Gates (role "gate") reach past exp's float32 overflow point (about 88.7) in both signs.
+GATE_PEAK = 200.0
+
+# Shapes past every common cap: more rows than a capped grid covers (1024 programs; 65,535 in a
+# CUDA grid's y/z dimension) and more columns than one tile holds (4096, 16384), odd sizes. They run
+# once, in the first dtype (caps do not depend on the values; one unwritten element already fails).
+# On the CPU the interpreter runs each program in Python (about 5 ms a program), so rows stop just
+# past a 1024-program cap there; CUDA goes past the 65,535 of a grid's y/z dimension.
+STRESS_SHAPES = {
+    "cpu": [[1031, 8], [2, 16411]],
+    "cuda": [[70001, 96], [3, 20011]],
+}
+STRESS_DISTRIBUTIONS = ("normal",)
 
 # Hidden shapes the candidate never sees in advance: non-power-of-two H, one row, many rows, 3-D.
 # The CPU set is small because Triton's interpreter runs every program in Python.
@@ -41,10 +70,15 @@ class Case:
     shape: tuple[int, ...]
     seed: int
     scale: float
+    dist: str = "normal"  # "normal" (N(0, scale^2)) or one of ACTIVATION_DISTRIBUTIONS
+    draw_scalars: bool = False  # bound scalars drawn around their live value (else the live value)
+    stress: bool = False  # a shape from STRESS_SHAPES
 
     def describe(self) -> str:
-        return (f"shape {list(self.shape)} {self.dtype} seed {self.seed} "
-                f"inputs x{self.scale:g}")
+        inputs = f"inputs x{self.scale:g}" if self.dist == "normal" else {
+            "offset": "inputs far from zero mean (offset rows)",
+            "outliers": "inputs with large outliers"}.get(self.dist, f"inputs {self.dist}")
+        return f"shape {list(self.shape)} {self.dtype} seed {self.seed} {inputs}"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -55,7 +89,8 @@ class Case:
     def from_json(cls, data: dict[str, Any]) -> "Case":
         return cls(id=int(data["id"]), phase=str(data["phase"]), dtype=str(data["dtype"]),
                    shape=tuple(int(d) for d in data["shape"]), seed=int(data["seed"]),
-                   scale=float(data["scale"]))
+                   scale=float(data["scale"]), dist=str(data.get("dist", "normal")),
+                   draw_scalars=bool(data.get("draw_scalars", False)), stress=bool(data.get("stress", False)))
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -97,20 +132,45 @@ def cap_elements(shape: list[int], limit: int) -> list[int]:
     return [max(1, limit // max(inner, 1)), *shape[1:]]
 
 
+def stress_shapes(device: str, family: Any = None) -> list[list[int]]:
+    """STRESS_SHAPES for `device`, adapted to the family's shape rules (e.g. rope's even head dim)."""
+    shapes = [list(s) for s in STRESS_SHAPES[device]]
+    adapt = getattr(family, "adapt_shape", None)
+    return [list(adapt(s)) for s in shapes] if adapt is not None else shapes
+
+
 def plan(device: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[str], seeds: Sequence[int] = SEEDS,
-         recheck: bool = False) -> list[Case]:
-    """Every case, grouped by (phase, dtype, shape) so outputs of one group stay alive together."""
+         recheck: bool = False, stress: Sequence[Sequence[int]] = ()) -> list[Case]:
+    """Every case, grouped by (phase, dtype, shape) so outputs of one group stay alive together.
+
+    Per (dtype, shape): every seed x SCALES of N(0, 1) (bound scalars drawn, except on
+    LIVE_SCALAR_SEEDS), then the activation-like distributions on ACTIVATION_SEEDS with live scalars
+    (so a failure there names the inputs, not the constants). `stress` shapes run N(0, 1) once,
+    in the first dtype."""
     cases: list[Case] = []
+
+    def add(phase: str, dtype: str, shape: Sequence[int], seed: int, scale: float, dist: str = "normal",
+            draw: bool = False, is_stress: bool = False) -> None:
+        cases.append(Case(len(cases), phase, dtype, tuple(shape), seed, scale, dist, draw, is_stress))
+
     for dtype in dtypes:
         for shape in shapes:
             for seed in seeds:
                 for scale in SCALES:
-                    cases.append(Case(len(cases), "main", dtype, tuple(shape), seed, scale))
+                    add("main", dtype, shape, seed, scale, draw=seed not in LIVE_SCALAR_SEEDS)
+            for seed in [s for s in seeds if s in ACTIVATION_SEEDS] or list(seeds[:1]):
+                for dist in ACTIVATION_DISTRIBUTIONS:
+                    add("main", dtype, shape, seed, 1.0, dist)
+        for shape in stress if dtype == dtypes[0] else ():
+            for dist in STRESS_DISTRIBUTIONS:
+                add("main", dtype, shape, seeds[0], 1.0, dist, is_stress=True)
     if recheck:
         for shape in shapes:
             for seed in RECHECK_SEEDS:
                 for scale in SCALES:
-                    cases.append(Case(len(cases), "recheck", dtypes[0], tuple(shape), seed, scale))
+                    add("recheck", dtypes[0], shape, seed, scale, draw=True)
+                for dist in ACTIVATION_DISTRIBUTIONS:
+                    add("recheck", dtypes[0], shape, seed, 1.0, dist)
     return cases
 
 
@@ -126,6 +186,10 @@ def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], de
     rows, hidden = tuple(case.shape[:-1]), int(case.shape[-1])
     generator = _generator(case)
     activations = tuple(family.make_activations(rows, hidden, dtype, "cpu", generator, case.scale))
+    if case.dist != "normal":
+        roles = activation_roles(family, len(activations))
+        for tensor, role in zip(activations, roles):
+            realistic(tensor, role, case.dist, case.dtype, generator)
     params: dict[str, Any] = {}
     for spec in param_specs:
         if spec["kind"] == "tensor":
@@ -133,6 +197,8 @@ def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], de
             # Never weight = 1, bias = 0: random values around 0.3 with both signs.
             values = torch.randn(shape, generator=generator, dtype=torch.float32) * 0.5 + 0.3
             params[spec["name"]] = values.to(dtype)
+        elif case.draw_scalars:
+            params[spec["name"]] = draw_scalar(spec["value"], generator)
         else:
             params[spec["name"]] = spec["value"]
     if str(device) != "cpu":
@@ -142,12 +208,24 @@ def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], de
 
 
 def float64_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any]) -> list[torch.Tensor]:
-    """The family's reference on float64 copies of exactly these inputs, as a list of outputs."""
-    acts = [a.detach().to("cpu", torch.float64) for a in activations]
-    kw = {k: v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    """The family's reference on float64 copies of exactly these inputs (on their device), as a list."""
+    acts = [a.detach().to(torch.float64) for a in activations]
+    kw = {k: v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
           for k, v in params.items()}
     with torch.no_grad():
         out = family.reference(*acts, **kw)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def native_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any],
+                     ) -> list[torch.Tensor] | None:
+    """The family's reference on exactly these inputs in their own dtypes (what the module itself
+    computes), or None where the CPU lacks a kernel for that dtype."""
+    try:
+        with torch.no_grad():
+            out = family.reference(*activations, **params)
+    except Exception:  # noqa: BLE001 - no CPU kernel for this dtype: no conditioning slack
+        return None
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
@@ -165,3 +243,52 @@ def expected_outputs(family: Any, activations: Sequence[torch.Tensor], params: d
             out = family.reference(*[meta(a) for a in activations], **{k: meta(v) for k, v in params.items()})
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     return isinstance(out, (tuple, list)), [(o.dtype, tuple(o.shape)) for o in outs]
+
+
+def activation_roles(family: Any, n: int) -> tuple[str, ...]:
+    """Each activation's role: "stream" (residual-stream-like), "gate" (feeds exp) or "bounded"
+    (left as the family makes it, e.g. rope's cos/sin). Families say so in `activation_roles`."""
+    roles = tuple(getattr(family, "activation_roles", ()) or ())
+    return (roles + ("stream",) * n)[:n]
+
+
+def realistic(tensor: torch.Tensor, role: str, dist: str, dtype: str, generator: torch.Generator) -> None:
+    """Reshape (in place, keeping the layout) an N(0, 1)-like activation into distribution `dist`."""
+    if role == "bounded" or tensor.numel() == 0:
+        return
+    base = tensor.to(torch.float32)
+    row_shape = (*tensor.shape[:-1], 1) if tensor.dim() else ()
+    if dist == "offset":
+        offset, spread = OFFSET.get(dtype, OFFSET["float32"])
+        if role == "gate":
+            offset, spread = GATE_PEAK, 2.0
+        sign = torch.randint(0, 2, row_shape, generator=generator).to(torch.float32) * 2 - 1
+        mean = sign * offset * (0.5 + 0.5 * torch.rand(row_shape, generator=generator))
+        values = base * spread + mean
+    elif dist == "outliers":
+        peak = GATE_PEAK if role == "gate" else OUTLIER_PEAK.get(dtype, OUTLIER_PEAK["float32"])
+        floor = 90.0 if role == "gate" else 0.25 * peak
+        width = int(tensor.shape[-1]) if tensor.dim() else 1
+        # At least two outliers per row on average, about 1% of a wide row.
+        chance = max(0.01, 2.0 / max(width, 1))
+        hit = torch.rand(tensor.shape, generator=generator) < chance
+        sign = torch.randint(0, 2, tensor.shape, generator=generator).to(torch.float32) * 2 - 1
+        size = floor + (peak - floor) * torch.rand(tensor.shape, generator=generator)
+        values = torch.where(hit, sign * size, base)
+    else:
+        raise ValueError(f"unknown input distribution {dist!r}")
+    tensor.copy_(values.to(tensor.dtype))
+
+
+def draw_scalar(live: Any, generator: torch.Generator) -> Any:
+    """A bound scalar drawn around its live value: eps-like values (|v| < 0.01) log-uniformly from
+    live/10 to live*100 (they matter where rows are small: the x0.01 inputs), others from x0.5 to x2.
+    Booleans, integers and non-numbers stay live (they select behaviour, not a value)."""
+    if isinstance(live, bool) or not isinstance(live, float):
+        return live
+    u = float(torch.rand((), generator=generator))
+    if live == 0.0:
+        return 10.0 ** (-6 + 4 * u)
+    if abs(live) < 0.01:
+        return live * 10.0 ** (-1 + 3 * u)
+    return live * 2.0 ** (-1 + 2 * u)

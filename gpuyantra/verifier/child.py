@@ -12,6 +12,7 @@ judges nothing. Its stdout and stderr belong to the candidate and are ignored by
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import itertools
 import json
@@ -298,26 +299,60 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
     ctx = {"family": family, "entry": entry, "counter": counter, "recorder": _recorder(counter),
            "device": device, "param_specs": job["param_specs"]}
     cases = [Case.from_json(c) for c in job["cases"]]
+    timings = results.setdefault("timings", {})
     results["stage"] = "correctness"
-    if not run_cases([c for c in cases if c.phase == "main"], ctx, results, outputs):
-        return
+    with _timed(timings, "correctness"):
+        if not run_cases([c for c in cases if c.phase == "main"], ctx, results, outputs):
+            return
     if device == "cuda" and job.get("benchmark"):
         from gpuyantra.verifier import bench
 
         results["stage"] = "benchmark"
         counter.unwrap()
+        waited_from = time.perf_counter()
         try:
-            for shape in job["bench_shapes"]:
-                row = bench.bench_shape(family, entry, shape, job["bench_dtype"], job["param_specs"])
-                results["bench"].append(row)
-                if row.get("kernel_us") is None:
-                    return
+            with _exclusive(job.get("timing_lock")):
+                timings["timing_lock_wait"] = round(time.perf_counter() - waited_from, 3)
+                with _timed(timings, "benchmark"):
+                    for shape in job["bench_shapes"]:
+                        cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
+                        row = bench.bench_shape(family, entry, shape, job["bench_dtype"], job["param_specs"],
+                                                cached)
+                        results["bench"].append(row)
+                        if row.get("kernel_us") is None:
+                            return
         finally:
             counter.rewrap()
         results["stage"] = "recheck"
-        if not run_cases([c for c in cases if c.phase == "recheck"], ctx, results, outputs):
-            return
+        with _timed(timings, "recheck"):
+            if not run_cases([c for c in cases if c.phase == "recheck"], ctx, results, outputs):
+                return
     results["stage"] = "done"
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: str | None):
+    """Hold an exclusive flock on `lock_path` (no other verification times on this GPU meanwhile)."""
+    if not lock_path:
+        yield
+        return
+    import fcntl
+
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], name: str):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.perf_counter() - started, 3)
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
@@ -345,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuyantra.ops import all_ops
 
     all_ops()
+    if args.device == "cuda":
+        torch.cuda.init()  # a warm spare has its context before the job arrives
     raw = sys.stdin.read()
     if not raw.strip():
         return 0  # the parent rejected the candidate before running it
@@ -359,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch as _torch
 
         try:
-            _torch.save(outputs, job["outputs_path"])
+            with _timed(results.setdefault("timings", {}), "save_outputs"):
+                _torch.save(outputs, job["outputs_path"])
         except BaseException as exc:  # noqa: BLE001
             results["harness_error"] = f"saving outputs failed: {type(exc).__name__}: {exc}"[:2000]
         _write_json(job["results_path"], results)

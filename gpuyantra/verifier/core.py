@@ -7,18 +7,18 @@ The candidate's source is read once; the sandbox runs a read-only copy of exactl
 
 from __future__ import annotations
 
-import ast
 import importlib
-import json
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpuyantra.candidate import CandidateError, read_source, source_digest
+from gpuyantra import attestation
+from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
+from gpuyantra.verifier import baselines
 from gpuyantra.verifier import cases as case_plan
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import References, judge, sandbox_failures
-from gpuyantra.verifier.sandbox import Sandbox
+from gpuyantra.verifier.sandbox import keep_spare, take_sandbox
 from gpuyantra.verifier.static import check_source
 from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
 
@@ -35,8 +35,12 @@ def run_verification(path: str | Path, device: str = "cpu", module_class: str | 
                      shapes: Sequence[Sequence[int]] | None = None, dtypes: Sequence[str] | None = None, *,
                      timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None,
                      seeds: Sequence[int] | None = None, benchmark: bool = True,
-                     skip_static: bool = False, family_modules: Sequence[str] = ()) -> Verdict:
+                     skip_static: bool = False, family_modules: Sequence[str] = (),
+                     keep_warm: bool = False) -> Verdict:
     """`verify` with knobs for tests and workers.
+
+    `keep_warm` (long-lived workers): afterwards, start a spare sandbox child for the next
+    verification with the same limits, so it finds torch, triton and its CUDA context loaded.
 
     `skip_static` exists only so the test suite can show the sandbox and runtime layers stop what the
     static layer already stops; `family_modules` imports extra op-family modules (parent and child).
@@ -56,22 +60,14 @@ def run_verification(path: str | Path, device: str = "cpu", module_class: str | 
              tuple(seeds) if seeds else case_plan.SEEDS, benchmark, skip_static, tuple(family_modules))
     except Exception as exc:  # noqa: BLE001 - a verifier bug must reject, never crash the caller
         verdict.failures.append(Failure("sandbox", "internal-error", f"verifier error: {type(exc).__name__}: {exc}"))
+    if keep_warm:
+        keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
     verdict.seconds = round(time.monotonic() - started, 3)
     verdict.reward = compute_reward(verdict.failures, device, verdict.speedup_vs_eager, verdict.speedup_vs_compile)
     verdict.accepted = verdict.reward >= 1
+    if verdict.accepted and verdict.source_sha256 and verdict.op:
+        verdict.attestation = attestation.record(verdict.source_sha256, verdict.op, verdict.reward, device)
     return verdict
-
-
-def _read_op(source: str) -> str | None:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in stmt.targets) \
-                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-            return stmt.value.value
-    return None
 
 
 def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, live: list[list[int]],
@@ -85,10 +81,13 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
     except CandidateError as exc:
         verdict.failures.append(Failure("static", "unreadable", str(exc)))
         return
-    op = _read_op(source)
+    verdict.source_sha256 = attestation.source_sha256(source)
+    op = read_op(source)
     verdict.op = op
     family, _ = resolve_family(op)
+    clock = time.monotonic()
     report = check_source(source, str(path), family)
+    verdict.timings["static"] = round(time.monotonic() - clock, 3)
     if report.op:
         verdict.op = report.op
     static_failures = [f for f in report.failures if not skip_static or f.rule == "syntax-error"]
@@ -103,12 +102,14 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
                                             "available on this machine"))
             return
     timeout, memory_limit, cpu_seconds = limits
-    sandbox = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
+    sandbox = take_sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
     try:
         if not verdict.failures:
             sandbox.start()  # imports torch and triton while the contract layer runs here
         # Layer 2: contract.
+        clock = time.monotonic()
         contract = check_contract(report, module_class)
+        verdict.timings["contract"] = round(time.monotonic() - clock, 3)
         verdict.module_class = contract.module_class
         verdict.failures.extend(contract.failures)
         if verdict.failures:
@@ -116,30 +117,46 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
         family = contract.family
         shapes = case_plan.correctness_shapes(device, live)
         run_bench = benchmark and device == "cuda"
-        plan = case_plan.plan(device, shapes, dtypes, seeds, recheck=run_bench)
+        plan = case_plan.plan(device, shapes, dtypes, seeds, recheck=run_bench,
+                              stress=case_plan.stress_shapes(device, family))
         verdict.shapes = shapes
         staged = sandbox.stage_file(f"candidate_{source_digest(source)}.py", source)
+        job_bench_shapes = live or case_plan.DEFAULT_BENCH_SHAPES
+        device_name = _device_name(device)
         job: dict[str, Any] = {
             "path": str(staged), "op": family.name, "adapter": contract.adapter, "device": device,
             "param_specs": contract.param_specs, "cases": [c.to_json() for c in plan],
             "threads": sandbox.threads, "family_modules": list(family_modules), "benchmark": run_bench,
-            "bench_shapes": live or case_plan.DEFAULT_BENCH_SHAPES, "bench_dtype": dtypes[0],
-            "bandwidth_cache": _bandwidth_cache() if run_bench else {},
+            "bench_shapes": job_bench_shapes, "bench_dtype": dtypes[0],
+            "bandwidth_cache": baselines.bandwidth_cache() if run_bench else {},
+            "cached_baselines": baselines.cached_baselines(family.name, contract.module_class,
+                                                           job_bench_shapes, dtypes[0], device_name)
+            if run_bench else {},
+            "timing_lock": str(baselines.timing_lock()) if run_bench else None,
         }
         # Layer 3: the sandbox.
+        clock = time.monotonic()
         outcome = sandbox.run(job)
+        verdict.timings["sandbox"] = round(time.monotonic() - clock, 3)
+        verdict.timings.update({f"child_{k}": float(v) for k, v in
+                                ((outcome.results or {}).get("timings") or {}).items()})
         failures = sandbox_failures(outcome, sandbox.timeout, sandbox.memory_limit)
         verdict.failures.extend(failures)
         if outcome.results is None:
             return
         verdict.network_isolated = outcome.results.get("network_isolated")
         if outcome.results.get("bandwidth_measured"):
-            _store_bandwidth(outcome.results.get("device_name"), outcome.results.get("copy_bandwidth_gbs"))
+            baselines.store_bandwidth(outcome.results.get("device_name"), outcome.results.get("copy_bandwidth_gbs"))
         # Layers 4 and 5, judged here.
-        judgement = judge(outcome, family, plan, References(family, contract.param_specs), device, run_bench)
+        clock = time.monotonic()
+        judgement = judge(outcome, family, plan, References(family, contract.param_specs, device), device,
+                          run_bench)
+        verdict.timings["judge"] = round(time.monotonic() - clock, 3)
         verdict.failures.extend(judgement.failures)
         verdict.checks = judgement.checks
         verdict.bench = judgement.bench
+        if run_bench and not judgement.failures:
+            baselines.store_baselines(family.name, contract.module_class, judgement.bench, device_name)
         for key in ("speedup_vs_eager", "speedup_vs_compile", "kernel_us", "eager_us", "compile_us",
                     "compile_ro_us", "floor_us"):
             setattr(verdict, key, getattr(judgement, key))
@@ -149,27 +166,9 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
         sandbox.close()
 
 
-def _bandwidth_file() -> Path:
-    from gpuyantra.config import state_dir
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return device
+    import torch
 
-    return state_dir() / "verifier" / "copy_bandwidth.json"
-
-
-def _bandwidth_cache() -> dict[str, float]:
-    try:
-        data = json.loads(_bandwidth_file().read_text())
-        return {str(k): float(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def _store_bandwidth(device_name: str | None, gbs: float | None) -> None:
-    if not device_name or not gbs:
-        return
-    cache = _bandwidth_cache()
-    cache[device_name] = float(gbs)
-    path = _bandwidth_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    tmp.replace(path)
+    return torch.cuda.get_device_name()

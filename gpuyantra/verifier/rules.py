@@ -111,6 +111,20 @@ RULES: dict[str, Rule] = {
     "nan-output": Rule("correctness", "unwritten output elements (stale memory, Sakana)",
                        "outputs are poisoned with NaN first; no non-finite value where the "
                        "reference is finite"),
+    "unstable-numerics": Rule("correctness", "math that overflows or cancels on the values real models "
+                              "produce: sums of squares kept in 16-bit, one-pass variance E[x^2]-E[x]^2, "
+                              "sigmoid as e^g/(1+e^g), softmax without a max shift",
+                              "the same comparison on activation-like inputs: rows offset far from zero, "
+                              "outliers near the top of the dtype's safe range, gates past exp's overflow; "
+                              "tolerance plus 16x the module's own per-row float32 error there"),
+    "hardcoded-constant": Rule("correctness", "constants baked into the kernel that it should read from "
+                               "the module (eps = 1e-6 instead of the bound value)",
+                               "every bound scalar drawn per case around its live value (eps: live/10 to "
+                               "live x100) on all seeds but the first; outputs judged as for wrong-values"),
+    "shape-cap": Rule("correctness", "work skipped beyond the shapes that were tried: a grid capped at N "
+                      "programs, one tile capped at N columns",
+                      "shapes past common caps (CUDA: 70001 rows, 20011 columns; CPU: 1031 rows, "
+                      "16411 columns): every element written and correct"),
     "output-type": Rule("correctness", "tensor subclasses, lazy objects, wrong arity",
                         "a plain torch.Tensor, or a tuple of them as the reference returns"),
     "output-dtype": Rule("correctness", "returning float32 for a float16 op", "dtype equals the "

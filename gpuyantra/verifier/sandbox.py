@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,8 @@ class Sandbox:
         self.started_at = 0.0
 
     def start(self) -> None:
+        if self.proc is not None:
+            return  # a warm spare: started earlier, waiting for its job
         cpu_seconds = self.cpu_seconds
         # The address-space limit would break CUDA's large virtual reservations: CPU only.
         address_space = self.memory_limit + 4 * 2**30 if self.device == "cpu" else 0
@@ -168,7 +171,8 @@ class Sandbox:
         except (BrokenPipeError, OSError):
             pass
         sid = self.proc.pid
-        deadline = self.started_at + self.timeout
+        # From the job on: a warm spare may have waited long before it got one.
+        deadline = time.monotonic() + self.timeout
         while True:
             rc = self.proc.poll()
             if rc is not None:
@@ -222,6 +226,44 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# Warm spares: one started child per limits key, waiting on stdin with torch, triton (and on CUDA a
+# context) loaded, so a long-lived worker's next verification skips the child's start. A spare
+# whose parent exits reads an empty job and exits.
+_SPARES: dict[tuple[Any, ...], Sandbox] = {}
+_SPARES_LOCK = threading.Lock()
+
+
+def _spare_key(device: str, timeout: float | None, memory_limit: int | None,
+               cpu_seconds: int | None) -> tuple[Any, ...]:
+    from gpuyantra.config import state_dir
+
+    return device, timeout, memory_limit, cpu_seconds, str(state_dir())
+
+
+def take_sandbox(device: str, timeout: float | None = None, memory_limit: int | None = None,
+                 cpu_seconds: int | None = None) -> Sandbox:
+    """A warm spare with these limits if one is alive, else a new (not yet started) sandbox."""
+    with _SPARES_LOCK:
+        spare = _SPARES.pop(_spare_key(device, timeout, memory_limit, cpu_seconds), None)
+    if spare is not None and spare.proc is not None and spare.proc.poll() is None:
+        return spare
+    if spare is not None:
+        spare.close()
+    return Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
+
+
+def keep_spare(device: str, timeout: float | None = None, memory_limit: int | None = None,
+               cpu_seconds: int | None = None) -> None:
+    """Start a spare for the next verification with these limits, unless one is waiting already."""
+    key = _spare_key(device, timeout, memory_limit, cpu_seconds)
+    with _SPARES_LOCK:
+        if key in _SPARES:
+            return
+        spare = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
+        spare.start()
+        _SPARES[key] = spare
 
 
 def _tail(path: Path, limit: int = 1500) -> str:

@@ -46,6 +46,13 @@ class Verdict:
     module_class: str | None = None
     network_isolated: bool | None = None
     bench: list[dict[str, Any]] = field(default_factory=list)
+    # SHA-256 of the exact bytes the static layer read, and, for an accepted verdict only, the signed
+    # record the server checks before it swaps those bytes in (gpuyantra/attestation.py).
+    source_sha256: str | None = None
+    attestation: dict[str, Any] | None = None
+    # Wall seconds per stage (static, contract, child_import, correctness, benchmark, recheck, judge):
+    # where a verdict's time goes.
+    timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The `verify --json` object: CONTRACTS section 3 keys first, then the extras."""

@@ -14,11 +14,20 @@ from pathlib import Path
 import httpx
 import torch
 
+from gpuyantra import attestation
+
 REPO = Path(__file__).resolve().parents[2]
 
 RMS_NORM_KERNEL = REPO / "gpuyantra" / "kernels" / "rms_norm.py"
 TOKEN = "test-admin-token"
 READY_TIMEOUT_S = 90
+
+
+def attested(source: str | bytes, op: str = "rms_norm", reward: int = 1, device: str = "cpu",
+             key: bytes | None = None) -> dict:
+    """The attestation the verifier would give these bytes (key: $GPUYANTRA_ATTESTATION_KEY, set by
+    tests/conftest.py and inherited by the servers the tests start)."""
+    return attestation.record(attestation.source_sha256(source), op, reward, device, key)
 
 
 def free_port() -> int:

@@ -49,7 +49,9 @@ def test_swap_commits_every_module_and_rollback_restores(model, tmp_path):
     record = engine.swap(RMS_NORM_KERNEL)
     assert record.status == "committed" and record.modules == NORMS
     assert record.module_class == "Qwen2RMSNorm" and record.op == "rms_norm"
-    assert record.parity["checked"] == NORMS * 2 and record.parity["max_abs_err"] < 1e-4
+    # Two probe shapes per module, plus the first one again with eps moved off its live value.
+    assert record.parity["checked"] == NORMS * 3 and record.parity["max_abs_err"] < 1e-4
+    assert record.parity["perturbed_scalar_checks"] == NORMS
     assert bound(model) == [record.swap_id] * NORMS
     got = logits(model, IDS)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -195,3 +197,15 @@ def test_before_commit_hook_failure_restores_and_recaptures(model, tmp_path):
     sid = engine.history()[0]["swap_id"]
     assert calls == [("before", [sid] * NORMS), ("previous", [None] * NORMS), ("restore", [None] * NORMS)]
     assert untouched(model) and engine.active() == []
+
+
+def test_kernel_ignoring_the_modules_eps_fails_parity_and_nothing_changes(model, tmp_path):
+    """Parity moves each bound float attribute (eps) on the module itself: a baked-in constant fails."""
+    baked = Path(__file__).parents[1] / "verifier" / "candidates" / "cheat_baked_eps.py"
+    engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2")
+    want = logits(model, IDS)
+    with pytest.raises(ParityError):
+        engine.swap(baked)
+    assert untouched(model) and engine.active() == []
+    assert all(m.variance_epsilon == model.config.rms_norm_eps for m in norm_modules(model))
+    assert torch.equal(logits(model, IDS), want)

@@ -79,20 +79,21 @@ def test_published_cheat_is_rejected_statically(name, rule):
     assert verdict.checks == 0 and verdict.network_isolated is None  # the sandbox never started
 
 
-def test_honest_rowwise_full_plan_within_the_cpu_budget():
+def test_honest_rowwise_full_plan():
     verdict = verify(candidate_path("honest_rowwise"))
     assert verdict.failures == [] and verdict.accepted and verdict.reward == 1
-    # 4 hidden shapes x 2 dtypes x 5 seeds x 4 input distributions.
-    assert verdict.checks == 160 and verdict.dtypes == ["float32", "float16"]
+    # 4 hidden shapes x 2 dtypes x (5 seeds x 4 scales + 2 seeds x 2 activation-like distributions),
+    # plus the two stress shapes once.
+    assert verdict.checks == 4 * 2 * (5 * 4 + 2 * 2) + 2 and verdict.dtypes == ["float32", "float16"]
     assert [1, 1000] in verdict.shapes and [67, 96] in verdict.shapes and [2, 3, 64] in verdict.shapes
-    assert verdict.seconds < 60, verdict.seconds
     assert verdict.speedup_vs_eager is None  # speed is not judged on CPU
 
 
 def test_honest_chunked_with_live_shapes():
     verdict = run_verification(candidate_path("honest_chunked"), shapes=[[5, 200]], seeds=(0, 1), dtypes=["float16"])
     assert verdict.failures == [] and verdict.reward == 1
-    assert verdict.shapes[0] == [5, 200] and verdict.checks == 5 * 2 * 4
+    # (live + 4 hidden shapes) x (2 seeds x 4 scales + 2 seeds x 2 activation-like inputs) + 2 stress shapes.
+    assert verdict.shapes[0] == [5, 200] and verdict.checks == 5 * (2 * 4 + 2 * 2) + 2
 
 
 def test_honest_helper_with_heuristics_and_printed_fake_reward():

@@ -30,7 +30,7 @@ def test_accepted_exits_0_and_candidate_prints_stay_out_of_stdout():
     data = one_json(result.stdout)
     assert list(data) == CONTRACT_KEYS + EXTRA_KEYS
     assert data["accepted"] is True and data["reward"] == 1 and data["failures"] == []
-    assert data["op"] == "rms_norm" and data["device"] == "cpu" and data["checks"] == 80
+    assert data["op"] == "rms_norm" and data["device"] == "cpu" and data["checks"] == 4 * (5 * 4 + 2 * 2) + 2
     assert data["speedup_vs_eager"] is None and data["speedup_vs_compile"] is None
 
 

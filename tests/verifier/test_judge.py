@@ -18,7 +18,8 @@ from gpuyantra.verifier.sandbox import SandboxOutcome, scrubbed_env
 
 CONTRACT_KEYS = ["op", "accepted", "reward", "failures", "speedup_vs_eager", "speedup_vs_compile"]
 EXTRA_KEYS = ["kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "checks", "seconds", "shapes",
-              "dtypes", "device", "module_class", "network_isolated", "bench"]
+              "dtypes", "device", "module_class", "network_isolated", "bench", "source_sha256", "attestation",
+              "timings"]
 
 
 @pytest.mark.parametrize("device,eager,compiled,reward", [
@@ -126,7 +127,8 @@ def test_plan_covers_seeds_shapes_distributions():
     shapes = correctness_shapes("cpu", [[1, 2048], [512, 64]])
     assert shapes[:2] == [[1, 2048], [64, 64]]  # live first, rows capped under the interpreter
     cases = plan("cpu", shapes, ["float32", "float16"])
-    assert len(cases) == len(shapes) * 2 * 5 * 4
+    # 5 seeds x 4 scales of N(0, 1) and 2 seeds x 2 activation-like distributions per (shape, dtype).
+    assert len(cases) == len(shapes) * 2 * (5 * 4 + 2 * 2)
     assert {c.scale for c in cases} == {1.0, 3.0, 0.01, -1.0} and {c.seed for c in cases} == set(range(5))
     assert any(c.phase == "recheck" for c in plan("cuda", shapes, ["float16"], recheck=True))
 

@@ -313,9 +313,9 @@ def test_project_templates_and_honest_candidates_pass(path):
 
 
 def _op_of(source: str) -> str:
-    from gpuyantra.verifier.core import _read_op
+    from gpuyantra.candidate import read_op
 
-    return _read_op(source)
+    return read_op(source)
 
 
 def test_reads_contract_literals_without_running_anything():

@@ -4,17 +4,14 @@ for the GPU and CPU work, so each exit rule of the write/verify loop is pinned d
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.cpu import preflight_campaign  # the real one: op names and one campaign per server
 from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
-from gpuyantra.processes import temporal_binary
 from workflows.campaign import OptimizeCampaign, select_targets
 from workflows.types import (CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult,
                              RollbackInput, ServerCall, VerifyInput, WriteInput, WriteResult)
@@ -80,15 +77,7 @@ class Script:
             return {"rolled_back": [request.swap_id]}
 
         return ([profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap],
-                [retrieve_skills, write_candidate, record_outcome, learn_skill])
-
-
-@pytest.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                        dev_server_extra_args=["--headless"])
-    yield environment
-    await environment.shutdown()
+                [retrieve_skills, write_candidate, record_outcome, learn_skill, preflight_campaign])
 
 
 async def run(client: Client, script: Script, params: CampaignInput) -> dict:

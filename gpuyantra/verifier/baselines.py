@@ -1,0 +1,108 @@
+"""Measurements that do not depend on the candidate, kept in the state folder and reused.
+
+* copy bandwidth per device name (the physical floor of the benchmark layer);
+* the torch.compile baselines (default and reduce-overhead) per (op, module class, shape, dtype,
+  device name, torch and triton versions): compiling and timing them is most of the benchmark
+  layer's time and their value does not change between candidates. Eager is still timed live,
+  interleaved with the candidate, in every verification.
+
+Several verifications may run at once on one GPU: files are rewritten under an exclusive lock, and
+`timing_lock()` names the lock the sandbox children hold while they time (no verdict's speed is
+measured against another's load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+BANDWIDTH_FILE = "copy_bandwidth.json"
+BASELINES_FILE = "baselines.json"
+CACHED_KEYS = ("compile_us", "compile_ro_us")
+
+
+def folder() -> Path:
+    from gpuyantra.config import state_dir
+
+    path = state_dir() / "verifier"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def timing_lock() -> Path:
+    """The file sandbox children `flock` while they time kernels and baselines."""
+    return folder() / "gpu-timing.lock"
+
+
+def _read(name: str) -> dict[str, Any]:
+    try:
+        data = json.loads((folder() / name).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[dict[str, Any]]:
+    """Read-modify-write of one JSON file under an exclusive lock, replaced atomically."""
+    path = folder() / name
+    with open(path.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _read(name)
+        yield data
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+
+def bandwidth_cache() -> dict[str, float]:
+    return {str(k): float(v) for k, v in _read(BANDWIDTH_FILE).items() if isinstance(v, (int, float))}
+
+
+def store_bandwidth(device_name: str | None, gbs: float | None) -> None:
+    if device_name and gbs:
+        with _locked(BANDWIDTH_FILE) as data:
+            data[device_name] = float(gbs)
+
+
+def _versions() -> str:
+    import torch
+    import triton
+
+    return f"torch {torch.__version__} triton {triton.__version__}"
+
+
+def baseline_key(op: str, module_class: str | None, shape: Sequence[int], dtype: str, device_name: str) -> str:
+    return f"{op}|{module_class}|{'x'.join(str(d) for d in shape)}|{dtype}|{device_name}|{_versions()}"
+
+
+def cached_baselines(op: str, module_class: str | None, shapes: Sequence[Sequence[int]], dtype: str,
+                     device_name: str) -> dict[str, dict[str, float]]:
+    """{shape as "AxB": {compile_us, compile_ro_us}} for the shapes measured before."""
+    data = _read(BASELINES_FILE)
+    out: dict[str, dict[str, float]] = {}
+    for shape in shapes:
+        entry = data.get(baseline_key(op, module_class, shape, dtype, device_name))
+        if isinstance(entry, dict):
+            values = {k: float(entry[k]) for k in CACHED_KEYS if isinstance(entry.get(k), (int, float))}
+            if values:
+                out["x".join(str(d) for d in shape)] = values
+    return out
+
+
+def store_baselines(op: str, module_class: str | None, rows: Sequence[dict[str, Any]], device_name: str) -> None:
+    """Keep the compile timings of bench rows measured in this verification (not the reused ones)."""
+    fresh = []
+    for row in rows:
+        reused = set(row.get("cached") or ())
+        values = {k: row[k] for k in CACHED_KEYS if k not in reused and isinstance(row.get(k), (int, float))}
+        if values:
+            fresh.append((baseline_key(op, module_class, row["shape"], row["dtype"], device_name), values))
+    if fresh:
+        with _locked(BASELINES_FILE) as data:
+            for key, values in fresh:
+                data.setdefault(key, {}).update(values)

@@ -1,0 +1,34 @@
+"""Read the tables of docs/errors.md, so tests check every documented row against the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ERRORS_MD = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def rows(section: str) -> list[list[str]]:
+    """The body rows of the first table under `## <section>`, each cell unwrapped from its code span."""
+    lines = ERRORS_MD.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {section}"))
+    table = [line for line in _until_next_section(lines[start + 1:]) if line.startswith("|")]
+    return [[_cell(c) for c in line.strip("|").split(" | ")] for line in table[2:]]  # header, rule
+
+
+def matches(documented: str, actual: str) -> bool:
+    """Exact, except that a documented message ending in `...` is exact up to there."""
+    return actual.startswith(documented[:-3]) if documented.endswith("...") else actual == documented
+
+
+def _until_next_section(lines: list[str]) -> list[str]:
+    end = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    return lines[:end]
+
+
+def _cell(text: str) -> str:
+    text = text.strip()
+    for fence in ("`` ", "`"):  # a double-backtick span holds messages that contain backticks
+        closing = fence[::-1]
+        if text.startswith(fence) and text.endswith(closing):
+            return text[len(fence):-len(closing)]
+    return text

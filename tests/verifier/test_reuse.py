@@ -1,0 +1,87 @@
+"""What a verification reuses: warm sandbox children, cached compile baselines, one GPU timing lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+
+from gpuyantra.verifier import baselines, run_verification
+from gpuyantra.verifier import sandbox as sandbox_module
+from gpuyantra.verifier.child import _exclusive
+from tests.verifier.conftest import candidate_path
+
+QUICK = {"seeds": (0,), "dtypes": ["float32"]}
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
+    yield tmp_path
+    with sandbox_module._SPARES_LOCK:
+        spares = list(sandbox_module._SPARES.values())
+        sandbox_module._SPARES.clear()
+    for spare in spares:
+        spare.close()
+
+
+def test_keep_warm_leaves_a_started_child_that_the_next_verification_takes(state):
+    first = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
+    assert first.accepted
+    (spare,) = sandbox_module._SPARES.values()
+    assert spare.proc is not None and spare.proc.poll() is None  # started, waiting for its job
+    pid = spare.proc.pid
+    taken = sandbox_module.take_sandbox("cpu")
+    assert taken is spare and taken.proc.pid == pid and sandbox_module._SPARES == {}
+    taken.close()
+    second = run_verification(candidate_path("cheat_ignores_weight"), device="cpu", keep_warm=False, **QUICK)
+    assert not second.accepted  # a fresh child judges as before
+
+
+def test_a_dead_spare_is_replaced_not_used(state):
+    sandbox_module.keep_spare("cpu")
+    (spare,) = sandbox_module._SPARES.values()
+    spare.proc.kill()
+    spare.proc.wait()
+    fresh = sandbox_module.take_sandbox("cpu")
+    assert fresh is not spare and fresh.proc is None
+    fresh.close()
+
+
+def test_compile_baselines_round_trip_per_op_shape_dtype_and_device(state):
+    rows = [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 17.5, "compile_ro_us": 22.0},
+            {"shape": [4096, 1536], "dtype": "bfloat16", "compile_us": 55.0, "compile_ro_us": None,
+             "errors": {"compile_ro_us": "failed"}}]
+    baselines.store_baselines("rms_norm", "M", rows, "H200")
+    got = baselines.cached_baselines("rms_norm", "M", [[1, 1536], [4096, 1536], [8, 8]], "bfloat16", "H200")
+    assert got == {"1x1536": {"compile_us": 17.5, "compile_ro_us": 22.0}, "4096x1536": {"compile_us": 55.0}}
+    assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "float16", "H200") == {}
+    assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H100") == {}
+    assert baselines.cached_baselines("softmax", "M", [[1, 1536]], "bfloat16", "H200") == {}
+    # A reused value is not written back as if measured again.
+    baselines.store_baselines("rms_norm", "M", [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 99.0,
+                                                 "cached": ["compile_us"]}], "H200")
+    assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H200")["1x1536"]["compile_us"] == 17.5
+
+
+def test_bandwidth_cache_is_kept_per_device_name(state):
+    baselines.store_bandwidth("H200", 4280.0)
+    baselines.store_bandwidth(None, 1.0)
+    assert baselines.bandwidth_cache() == {"H200": 4280.0}
+
+
+def test_timing_lock_is_exclusive_while_held(state):
+    path = baselines.timing_lock()
+    with _exclusive(str(path)):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released once the block ends
+    finally:
+        os.close(fd)
