@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast install clean
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every version (torch included), so a fresh clone installs what was tested.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http
-# Fetch the wheels first, here: ../shared/scripts/device-wheels.sh liger-kernel
+# Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
 source benchmarks/device_prelude.sh || exit 1

@@ -1,4 +1,4 @@
-"""Load a candidate kernel file (CONTRACTS section 1) from a real `.py` file on disk.
+"""Load a candidate kernel file (docs/CONTRACTS.md section 1) from a real `.py` file on disk.
 
 Never `exec` a string: `@triton.jit` reads its own source with `inspect`, so the module must come
 from a file that stays on disk for as long as the kernel may be re-specialized.

@@ -1,4 +1,4 @@
-"""Run gpuyantra's optimize loop on KernelBench-format problems (CONTRACTS section 3, `kernelbench`).
+"""Run gpuyantra's optimize loop on KernelBench-format problems (docs/CONTRACTS.md section 3, `kernelbench`).
 
 A KernelBench problem (ScalingIntelligence/KernelBench) is one `.py` file defining
 `class Model(nn.Module)`, built as `Model(*get_init_inputs())` and called as `model(*get_inputs())`.
@@ -693,16 +693,24 @@ def fast_p(results: Sequence[ProblemResult], p: float, device: str) -> float | N
     return sum(1 for r in results if r.correct and r.speedup is not None and r.speedup > p) / len(results)
 
 
-def run(path: str | Path, device: str = "cpu", out: str | Path = "kernelbench_out",
+def default_out() -> Path:
+    """Where a run writes when no folder is given: `kernelbench/` in the state folder, not the working directory."""
+    from gpuyantra.config import state_dir
+
+    return state_dir() / "kernelbench"
+
+
+def run(path: str | Path, device: str = "cpu", out: str | Path | None = None,
         max_iterations: int = DEFAULT_MAX_ITERATIONS, max_elements: int | None = -1,
         log: Callable[[str], None] = lambda _: None,
         on_result: Callable[[ProblemResult], None] = lambda _: None) -> RunResult:
     """Every problem under PATH. `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
-    no cap on CUDA); None means no cap. Raises KernelBenchError when PATH holds no problems."""
+    no cap on CUDA); None means no cap. `out=None`: the state folder's `kernelbench/`.
+    Raises KernelBenchError when PATH holds no problems."""
     problems = find_problems(path)
     if max_elements == -1:
         max_elements = CPU_MAX_ELEMENTS if device == "cpu" else None
-    out = Path(out).resolve()
+    out = Path(out).resolve() if out is not None else default_out()
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for name, file in problems:

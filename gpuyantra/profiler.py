@@ -2,7 +2,7 @@
 
 `profile_model(model, run_probe, device)` runs a representative workload (a closure the server
 builds from recent traffic, or a probe batch when idle) and returns the ranked optimization targets
-of `POST /admin/profile` (CONTRACTS section 4, ARCHITECTURE "Serving admin API").
+of `POST /admin/profile` (docs/CONTRACTS.md section 5, ARCHITECTURE "Serving admin API").
 
 What it measures, per phase (one phase per probe: "decode", "prefill", or "probe" for the
 positional form):

@@ -1,6 +1,7 @@
-"""The HTTP API of the serving process (CONTRACTS section 4, ARCHITECTURE "Serving admin API").
+"""The HTTP API of the serving process (docs/CONTRACTS.md section 5, ARCHITECTURE "Serving admin API").
 
-Public: `POST /v1/completions` (OpenAI-compatible, streaming), `GET /v1/models`, `/healthz`
+Public: `POST /v1/completions` and `POST /v1/chat/completions` (OpenAI-compatible, streaming;
+`serving/openai_api.py`), `GET /v1/models`, `/healthz`
 (liveness), `/readyz` (model loaded, manifest re-applied, model thread running), `/metrics`.
 
 Admin (bearer token): `GET /admin/kernels`, `POST /admin/swap`, `POST /admin/rollback`,
@@ -11,44 +12,49 @@ the SHA-256 of the bytes it would import and answers 403 otherwise (`--allow-unv
 turns that into a logged warning).
 Malformed bodies get 422 with `detail` (FastAPI's list) and `message` (one readable line).
 
-Differences from OpenAI worth knowing: `temperature` defaults to 0 (greedy); `n` must be 1;
-`echo`/`logprobs` are not supported; each choice carries the generated `token_ids`.
+Differences from OpenAI worth knowing: `temperature` defaults to 0 (greedy); `echo` is not
+supported; each completions choice carries the generated `token_ids` (see `serving/openai_api.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
 import threading
 import time
-import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuyantra import attestation
 from gpuyantra.swap import SwapError
-from serving.engine import Engine, GenRequest, RequestError
+from serving.engine import Engine, RequestError
 from serving.metrics import Metrics
 from serving.models import describe, load_model
+from serving.openai_api import (ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, create_chat_completion,
+                                create_completion)
+from serving.openai_api import ValidationIssue
 
 log = logging.getLogger("gpuyantra.serving")
+RETRY_AFTER_S = "5"  # Retry-After (seconds) of a 503 while the model loads
 
 
 @dataclass
 class ServeConfig:
     model: str = "tiny-qwen2"
     random_weights: bool = False
+    byte_tokenizer: bool = False  # serve a folder with ByteTokenizer instead of its own tokenizer
     device: str | None = None
     dtype: str | None = None
     seed: int = 0
@@ -86,66 +92,10 @@ class ServerState:
 
 
 # ====================================================================== request bodies
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = Field(16, ge=1, le=1_000_000)
-    temperature: float = Field(0.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
-    stream: bool = False
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    echo: bool = False
-    logprobs: int | None = None
-    stream_options: dict[str, Any] | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_not_empty(cls, v):
-        if isinstance(v, list) and not v:
-            raise ValueError("prompt must not be an empty list")
-        if isinstance(v, list) and any(isinstance(p, list) and not p for p in v):
-            raise ValueError("token-id prompts must not be empty")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _only_one(cls, v):
-        if v != 1:
-            raise ValueError("only n = 1 is supported")
-        return v
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        if v:
-            raise ValueError("echo is not supported")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v):
-        if isinstance(v, str):
-            v = [v]
-        if v is not None and (len(v) > 4 or any(not s for s in v)):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        return v
-
-
 class Attestation(BaseModel):
     """The verifier's signed record of an accepted candidate: the verdict's `attestation`, as is."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: JSON true or "5" is no integer
 
     digest: str = Field(..., pattern="^[0-9a-f]{64}$",
                         description="SHA-256 (hex) of the candidate file's bytes the verifier read")
@@ -158,7 +108,7 @@ class Attestation(BaseModel):
 
 
 class SwapBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     source: str | None = Field(None, description="the candidate file's text")
     path: str | None = Field(None, description="absolute path of a candidate .py file")
@@ -200,8 +150,27 @@ class SwapRefusal(BaseModel):
     detail: SwapRefusalDetail
 
 
+class RequestErrorBody(BaseModel):
+    """422 of the admin routes: a body that failed validation (`detail`: FastAPI's list of issues) or a
+    request that cannot be served as asked (`detail`: one line); `message`: one readable line."""
+
+    detail: list[ValidationIssue] | str
+    message: str
+
+
+class SwapUnprocessable(BaseModel):
+    """422 of /admin/swap: a body that failed validation (`detail`: the list, with `message`), or a candidate
+    that does not load (`detail`: the swap engine's refusal, as in 403 and 409)."""
+
+    detail: list[ValidationIssue] | SwapRefusalDetail
+    message: str | None = None
+
+
+UNPROCESSABLE = {422: {"model": RequestErrorBody, "description": "invalid body, or a request that cannot be served"}}
+
+
 class RollbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     swap_id: str | None = Field(None, min_length=1)
     all: bool | None = None
@@ -218,18 +187,23 @@ class ProfileBody(BaseModel):
 
 
 class LogitsBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str | list[int] = Field(..., min_length=1)
+    prompt: str | list[StrictInt] = Field(..., min_length=1)
 
 
 class BenchmarkBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_tokens: int = Field(16, ge=1, le=4096)
-    prompt_tokens: int = Field(8, ge=1, le=32768)
-    batch: int = Field(1, ge=1, le=1024)
-    repeats: int = Field(1, ge=1, le=20)
+    max_tokens: int = Field(16, ge=1, le=4096, description="tokens generated per generation; prompt_tokens + "
+                            "max_tokens must fit the context")
+    prompt_tokens: int = Field(8, ge=1, le=32768, description="prompt length of each generation")
+    batch: int = Field(1, ge=1, le=1024, description="rows decoded together, at most the server's max_batch")
+    repeats: int = Field(5, ge=1, le=20, description="timed repeats; the answer gives their median tokens/s and "
+                         "spread (tokens_per_s_min/_max, relative_spread = (max - min) / median, relative_mad)")
+    min_repeat_s: float = Field(0.25, ge=0.0, le=5.0, description="each repeat generates again until it has run "
+                                "this many seconds, so a repeat is not mostly timer and launch noise; the server "
+                                "serves nothing else for about repeats x min_repeat_s")
 
 
 # ====================================================================== helpers
@@ -240,54 +214,6 @@ def _error_message(errors: list[dict[str, Any]]) -> str:
         msg = str(e.get("msg", "invalid"))
         parts.append(f"{loc}: {msg}")
     return "; ".join(parts) or "invalid request body"
-
-
-def _openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status},
-                                                     "detail": message})
-
-
-class IncrementalText:
-    """Text deltas of a growing token list; holds back a trailing incomplete UTF-8 sequence."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.emitted = ""
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
-        if text.startswith(self.emitted) and len(text) > len(self.emitted):
-            delta = text[len(self.emitted):]
-            self.emitted = text
-            return delta
-        return ""
-
-    def flush(self, final_text: str) -> str:
-        if final_text.startswith(self.emitted):
-            delta = final_text[len(self.emitted):]
-            self.emitted = final_text
-            return delta
-        return ""
-
-
-def _stop_overlap(text: str, stops: list[str] | None) -> int:
-    """Length of the longest suffix of `text` that could still grow into a stop string."""
-    best = 0
-    for stop in stops or ():
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:k]):
-                best = max(best, k)
-                break
-    return best
-
-
-def _truncate_at_stop(text: str, stops: list[str] | None) -> tuple[str, bool]:
-    if not stops:
-        return text, False
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
 
 
 # ====================================================================== the app
@@ -306,7 +232,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     def build() -> None:
         try:
             loaded = load_model(config.model, random_weights=config.random_weights, device=config.device,
-                                dtype=config.dtype, seed=config.seed)
+                                dtype=config.dtype, seed=config.seed, byte_tokenizer=config.byte_tokenizer)
             state.description = describe(loaded)
             engine = Engine(loaded, state_dir=config.resolved_state_dir(), max_batch=config.max_batch,
                             max_seq_len=config.max_seq_len, cuda_graphs=config.cuda_graphs,
@@ -344,9 +270,21 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         clean = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
         return JSONResponse(status_code=422, content={"detail": clean, "message": _error_message(errors)})
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # A body FastAPI cannot even decode (bytes that are not UTF-8 JSON) is a malformed body too: 422 with
+        # the validation shape every route declares, not FastAPI's undeclared 400.
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            issue = {"loc": ["body"], "msg": "the body is not valid JSON", "type": "json_invalid"}
+            return JSONResponse(status_code=422, content={"detail": [issue], "message": "body: the body is not "
+                                                                                      "valid JSON"})
+        return await http_exception_handler(request, exc)
+
     def engine_or_503() -> Engine:
         if state.engine is None:
-            raise HTTPException(503, state.error or "the model is still loading")
+            if state.error:
+                raise HTTPException(503, state.error)
+            raise HTTPException(503, "the model is still loading", headers={"Retry-After": RETRY_AFTER_S})
         return state.engine
 
     def admin_denial(authorization: str | None) -> str | None:
@@ -402,7 +340,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         engine = state.engine
         if engine is None or not engine.ready or not engine.alive:
             status = "error" if state.error else "loading"
-            return JSONResponse(status_code=503, content={"status": status, "error": state.error})
+            return JSONResponse(status_code=503, content={"status": status, "error": state.error},
+                                headers={"Retry-After": RETRY_AFTER_S} if status == "loading" else None)
         return {"status": "ready", "model": engine.model_name, "device": str(engine.device),
                 "active_swaps": engine.swaps.active_ids(), "reapplied": state.reapplied,
                 "cuda_graphs": engine.graphs is not None,
@@ -422,151 +361,13 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         }]}
 
     # ------------------------------------------------------------------ completions
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        engine = engine_or_503()
-        if body.model not in (None, "", engine.model_name):
-            return _openai_error(404, f"model {body.model!r} is not served here (serving {engine.model_name!r})",
-                                 "model_not_found")
-        tok = engine.tokenizer
-        prompts: list[list[int]]
-        p = body.prompt
-        if isinstance(p, str):
-            prompts = [tok.encode(p)]
-        elif all(isinstance(x, int) for x in p):
-            prompts = [list(p)]  # type: ignore[arg-type]
-        elif all(isinstance(x, str) for x in p):
-            prompts = [tok.encode(x) for x in p]  # type: ignore[union-attr]
-        else:
-            prompts = [list(x) for x in p]  # type: ignore[arg-type]
-        bos = getattr(tok, "bos_token_id", None)
-        prompts = [ids if ids else ([bos] if bos is not None else []) for ids in prompts]
-        stops: list[str] | None = body.stop  # type: ignore[assignment]
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        reqs: list[GenRequest] = []
-        for index, ids in enumerate(prompts):
-            def on_token(token: int, index=index):
-                loop.call_soon_threadsafe(queue.put_nowait, (index, "token", token))
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    async def completions(body: CompletionRequest):
+        return await create_completion(engine_or_503(), body)
 
-            def on_finish(req: GenRequest, index=index):
-                loop.call_soon_threadsafe(queue.put_nowait, (index, "finish", req))
-
-            req = GenRequest(prompt_ids=ids, max_tokens=body.max_tokens, temperature=body.temperature,
-                             top_p=body.top_p, seed=body.seed, stop_token_ids=frozenset(tok.eos_token_ids),
-                             on_token=on_token if (body.stream or stops) else None, on_finish=on_finish)
-            try:
-                engine.validate(req)
-            except RequestError as exc:
-                return _openai_error(400, str(exc))
-            reqs.append(req)
-        for req in reqs:
-            engine.submit(req)
-        created = int(time.time())
-        cid = f"cmpl-{uuid.uuid4().hex[:24]}"
-
-        def finish_reason(req: GenRequest, stopped: bool) -> str:
-            if stopped:
-                return "stop"
-            return req.finish_reason if req.finish_reason in ("stop", "length") else "stop"
-
-        if not body.stream:
-            texts: dict[int, str] = {}
-            stopped: dict[int, bool] = {}
-            monitors = [IncrementalText(tok) for _ in reqs]
-            remaining = len(reqs)
-            try:
-                while remaining:
-                    index, kind, value = await queue.get()
-                    if kind == "token":
-                        if stops and not stopped.get(index):
-                            monitors[index].push(value)
-                            _, hit = _truncate_at_stop(monitors[index].emitted, stops)
-                            if hit:
-                                stopped[index] = True
-                                reqs[index].cancel()
-                        continue
-                    remaining -= 1
-            finally:
-                for req in reqs:
-                    if not req.done.is_set():
-                        req.cancel()
-            errors = [r.error for r in reqs if r.finish_reason == "error"]
-            if errors:
-                return _openai_error(500, f"generation failed: {errors[0]}", "server_error")
-            choices = []
-            for index, req in enumerate(reqs):
-                text, hit = _truncate_at_stop(tok.decode(req.output_ids), stops)
-                texts[index] = text
-                choices.append({"index": index, "text": text, "logprobs": None,
-                                "finish_reason": finish_reason(req, hit or stopped.get(index, False)),
-                                "token_ids": list(req.output_ids)})
-            prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
-            completion_tokens = sum(len(r.output_ids) for r in reqs)
-            return {"id": cid, "object": "text_completion", "created": created, "model": engine.model_name,
-                    "choices": choices, "usage": {"prompt_tokens": prompt_tokens,
-                                                  "completion_tokens": completion_tokens,
-                                                  "total_tokens": prompt_tokens + completion_tokens}}
-
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
-
-        def chunk(index: int, text: str, reason: str | None, token_ids: list[int]) -> str:
-            payload = {"id": cid, "object": "text_completion", "created": created, "model": engine.model_name,
-                       "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": reason,
-                                    "token_ids": token_ids}]}
-            return f"data: {json.dumps(payload)}\n\n"
-
-        async def events() -> AsyncIterator[str]:
-            decoders = [IncrementalText(tok) for _ in reqs]
-            sent = [""] * len(reqs)
-            done: set[int] = set()
-            stopped: set[int] = set()
-            try:
-                while len(done) < len(reqs):
-                    index, kind, value = await queue.get()
-                    if index in done:
-                        continue
-                    if kind == "token":
-                        if index in stopped:
-                            continue
-                        decoders[index].push(value)
-                        text, hit = _truncate_at_stop(decoders[index].emitted, stops)
-                        if hit:
-                            stopped.add(index)
-                            reqs[index].cancel()
-                            safe = len(text)
-                        else:
-                            safe = len(text) - _stop_overlap(text, stops)
-                        delta = text[len(sent[index]):safe] if safe > len(sent[index]) else ""
-                        if delta or not stops:
-                            sent[index] += delta
-                            yield chunk(index, delta, None, [value])
-                        continue
-                    req: GenRequest = value
-                    done.add(index)
-                    if req.finish_reason == "error":
-                        err = {"error": {"message": f"generation failed: {req.error}", "type": "server_error"}}
-                        yield f"data: {json.dumps(err)}\n\n"
-                        continue
-                    full, hit = _truncate_at_stop(tok.decode(req.output_ids), stops)
-                    tail = full[len(sent[index]):] if full.startswith(sent[index]) else ""
-                    sent[index] += tail
-                    yield chunk(index, tail, finish_reason(req, hit or index in stopped), [])
-                if include_usage:
-                    pt = sum(len(r.prompt_ids) for r in reqs)
-                    ct = sum(len(r.output_ids) for r in reqs)
-                    usage = {"id": cid, "object": "text_completion", "created": created, "model": engine.model_name,
-                             "choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": ct,
-                                                      "total_tokens": pt + ct}}
-                    yield f"data: {json.dumps(usage)}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                for req in reqs:
-                    if not req.done.is_set():
-                        req.cancel()
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest):
+        return await create_chat_completion(engine_or_503(), body)
 
     # ------------------------------------------------------------------ admin
     @app.get("/admin/kernels", dependencies=[Depends(require_admin)])
@@ -594,6 +395,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.post("/admin/swap", dependencies=[Depends(require_admin)], responses={
         403: {"model": SwapRefusal, "description": "no valid attestation of these bytes: nothing swapped"},
+        422: {"model": SwapUnprocessable, "description": "invalid body, or a candidate that does not load"},
         409: {"model": SwapRefusal, "description": "parity failed or no module fits: nothing swapped"}})
     async def swap(body: SwapBody):
         engine = engine_or_503()
@@ -629,23 +431,26 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         engine = engine_or_503()
         return await asyncio.wrap_future(engine.call(engine.profile, exclusive=True, name="profile"))
 
-    @app.post("/admin/logits", dependencies=[Depends(require_admin)])
+    @app.post("/admin/logits", dependencies=[Depends(require_admin)], responses=UNPROCESSABLE)
     async def logits(body: LogitsBody):
         """Last-position logits of the live model for a prompt: parity checks from outside."""
         engine = engine_or_503()
         ids = engine.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         if not ids or any(not 0 <= i < engine.vocab_size for i in ids):
-            return JSONResponse(status_code=422, content={"detail": "prompt must encode to token ids in "
-                                                                    f"[0, {engine.vocab_size})"})
+            message = f"prompt must encode to token ids in [0, {engine.vocab_size})"
+            return JSONResponse(status_code=422, content={"detail": message, "message": message})
         values = await asyncio.wrap_future(engine.call(lambda: engine.last_logits(ids), exclusive=True,
                                                        name="logits"))
         return {"model": engine.model_name, "tokens": len(ids), "logits": values}
 
-    @app.post("/admin/benchmark", dependencies=[Depends(require_admin)])
+    @app.post("/admin/benchmark", dependencies=[Depends(require_admin)], responses=UNPROCESSABLE)
     async def benchmark(body: BenchmarkBody | None = None):
+        """Served decode speed of the live model, measured with traffic paused (`"measured": "benchmark"`):
+        median tokens/s of the repeats with their spread."""
         engine = engine_or_503()
         body = body or BenchmarkBody()
-        fut = engine.call(lambda: engine.benchmark(body.max_tokens, body.prompt_tokens, body.batch, body.repeats),
+        fut = engine.call(lambda: engine.benchmark(body.max_tokens, body.prompt_tokens, body.batch, body.repeats,
+                                                   body.min_repeat_s),
                           exclusive=True, name="benchmark")
         try:
             return await asyncio.wrap_future(fut)

@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from gpuyantra.binding import ModuleGroup, find_module_groups
+from gpuyantra.served_speed import repeat_spread
 from gpuyantra.swap import SwapEngine, SwapRecord
 from serving.cache import SlotCache, decode_mask, prefill_mask
 from serving.models import LoadedModel
@@ -57,6 +58,7 @@ log = logging.getLogger("gpuyantra.serving")
 
 # Tokens (rows x longest prompt, padding included) one batched prefill pass may hold.
 PREFILL_TOKEN_BUDGET = 8192
+MAX_GENERATIONS_PER_REPEAT = 1000  # bounds one benchmark repeat however small min_repeat_s is against the step time
 
 
 class EngineObserver:
@@ -84,10 +86,16 @@ class GenRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: frozenset[int] = frozenset()
+    # Log-probabilities of the generated tokens (log_softmax of the model's float32 logits, before
+    # temperature / top_p): None = off; k >= 0 = each token's own plus the k most likely alternatives.
+    logprobs: int | None = None
     on_token: Callable[[int], None] | None = None
     on_finish: Callable[["GenRequest"], None] | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     output_ids: list[int] = field(default_factory=list)
+    # with `logprobs`: one (logprob, [(token_id, logprob), ...k most likely]) per output id, appended
+    # before on_token sees the token
+    output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     finish_reason: str | None = None  # length | stop | cancelled | error
     error: str | None = None
     cancelled: bool = False
@@ -536,10 +544,11 @@ class Engine:
             self.slots[index] = slot
             slots.append(slot)
         tokens = self._select(logits, slots)
+        logprobs = token_logprobs(logits, [s.request.logprobs for s in slots], tokens)
         self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), time.perf_counter() - started)
-        for (index, _), slot, token in zip(admitted, slots, tokens):
+        for (index, _), slot, token, lp in zip(admitted, slots, tokens, logprobs):
             self._recent_prompt_lens.append(len(slot.request.prompt_ids))
-            self._accept(index, slot, token)
+            self._accept(index, slot, token, lp)
 
     def _decode_active(self) -> None:
         started = time.perf_counter()
@@ -555,13 +564,14 @@ class Engine:
         else:
             logits = self._clean_pass(lambda: self.graphs.decode(tokens, positions))
         chosen = self._select(logits, rows)
+        logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
         active = sum(1 for s in rows if s is not None)
         self.observer.on_forward("decode", n, active, time.perf_counter() - started)
         self._recent_batches.append(active)
         for index, slot in enumerate(rows):
             if slot is not None:
                 slot.pos += 1
-                self._accept(index, slot, chosen[index])
+                self._accept(index, slot, chosen[index], logprobs[index])
 
     def _select(self, logits: torch.Tensor, slots: Sequence[_Slot | None]) -> list[int]:
         greedy = logits.argmax(dim=-1).tolist()
@@ -579,7 +589,8 @@ class Engine:
             out[r] = int(torch.multinomial(probs, 1, generator=slot.generator))
         return out
 
-    def _accept(self, index: int, slot: _Slot, token: int) -> None:
+    def _accept(self, index: int, slot: _Slot, token: int, logprob: tuple[float, list[tuple[int, float]]] | None = None
+                ) -> None:
         req = slot.request
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
@@ -587,6 +598,8 @@ class Engine:
             self.slots[index] = None
             self._finish(req, "stop")
             return
+        if logprob is not None:
+            req.output_logprobs.append(logprob)
         req.output_ids.append(token)
         slot.last_token = token
         if req.on_token is not None:
@@ -677,8 +690,14 @@ class Engine:
         return {g.qualified_class: [list(s) for s in self.shapes.shapes_for(g.qualified_class)] for g in self.groups}
 
     # ================================================================== benchmark / profile (model thread, exclusive)
-    def benchmark(self, max_tokens: int = 16, prompt_tokens: int = 8, batch: int = 1, repeats: int = 1) -> dict[str, Any]:
-        """Served decode speed on the live path (graphs when enabled), measured in this process."""
+    def benchmark(self, max_tokens: int = 16, prompt_tokens: int = 8, batch: int = 1, repeats: int = 1,
+                  min_repeat_s: float = 0.0) -> dict[str, Any]:
+        """Served decode speed on the live path (graphs when enabled), measured in this process.
+
+        `repeats` timed repeats, each generating again until it has run `min_repeat_s` (a single
+        short generation is mostly timer and launch noise). `tokens_per_s` is the median repeat; the
+        spread of the repeats (min, max, (max - min) / median, 1.4826 * MAD / median) says how far
+        two measurements may differ by noise alone."""
         if self.active_count:
             raise RuntimeError("benchmark needs an idle engine (run it through call(..., exclusive=True))")
         if not 1 <= batch <= self.max_batch:
@@ -712,16 +731,29 @@ class Engine:
             sync()
             return t1 - t0, time.perf_counter() - t1, outs
 
+        def timed_repeat(steps: int) -> tuple[float, float, list[list[int]]]:
+            # Mean prefill and decode time of as many generations as fill min_repeat_s (bounded).
+            prefill = decode = 0.0
+            for n in range(1, MAX_GENERATIONS_PER_REPEAT + 1):
+                p, d, outs = run(steps)
+                prefill, decode = prefill + p, decode + d
+                if prefill + decode >= min_repeat_s:
+                    break
+            return prefill / n, decode / n, outs
+
         with torch.no_grad():
             run(min(2, max_tokens - 1))  # warm-up (kernel specialization, allocator)
-            results = [run(max_tokens - 1) for _ in range(max(1, repeats))]
+            results = [timed_repeat(max_tokens - 1) for _ in range(max(1, repeats))]
         prefill_s = statistics.median(r[0] for r in results)
         decode_s = statistics.median(r[1] for r in results)
         steps = max_tokens - 1
-        decode_tps = batch * steps / decode_s if steps and decode_s > 0 else 0.0
         e2e_tps = batch * max_tokens / (prefill_s + decode_s)
+        # Per-repeat figures: decode tokens/s, or whole-generation tokens/s when there is no decode step.
+        samples = [batch * steps / max(d, 1e-9) if steps else batch * max_tokens / (p + d) for p, d, _ in results]
+        spread = repeat_spread(samples)
         return {
-            "tokens_per_s": decode_tps if steps else e2e_tps,
+            **spread,
+            "measured": "benchmark", "min_repeat_s": min_repeat_s,
             "e2e_tokens_per_s": e2e_tps,
             "ms_per_step": 1000 * decode_s / steps if steps else None,
             "prefill_s": prefill_s, "decode_s": decode_s, "ttft_s": prefill_s / batch,
@@ -898,6 +930,27 @@ class Engine:
                 "est_us_per_step": round(spent[op] * 1e6, 2),
             })
         return out
+
+
+def token_logprobs(logits: torch.Tensor, wanted: Sequence[int | None], chosen: Sequence[int]
+                   ) -> list[tuple[float, list[tuple[int, float]]] | None]:
+    """Per row r of `logits` [rows, V]: None when wanted[r] is None, else (log-probability of
+    chosen[r], the wanted[r] most likely (token id, log-probability), most likely first), from
+    log_softmax of the logits in float32."""
+    out: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(wanted)
+    rows = [r for r, k in enumerate(wanted) if k is not None]
+    if not rows:
+        return out
+    index = torch.tensor(rows, device=logits.device)
+    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    picked = logp.gather(1, torch.tensor([[int(chosen[r])] for r in rows], device=logits.device))[:, 0].tolist()
+    k = min(max(int(wanted[r]) for r in rows), logp.shape[-1])  # type: ignore[arg-type]
+    values, ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    values, ids = values.tolist(), ids.tolist()
+    for j, r in enumerate(rows):
+        want = int(wanted[r])  # type: ignore[arg-type]
+        out[r] = (picked[j], list(zip(ids[j][:want], values[j][:want])))
+    return out
 
 
 def run_profiler(model: torch.nn.Module, probes: Mapping[str, Callable[[], Any]], device: str,

@@ -1,12 +1,19 @@
-"""Model presets and loading: a preset name or a local Hugging Face folder becomes a live model.
+"""Model presets and loading: a preset name, a local Hugging Face folder or a Hugging Face model id
+already in the local cache becomes a live model.
+
+`--model` resolves, in order: a preset name; a local folder; a Hugging Face model id (`org/name`)
+looked up in the local Hugging Face cache only (`HF_HUB_CACHE` / `HF_HOME`; `snapshot_download(...,
+local_files_only=True)`: nothing is ever downloaded, an id that is not cached is an error saying so).
 
 Presets carry their configs in code, so nothing is downloaded. Weights of a preset (and of a folder
 loaded with `random_weights=True`) come from `AutoModelForCausalLM.from_config` under a fixed seed:
 two processes that load the same preset with the same seed, device and dtype hold identical
 weights, which the restart and parity tests rely on.
 
-Tokenizer: the folder's own tokenizer when it has one; otherwise `ByteTokenizer`, a byte-level
-fallback: text is encoded as its UTF-8 bytes, each byte `b` becoming token id `b % vocab_size`;
+Tokenizer: a folder (or cached model) is served with its own tokenizer; a tokenizer that is missing
+or does not load is an error (`serve` exits 2 saying why) unless `byte_tokenizer=True`
+(`--byte-tokenizer`) asks for `ByteTokenizer` instead. Presets ship no tokenizer files and declare
+`ByteTokenizer` (`PRESET_TOKENIZERS`). `ByteTokenizer` is byte-level: text is encoded as its UTF-8 bytes, each byte `b` becoming token id `b % vocab_size`;
 token ids decode back to bytes as `id % 256` (ids >= 256 therefore alias bytes), invalid UTF-8 is
 decoded with U+FFFD. It has no special tokens, so generation with it only stops on `max_tokens` or a
 stop string.
@@ -74,6 +81,9 @@ PRESETS: dict[str, Callable[[], Any]] = {
     "tiny-gpt2": _tiny_gpt2,
     "qwen2.5-1.5b": _qwen25_15b,
 }
+# The tokenizer each preset is served with: presets ship no tokenizer files, so all declare the
+# byte-level tokenizer (no chat template: /v1/chat/completions answers 400 on them).
+PRESET_TOKENIZERS: dict[str, str] = {name: "byte" for name in PRESETS}
 
 
 class ModelLoadError(ValueError):
@@ -86,6 +96,7 @@ class ByteTokenizer:
     is_byte_level = True
     eos_token_ids: frozenset[int] = frozenset()
     bos_token_id: int | None = None
+    chat_template: str | None = None
 
     def __init__(self, vocab_size: int):
         if vocab_size < 1:
@@ -97,6 +108,12 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([int(token_id) % 256])
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
@@ -115,12 +132,39 @@ class HFTokenizer:
                 eos.update(int(i) for i in source)
         self.eos_token_ids = frozenset(eos)
         self.bos_token_id = tokenizer.bos_token_id
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self._byte_decoder: dict[str, int] | None = None
+        if decoder is not None and "ByteLevel" in repr(decoder):  # GPT-2 style byte-level BPE
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+            self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tok, "chat_template", None) or None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt token ids of a conversation, ending with the assistant's generation prompt."""
+        out = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers 5 answers a BatchEncoding
+        return [int(i) for i in ids]
+
+    def token_text(self, token_id: int) -> str:
+        return self.tok.decode([int(token_id)], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (a byte-level BPE piece may be part of a UTF-8 character)."""
+        if self._byte_decoder is not None and int(token_id) not in self.tok.all_special_ids:
+            piece = self.tok.convert_ids_to_tokens(int(token_id))
+            if isinstance(piece, str) and piece and all(c in self._byte_decoder for c in piece):
+                return bytes(self._byte_decoder[c] for c in piece)
+        return self.token_text(token_id).encode("utf-8")
 
 
 @dataclass
@@ -131,7 +175,7 @@ class LoadedModel:
     device: str
     dtype: torch.dtype
     seed: int
-    source: str            # "preset" | "folder"
+    source: str            # "preset" | "folder" | "hf-cache"
     random_weights: bool
 
     @property
@@ -182,58 +226,113 @@ def _from_config(config: Any, device: str, dtype: torch.dtype, seed: int) -> tor
     return model.to(device=device, dtype=dtype)
 
 
+def resolve_model(spec: str) -> tuple[str, Path | None, str]:
+    """(source, folder, name) of a `--model` spec: ("preset", None, spec), ("folder", path, str(path))
+    or ("hf-cache", snapshot path, spec) for a Hugging Face model id found in the local cache (never
+    downloaded). ModelLoadError when it is none of these."""
+    if spec in PRESETS:
+        return "preset", None, spec
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        folder = folder.resolve()
+        return "folder", folder, str(folder)
+    snapshot, why = _cached_snapshot(spec)
+    if snapshot is not None:
+        return "hf-cache", snapshot, spec
+    raise ModelLoadError(f"--model {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}), a local folder "
+                         f"nor a Hugging Face model id in the local cache ({why}); nothing is downloaded: "
+                         f"fetch it first, e.g. `hf download {spec}`")
+
+
+def _cached_snapshot(repo_id: str) -> tuple[Path | None, str]:
+    """The local snapshot folder of a Hugging Face model id (local cache only), or (None, why not)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except Exception:  # noqa: BLE001 - not an id at all
+        return None, "not a valid model id"
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True)), ""
+    except Exception:  # noqa: BLE001 - LocalEntryNotFoundError and friends
+        return None, f"not found in {constants.HF_HUB_CACHE}"
+
+
+def load_tokenizer(folder: Path, config: Any, byte_tokenizer: bool = False) -> Any:
+    """The folder's tokenizer; ModelLoadError when it has none or it does not load, unless
+    `byte_tokenizer` asks for `ByteTokenizer` (which is then used whatever the folder holds)."""
+    if byte_tokenizer:
+        return ByteTokenizer(int(config.vocab_size))
+    if not _has_tokenizer(folder):
+        raise ModelLoadError(f"{folder} has no tokenizer (tokenizer.json, tokenizer_config.json, ...); "
+                             "pass --byte-tokenizer to serve it with the byte-level tokenizer")
+    from transformers import AutoTokenizer
+
+    try:
+        return HFTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True), config)
+    except Exception as exc:  # noqa: BLE001 - reported as one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelLoadError(f"the tokenizer of {folder} does not load ({type(exc).__name__}: {first}); "
+                             "pass --byte-tokenizer to serve it with the byte-level tokenizer") from exc
+
+
 def load_model(spec: str, *, random_weights: bool = False, device: str | None = None,
-               dtype: str | torch.dtype | None = None, seed: int = 0) -> LoadedModel:
-    """Load a preset (always random weights) or a local folder (weights, or config + random)."""
+               dtype: str | torch.dtype | None = None, seed: int = 0, byte_tokenizer: bool = False) -> LoadedModel:
+    """Load a preset (always random weights), a local folder or a cached Hugging Face model id
+    (weights, or config + random weights)."""
     problem = model_problem(spec, random_weights)
     if problem is not None:
         raise ModelLoadError(problem)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    folder = Path(spec).expanduser()
-    if spec in PRESETS:
+    source, folder, name = resolve_model(spec)
+    if folder is None:
         config = PRESETS[spec]()
         model = _from_config(config, device, torch_dtype, seed)
+        assert PRESET_TOKENIZERS[spec] == "byte"
         tokenizer: Any = ByteTokenizer(int(config.vocab_size))
-        name, source, random_weights = spec, "preset", True
+        random_weights = True
     else:
-        folder = folder.resolve()
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        config = AutoConfig.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        tokenizer = load_tokenizer(folder, config, byte_tokenizer)  # before the (slower) weights
         if random_weights:
             model = _from_config(config, device, torch_dtype, seed)
         else:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
+                                                         local_files_only=True)
             model = model.to(device)
-        tokenizer = None
-        if _has_tokenizer(folder):
-            try:
-                tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(folder), config)
-            except Exception:  # noqa: BLE001 - a broken tokenizer folder falls back to bytes
-                tokenizer = None
-        if tokenizer is None:
-            tokenizer = ByteTokenizer(int(config.vocab_size))
-        name, source = str(folder), "folder"
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=device, dtype=torch_dtype,
                        seed=seed, source=source, random_weights=random_weights)
 
 
-def model_problem(spec: str, random_weights: bool = False) -> str | None:
-    """Why `spec` cannot be served, found without loading anything (so `serve` can refuse before
-    it binds its port); None when it can be."""
-    if spec in PRESETS:
+def model_problem(spec: str, random_weights: bool = False, byte_tokenizer: bool | None = None) -> str | None:
+    """Why `spec` cannot be served, found without loading the model (so `serve` can refuse before
+    it binds its port); None when it can be. With `byte_tokenizer` given (`serve` passes it), the
+    folder's tokenizer is loaded too: a tokenizer that does not load is a problem unless it is True."""
+    try:
+        source, folder, _ = resolve_model(spec)
+    except ModelLoadError as exc:
+        return str(exc)
+    if folder is None:
         return None
-    folder = Path(spec).expanduser()
-    if not folder.is_dir():
-        return f"--model {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a local folder"
-    folder = folder.resolve()
     if not (folder / "config.json").exists():
         return f"{folder} has no config.json: pass a Hugging Face model folder or a preset"
     if not random_weights and not _has_weights(folder):
         return f"{folder} holds a config but no weights; pass --random-weights to serve it with random weights"
+    if byte_tokenizer is False:
+        from transformers import AutoConfig
+
+        try:
+            load_tokenizer(folder, AutoConfig.from_pretrained(folder, local_files_only=True))
+        except ModelLoadError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - a config transformers cannot read
+            return f"{folder}/config.json does not load ({type(exc).__name__}: {exc})".splitlines()[0]
     return None
 
 
@@ -243,7 +342,8 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "name": loaded.name, "source": loaded.source, "architecture": type(loaded.model).__name__,
         "device": loaded.device, "dtype": str(loaded.dtype).replace("torch.", ""), "seed": loaded.seed,
         "random_weights": loaded.random_weights,
-        "tokenizer": "byte-level fallback" if getattr(loaded.tokenizer, "is_byte_level", False) else "folder",
+        "tokenizer": "byte-level" if getattr(loaded.tokenizer, "is_byte_level", False) else "folder",
+        "chat_template": bool(getattr(loaded.tokenizer, "chat_template", None)),
         "vocab_size": int(getattr(cfg, "vocab_size", 0) or 0),
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
     }
@@ -257,5 +357,6 @@ def write_preset_folder(preset: str, folder: str | Path) -> Path:
     return folder
 
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "ModelLoadError", "PRESETS", "describe", "load_model",
-           "model_problem", "resolve_device", "resolve_dtype", "write_preset_folder"]
+__all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "ModelLoadError", "PRESETS", "PRESET_TOKENIZERS",
+           "describe", "load_model", "load_tokenizer", "model_problem", "resolve_device", "resolve_dtype",
+           "resolve_model", "write_preset_folder"]

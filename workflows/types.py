@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass
 class CampaignInput:
-    """CONTRACTS section 5. Every field but server_url is optional."""
+    """docs/CONTRACTS.md section 6. Every field but server_url is optional."""
 
     server_url: str
     ops: list[str] | None = None

@@ -17,9 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="where kernels run (default: cuda when available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the run as one JSON object, last on stdout")
-    parser.add_argument("--out", default="kernelbench_out", metavar="DIR",
+    parser.add_argument("--out", default=None, metavar="DIR",
                         help="where candidates and ModelNew files go, one folder per problem "
-                             "(default: ./kernelbench_out)")
+                             "(default: the state folder's kernelbench/, $GPUYANTRA_STATE_DIR or ./.state)")
     parser.add_argument("--max-iterations", type=positive_int, default=None, metavar="N",
                         help="candidates written per problem at most (default: 4)")
     parser.add_argument("--max-elements", type=positive_int, default=None, metavar="N",

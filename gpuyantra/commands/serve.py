@@ -1,4 +1,4 @@
-"""`gpuyantra serve`: serve a causal LM with the hot-swap admin API (CONTRACTS sections 3 and 4)."""
+"""`gpuyantra serve`: serve a causal LM with the hot-swap admin API (docs/CONTRACTS.md sections 3 and 5)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,20 @@ def register(subparsers) -> None:
         help="serve a causal LM (OpenAI-compatible completions) with the kernel hot-swap admin API",
         description=(
             "Serve a transformers causal LM from a preset (tiny-qwen2, tiny-llama, tiny-gpt2, qwen2.5-1.5b; "
-            "random weights, seeded) or a local Hugging Face folder, with OpenAI-compatible /v1/completions, "
+            "random weights, seeded), a local Hugging Face folder or a Hugging Face model id already in the local "
+            "cache, with OpenAI-compatible /v1/completions and /v1/chat/completions, "
             "Prometheus /metrics and the bearer-token admin API that swaps verified Triton kernels in live."),
     )
-    p.add_argument("--model", default="tiny-qwen2", metavar="PRESET_OR_DIR",
-                   help="preset name or local model folder (config.json, weights optional with --random-weights); "
-                        "default: tiny-qwen2")
+    p.add_argument("--model", default="tiny-qwen2", metavar="PRESET_DIR_OR_ID",
+                   help="preset name, local model folder (config.json, weights optional with --random-weights) or "
+                        "Hugging Face model id resolved from the local cache only ($HF_HUB_CACHE; never "
+                        "downloaded); default: tiny-qwen2")
     p.add_argument("--random-weights", action="store_true",
-                   help="for a folder: build the model from its config.json with seeded random weights")
+                   help="for a folder or model id: build the model from its config.json with seeded random weights")
+    p.add_argument("--byte-tokenizer", action="store_true",
+                   help="for a folder or model id: serve with the byte-level tokenizer (UTF-8 bytes as token ids) "
+                        "instead of its own; without it a missing or broken tokenizer stops serve (exit 2). "
+                        "Presets always use it")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where the model runs (default: cuda when available)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     _ensure_serving_importable()
     from serving.models import model_problem
 
-    problem = model_problem(args.model, args.random_weights)
+    problem = model_problem(args.model, args.random_weights, byte_tokenizer=args.byte_tokenizer)
     if problem is not None:  # before the port is bound: a server that can never be ready must not start
         print(f"gpuyantra serve: {problem}", file=sys.stderr)
         return 2
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     token = args.admin_token or os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
     config = ServeConfig(
-        model=args.model, random_weights=args.random_weights, device=device,
+        model=args.model, random_weights=args.random_weights, byte_tokenizer=args.byte_tokenizer, device=device,
         dtype=None if args.dtype == "auto" else args.dtype, seed=args.seed, state_dir=args.state_dir,
         admin_token=token, cuda_graphs=args.cuda_graphs,
         decode_attention=args.decode_attention, fuse_projections=args.fuse_projections,

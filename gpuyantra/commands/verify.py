@@ -1,4 +1,4 @@
-"""`gpuyantra verify FILE`: run the trust anchor on one candidate kernel file (CONTRACTS section 3).
+"""`gpuyantra verify FILE`: run the trust anchor on one candidate kernel file (docs/CONTRACTS.md section 3).
 
 Exit 0 when accepted (reward >= +1), 1 when rejected (including an unknown op or an unreadable
 file), 2 on a usage error (argparse). `--json` prints exactly one JSON object on stdout.

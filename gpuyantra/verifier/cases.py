@@ -1,8 +1,11 @@
 """The correctness plan: which shapes, dtypes, seeds and input distributions a candidate meets.
 
-Parent and sandbox child both build every case from (shape, dtype, seed, scale) with the same
-deterministic CPU generator, so the parent recomputes the exact inputs and judges the child's
-outputs against its own float64 reference; nothing the child reports about values is trusted.
+Parent and sandbox child both build every case from (shape, dtype, seed, scale, distribution) with
+the same deterministic generator — the CPU's on the CPU, the GPU's own (Philox) where the verdict
+is for a GPU: parent and child sit on the same device, and drawing 12M-element cases there instead
+of on the host is most of what a GPU verdict's correctness phase saved — so the parent recomputes
+the exact inputs and judges the child's outputs against its own float64 reference; nothing the
+child reports about values is trusted.
 """
 
 from __future__ import annotations
@@ -174,9 +177,10 @@ def plan(device: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[str], se
     return cases
 
 
-def _generator(case: Case) -> torch.Generator:
+def _generator(case: Case, device: str | torch.device = "cpu") -> torch.Generator:
     key = f"{case.seed}|{list(case.shape)}|{case.dtype}|{case.scale!r}".encode()
-    return torch.Generator().manual_seed(zlib.crc32(key) + 7919 * case.seed)
+    where = "cuda" if str(device).startswith("cuda") else "cpu"
+    return torch.Generator(device=where).manual_seed(zlib.crc32(key) + 7919 * case.seed)
 
 
 def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], device: str | torch.device = "cpu",
@@ -184,8 +188,8 @@ def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], de
     """(activations, params) for one case: random inputs, freshly randomized parameters."""
     dtype = dtype_of(case.dtype)
     rows, hidden = tuple(case.shape[:-1]), int(case.shape[-1])
-    generator = _generator(case)
-    activations = tuple(family.make_activations(rows, hidden, dtype, "cpu", generator, case.scale))
+    generator = _generator(case, device)
+    activations = tuple(family.make_activations(rows, hidden, dtype, generator.device, generator, case.scale))
     if case.dist != "normal":
         roles = activation_roles(family, len(activations))
         for tensor, role in zip(activations, roles):
@@ -195,13 +199,16 @@ def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], de
         if spec["kind"] == "tensor":
             shape = [hidden if d == "H" else int(d) for d in spec["shape"]]
             # Never weight = 1, bias = 0: random values around 0.3 with both signs.
-            values = torch.randn(shape, generator=generator, dtype=torch.float32) * 0.5 + 0.3
+            values = torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device) * 0.5 + 0.3
             params[spec["name"]] = values.to(dtype)
         elif case.draw_scalars:
-            params[spec["name"]] = draw_scalar(spec["value"], generator)
+            # One drawn value per (seed, parameter), not per case: a kernel that takes eps as a
+            # tl.constexpr compiles once per value, and a handful of values already exposes a constant.
+            scalar_gen = torch.Generator().manual_seed(zlib.crc32(f"{case.seed}|{spec['name']}".encode()))
+            params[spec["name"]] = draw_scalar(spec["value"], scalar_gen)
         else:
             params[spec["name"]] = spec["value"]
-    if str(device) != "cpu":
+    if str(device) != str(generator.device):
         activations = tuple(a.to(device) for a in activations)
         params = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in params.items()}
     return activations, params
@@ -256,14 +263,15 @@ def realistic(tensor: torch.Tensor, role: str, dist: str, dtype: str, generator:
     """Reshape (in place, keeping the layout) an N(0, 1)-like activation into distribution `dist`."""
     if role == "bounded" or tensor.numel() == 0:
         return
-    base = tensor.to(torch.float32)
+    where = generator.device
+    base = tensor.to(device=where, dtype=torch.float32)
     row_shape = (*tensor.shape[:-1], 1) if tensor.dim() else ()
     if dist == "offset":
         offset, spread = OFFSET.get(dtype, OFFSET["float32"])
         if role == "gate":
             offset, spread = GATE_PEAK, 2.0
-        sign = torch.randint(0, 2, row_shape, generator=generator).to(torch.float32) * 2 - 1
-        mean = sign * offset * (0.5 + 0.5 * torch.rand(row_shape, generator=generator))
+        sign = torch.randint(0, 2, row_shape, generator=generator, device=where).to(torch.float32) * 2 - 1
+        mean = sign * offset * (0.5 + 0.5 * torch.rand(row_shape, generator=generator, device=where))
         values = base * spread + mean
     elif dist == "outliers":
         peak = GATE_PEAK if role == "gate" else OUTLIER_PEAK.get(dtype, OUTLIER_PEAK["float32"])
@@ -271,9 +279,9 @@ def realistic(tensor: torch.Tensor, role: str, dist: str, dtype: str, generator:
         width = int(tensor.shape[-1]) if tensor.dim() else 1
         # At least two outliers per row on average, about 1% of a wide row.
         chance = max(0.01, 2.0 / max(width, 1))
-        hit = torch.rand(tensor.shape, generator=generator) < chance
-        sign = torch.randint(0, 2, tensor.shape, generator=generator).to(torch.float32) * 2 - 1
-        size = floor + (peak - floor) * torch.rand(tensor.shape, generator=generator)
+        hit = torch.rand(tensor.shape, generator=generator, device=where) < chance
+        sign = torch.randint(0, 2, tensor.shape, generator=generator, device=where).to(torch.float32) * 2 - 1
+        size = floor + (peak - floor) * torch.rand(tensor.shape, generator=generator, device=where)
         values = torch.where(hit, sign * size, base)
     else:
         raise ValueError(f"unknown input distribution {dist!r}")
@@ -286,7 +294,7 @@ def draw_scalar(live: Any, generator: torch.Generator) -> Any:
     Booleans, integers and non-numbers stay live (they select behaviour, not a value)."""
     if isinstance(live, bool) or not isinstance(live, float):
         return live
-    u = float(torch.rand((), generator=generator))
+    u = float(torch.rand((), generator=generator, device=generator.device))
     if live == 0.0:
         return 10.0 ** (-6 + 4 * u)
     if abs(live) < 0.01:

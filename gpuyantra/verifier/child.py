@@ -255,6 +255,7 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
     from gpuyantra.ops import get_op
     from gpuyantra.verifier.cases import Case
 
+    setup_started = time.perf_counter()
     device = job["device"]
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     if device == "cuda":
@@ -300,6 +301,7 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
            "device": device, "param_specs": job["param_specs"]}
     cases = [Case.from_json(c) for c in job["cases"]]
     timings = results.setdefault("timings", {})
+    timings["setup"] = round(time.perf_counter() - setup_started, 3)  # job read to first case
     results["stage"] = "correctness"
     with _timed(timings, "correctness"):
         if not run_cases([c for c in cases if c.phase == "main"], ctx, results, outputs):

@@ -119,7 +119,7 @@ RULES: dict[str, Rule] = {
                               "tolerance plus 16x the module's own per-row float32 error there"),
     "hardcoded-constant": Rule("correctness", "constants baked into the kernel that it should read from "
                                "the module (eps = 1e-6 instead of the bound value)",
-                               "every bound scalar drawn per case around its live value (eps: live/10 to "
+                               "every bound scalar drawn per seed around its live value (eps: live/10 to "
                                "live x100) on all seeds but the first; outputs judged as for wrong-values"),
     "shape-cap": Rule("correctness", "work skipped beyond the shapes that were tried: a grid capped at N "
                       "programs, one tile capped at N columns",

@@ -1,4 +1,4 @@
-"""The verifier's answer: a `Verdict` with its `Failure`s, and the reward ladder of CONTRACTS section 3."""
+"""The verifier's answer: a `Verdict` with its `Failure`s, and the reward ladder of docs/CONTRACTS.md section 4."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 LAYERS = ("static", "contract", "sandbox", "correctness", "benchmark")
 
-# "Faster" means faster by more than this factor (CONTRACTS section 3: by more than 5%).
+# "Faster" means faster by more than this factor (docs/CONTRACTS.md section 4: by more than 5%).
 FASTER_BY = 1.05
 
 
@@ -55,7 +55,7 @@ class Verdict:
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The `verify --json` object: CONTRACTS section 3 keys first, then the extras."""
+        """The `verify --json` object: docs/CONTRACTS.md section 4 keys first, then the extras."""
         data = asdict(self)
         data["failures"] = [f.to_dict() for f in self.failures]
         ordered = {key: data.pop(key) for key in

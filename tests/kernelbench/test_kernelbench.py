@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -440,3 +441,18 @@ def test_unsupported_only_run_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["problems"][0]["status"] == "unsupported" and report["fast_0"] == 0.0
+
+
+def test_default_out_is_the_state_folder_not_the_working_directory(tmp_path):
+    write(tmp_path, "3_Matmul.py", MATMUL)
+    work, state = tmp_path / "work", tmp_path / "state"
+    work.mkdir()
+    env = {**os.environ, "GPUYANTRA_STATE_DIR": str(state)}
+    proc = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "kernelbench", str(tmp_path / "3_Matmul.py"),
+                           "--device", "cpu", "--json"], capture_output=True, text=True, timeout=600,
+                          cwd=work, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["out"] == str((state / "kernelbench").resolve())
+    assert (state / "kernelbench" / "kernelbench.json").is_file()
+    assert list(work.iterdir()) == []  # nothing written into the working directory

@@ -39,14 +39,15 @@ def free_port() -> int:
 class ServerProcess:
     """One `python -m gpuyantra.cli serve` subprocess; stdout/stderr go to a log file."""
 
-    def __init__(self, state_dir: Path, log_path: Path, *args: str, token: str = TOKEN):
+    def __init__(self, state_dir: Path, log_path: Path, *args: str, token: str = TOKEN,
+                 env: dict[str, str] | None = None):
         self.state_dir = state_dir
         self.log_path = log_path
         self.token = token
         self.args = list(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         env.update({"TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1", "GPUYANTRA_ADMIN_TOKEN": token,
                     "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
         cmd = [sys.executable, "-m", "gpuyantra.cli", "serve", "--model", "tiny-qwen2", "--device", "cpu",
@@ -147,3 +148,47 @@ def reference_greedy(model, prompt, steps):
             ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
     return ids[len(prompt):]
 
+
+
+# A chat template in the ChatML style of Qwen2 (the cached test model's tokenizer carries it).
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_hf_cache_model(cache: Path, repo_id: str = "gpuyantra-test/tiny-chat", *, chat_template: bool = True,
+                         tokenizer: str = "ok", commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """A model in the Hugging Face hub cache layout under `cache` (what HF_HUB_CACHE points at):
+    `models--org--name/refs/main` holding `commit`, `snapshots/<commit>/` holding the tiny-qwen2
+    config.json (no weights: serve it with --random-weights) and, with tokenizer="ok", a byte-level
+    BPE tokenizer (256 byte tokens + <|im_start|> + <|im_end|> as eos) with CHAT_TEMPLATE unless
+    chat_template=False; tokenizer="broken": an unreadable tokenizer.json; "none": no tokenizer files.
+    Returns the snapshot folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from serving.models import PRESETS
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    config = PRESETS["tiny-qwen2"]()
+    if tokenizer == "ok":
+        vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+        vocab.update({"<|im_start|>": 256, "<|im_end|>": 257})
+        backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
+                                      additional_special_tokens=["<|im_start|>"])
+        if chat_template:
+            tok.chat_template = CHAT_TEMPLATE
+        tok.save_pretrained(snapshot)
+        config.vocab_size = len(tok)
+        config.eos_token_id = tok.eos_token_id
+    elif tokenizer == "broken":
+        (snapshot / "tokenizer.json").write_text("{not json")
+        (snapshot / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    config.save_pretrained(snapshot)
+    return snapshot

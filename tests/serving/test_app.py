@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -90,10 +91,29 @@ def test_token_from_environment(tmp_path, monkeypatch):
     ("/admin/rollback", {"all": "maybe"}, "all: Input should be a valid boolean"),
     ("/admin/benchmark", {"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
     ("/admin/benchmark", {"batch": 1000}, "batch must be between 1 and max_batch"),
+    ("/admin/benchmark", {"max_tokens": True}, "max_tokens: Input should be a valid integer"),
+    ("/admin/benchmark", {"repeats": "2"}, "repeats: Input should be a valid integer"),
+    ("/admin/logits", {"prompt": [1, True]}, "prompt"),  # token ids are integers, not booleans
+    ("/admin/logits", {"prompt": [10**9]}, "prompt must encode to token ids in [0, "),
+    ("/admin/swap", {"source": "x", "shapes": [[True, 64]]}, "shapes.0.0: Input should be a valid integer"),
     ("/admin/profile", {"ops": ["rms_norm"]}, "ops: Extra inputs are not permitted"),
     ("/v1/completions", {"max_tokens": 3}, "prompt: Field required"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, "only n = 1 is supported"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n: Input should be greater than or equal to 1"),
+    ("/v1/completions", {"prompt": [1, True]}, "prompt"),  # token ids are integers, not booleans
+    ("/v1/completions", {"prompt": [[1], [False]]}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs: Input should be a valid integer"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop takes at most 4"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo is not supported"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**64}, "seed: Input should be less than or equal to"),
+    ("/v1/chat/completions", {"messages": []}, "messages: List should have at least 1 item"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages.0.role: Field required"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "only text content parts"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": True}, "n: Input should be"),
     ("/v1/completions", {"prompt": []}, "prompt must not be an empty list"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature: Input should be greater than or equal to 0"),
 ])
@@ -112,6 +132,42 @@ def test_candidate_that_does_not_load_gets_422(client, tmp_path):
     # (An unparsable source cannot be attested: tests/serving/test_attestation.py posts one unverified.)
     r = client.post("/admin/swap", json={"path": str(tmp_path / "missing.py")}, headers=AUTH)
     assert r.status_code == 422 and "does not exist" in r.json()["detail"]["reason"]
+
+
+def test_undecodable_body_gets_422_with_the_validation_shape(client):
+    r = client.post("/v1/completions", content=b"\xff\xfe{", headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["type"] == "json_invalid" and r.json()["message"]
+
+
+def test_admin_routes_declare_their_real_422_bodies(client):
+    schema = client.get("/openapi.json").json()
+    ref = {path: schema["paths"][path]["post"]["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
+           for path in ("/admin/benchmark", "/admin/logits", "/admin/swap")}
+    assert ref["/admin/benchmark"].endswith("/RequestErrorBody") and ref["/admin/logits"].endswith("/RequestErrorBody")
+    assert ref["/admin/swap"].endswith("/SwapUnprocessable")
+    assert set(schema["components"]["schemas"]["RequestErrorBody"]["required"]) == {"detail", "message"}
+
+
+def test_503_while_loading_says_when_to_retry(tmp_path, monkeypatch):
+    import serving.app as app_module
+
+    release = threading.Event()
+
+    def slow_load(*args, **kwargs):
+        release.wait(30)
+        raise RuntimeError("no model here")
+
+    monkeypatch.setattr(app_module, "load_model", slow_load)
+    with TestClient(create_app(ServeConfig(model="tiny-qwen2", device="cpu", admin_token=TOKEN,
+                                           state_dir=str(tmp_path)))) as c:
+        for r in (c.get("/v1/models"), c.get("/readyz"), c.post("/admin/logits", json={"prompt": [1]}, headers=AUTH),
+                  c.post("/v1/completions", json={"prompt": [1]})):
+            assert r.status_code == 503 and r.headers["retry-after"] == "5", (r.request.url, r.text)
+        release.set()
+        c.app.state.loader.join(30)
+        r = c.get("/v1/models")
+        assert r.status_code == 503 and "no model here" in r.text and "retry-after" not in r.headers
 
 
 # ---------------------------------------------------------------------- admin behaviour
@@ -224,3 +280,42 @@ def test_completions_errors_and_stop(client):
     stop = full[2:4]
     cut = completion(client, prompt="Hello", max_tokens=8, stop=[stop]).json()["choices"][0]
     assert cut["text"] == full[:full.find(stop)] and cut["finish_reason"] == "stop"
+
+
+def test_openai_routes_declare_their_error_bodies(client):
+    schema = client.get("/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ValidationErrorBody")
+        for status in ("400", "404", "500"):
+            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert set(schema["components"]["schemas"]["ValidationErrorBody"]["properties"]) == {"detail", "message"}
+
+
+def test_chat_without_a_chat_template_is_400(client):
+    # The presets' byte-level tokenizer has no chat template.
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400, r.text
+    assert "has no chat template" in r.json()["error"]["message"] and r.json()["detail"]
+
+
+def test_completions_n_logprobs_and_stop(client):
+    base = completion(client, prompt="Hello", max_tokens=6).json()["choices"][0]
+    out = completion(client, prompt=["Hello", "other"], max_tokens=6, n=2, logprobs=3).json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert out["choices"][0]["token_ids"] == out["choices"][1]["token_ids"] == base["token_ids"]  # greedy
+    assert out["usage"]["prompt_tokens"] == 10 and out["usage"]["completion_tokens"] == 24  # prompts once
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 6
+    for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        assert chosen <= 0 and 1 <= len(top) <= 4
+        assert max(top.values()) == pytest.approx(chosen)  # greedy: the chosen token is the likeliest
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert completion(client, prompt="Hello", max_tokens=2).json()["choices"][0]["logprobs"] is None
+    # A stop string: text cut before it, token ids and logprobs up to the token that completed it.
+    stop = next(ch for ch in base["text"][1:] if ch.isascii() and ch.isprintable())
+    cut = completion(client, prompt="Hello", max_tokens=6, stop=stop, logprobs=0).json()["choices"][0]
+    assert cut["text"] == base["text"][:base["text"].index(stop)] and cut["finish_reason"] == "stop"
+    k = len(cut["token_ids"])
+    assert cut["token_ids"] == base["token_ids"][:k] and len(cut["logprobs"]["tokens"]) == k
+    assert all(len(t) == 1 for t in cut["logprobs"]["top_logprobs"])  # logprobs 0: the chosen token only

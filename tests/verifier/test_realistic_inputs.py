@@ -113,6 +113,10 @@ def test_drawn_scalars_move_around_the_live_value_and_live_cases_keep_it():
     assert max(drawn) / min(drawn) > 100
     live = make_case(family, Case(0, "main", "float32", (2, 64), 0, 1.0), specs)[1]["eps"]
     assert live == 1e-6
+    # One value per seed across shapes, dtypes and scales: a constexpr eps compiles a few times only.
+    same_seed = {make_case(family, Case(0, "main", dtype, shape, 3, scale, draw_scalars=True), specs)[1]["eps"]
+                 for dtype in ("float32", "float16") for shape in ((2, 64), (3, 96)) for scale in (1.0, 0.01)}
+    assert len(same_seed) == 1
 
 
 def test_case_round_trips_through_json_with_its_new_fields():

@@ -3,6 +3,8 @@ for the GPU and CPU work, so each exit rule of the write/verify loop is pinned d
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -23,12 +25,21 @@ TARGET = {"op": "rms_norm", "module_class": "Qwen2RMSNorm", "qualified_class": "
 class Script:
     """Rewards the fake verifier hands out, in order, and a log of what was called."""
 
-    def __init__(self, rewards: list[int], device: str = "cuda", slower_after_deploy: bool = False) -> None:
+    def __init__(self, rewards: list[int], device: str = "cuda", slower_after_deploy: bool = False,
+                 verifications_meet: int = 0) -> None:
         self.rewards = rewards
         self.slower_after_deploy = slower_after_deploy
         self.device = device
         self.calls: list[str] = []
         self.outcomes: list[float] = []
+        self.events: list[tuple[str, str]] = []  # (event, op), in the order they happened
+        self._events_lock = threading.Lock()
+        # First verifications wait for each other (bounded): they finish only if they run at once.
+        self.meet = threading.Barrier(verifications_meet, timeout=30) if verifications_meet else None
+
+    def event(self, name: str, op: str = "") -> None:
+        with self._events_lock:
+            self.events.append((name, op))
 
     def activities(self) -> tuple[list[Any], list[Any]]:
         @activity.defn(name="profile_server")
@@ -38,6 +49,9 @@ class Script:
 
         @activity.defn(name="benchmark_server")
         def benchmark_server(call: ServerCall) -> dict:
+            self.event("benchmark-start")
+            time.sleep(0.05)  # a window another deploy could land in, were deploys not serialized
+            self.event("benchmark-end")
             swapped = "deploy" in self.calls and "rollback" not in self.calls
             return {"tokens_per_s": 80.0 if swapped and self.slower_after_deploy else 100.0 + 10 * swapped}
 
@@ -45,12 +59,19 @@ class Script:
         def verify_candidate(request: VerifyInput) -> dict:
             reward = self.rewards[min(request.iteration - 1, len(self.rewards) - 1)]
             self.calls.append(f"verify{request.iteration}")
+            self.event("verify-start", request.target["op"])
+            if self.meet is not None and request.iteration == 1:
+                self.meet.wait()
+            self.event("verify-end", request.target["op"])
             return {"reward": reward, "accepted": reward >= 1, "device": self.device,
                     "failures": [] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
                     "speedup_vs_eager": 2.0, "speedup_vs_compile": 1.1}
 
         @activity.defn(name="deploy_kernel")
         def deploy_kernel(request: DeployInput) -> dict:
+            self.event("deploy-start", request.target["op"])
+            time.sleep(0.05)
+            self.event("deploy-end", request.target["op"])
             self.calls.append("deploy")
             return {"swap_id": "s1", "modules": 5}
 
@@ -141,6 +162,20 @@ async def test_swap_that_slows_served_decode_is_rolled_back(env):
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
     assert "served decode went from 100.0 to 80.0 tokens/s" in result["rejected"][0]["reason"]
+    assert result["rejected"][0]["served_speed"]["drop"] == 0.2 and result["warnings"] == []
+
+
+async def test_two_targets_verify_concurrently_and_deploy_one_at_a_time(env):
+    script = Script(rewards=[3], verifications_meet=2)
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm", "softmax"]))
+    assert sorted(d["op"] for d in result["deployed"]) == ["rms_norm", "softmax"]
+    order = {event: i for i, event in enumerate(script.events)}
+    for op, other in (("rms_norm", "softmax"), ("softmax", "rms_norm")):  # each started before the other ended
+        assert order[("verify-start", op)] < order[("verify-end", other)]
+    server_side = [name for name, _ in script.events if name.startswith(("deploy", "benchmark"))]
+    swap_and_check = ["deploy-start", "deploy-end", "benchmark-start", "benchmark-end"]
+    assert server_side == ["benchmark-start", "benchmark-end", *swap_and_check, *swap_and_check,
+                           "benchmark-start", "benchmark-end"]  # before, two swaps each checked alone, after
 
 
 async def test_swap_that_speeds_served_decode_is_kept_with_e2e_numbers(env):
@@ -148,6 +183,8 @@ async def test_swap_that_speeds_served_decode_is_kept_with_e2e_numbers(env):
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert result["deployed"][0]["e2e_tokens_per_s"] == {"before": 100.0, "after": 110.0}
     assert result["e2e"] == {"tokens_per_s_before": 100.0, "tokens_per_s_after": 110.0}
+    assert result["served_speed"]["before"]["tokens_per_s"] == 100.0
+    assert result["served_speed"]["after"]["measured"] == "benchmark" and result["warnings"] == []
 
 
 async def test_require_approval_waits_for_the_signal(env):

@@ -1,0 +1,150 @@
+"""Unit tests of the OpenAI-compatible layer's helpers: stop strings, incremental text, log-probabilities,
+and the generation core against a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from serving.engine import GenRequest, token_logprobs
+from serving.models import ByteTokenizer
+from serving.openai_api import (Generation, IncrementalText, chat_logprobs, completion_logprobs, stop_overlap,
+                                truncate_at_stop)
+
+
+@pytest.mark.parametrize("text, stops, want", [
+    ("hello", None, ("hello", False)),
+    ("hello", ["x"], ("hello", False)),
+    ("hello world", ["o"], ("hell", True)),
+    ("hello world", ["world", "lo"], ("hel", True)),  # the earliest stop wins, whichever is listed first
+    ("stop", ["stop"], ("", True)),
+])
+def test_truncate_at_stop(text, stops, want):
+    assert truncate_at_stop(text, stops) == want
+
+
+@pytest.mark.parametrize("text, stops, want", [
+    ("abc", None, 0), ("abc", ["x"], 0), ("abST", ["STOP"], 2), ("abSTO", ["STOP", "O"], 3),
+    ("S", ["STOP"], 1), ("abSTOP", ["STOP"], 0),  # a whole stop is truncate_at_stop's business
+])
+def test_stop_overlap(text, stops, want):
+    assert stop_overlap(text, stops) == want
+
+
+def test_incremental_text_holds_back_incomplete_utf8():
+    inc = IncrementalText(ByteTokenizer(512))
+    assert [inc.push(b) for b in "aé".encode()] == ["a", "", "é"]
+    assert inc.emitted == "aé"
+
+
+def test_token_logprobs_are_log_softmax_of_float32_logits():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 0.0, 5.0], [9.0, 0.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    out = token_logprobs(logits, [2, None, 0], [2, 3, 0])
+    want = torch.log_softmax(logits.float(), dim=-1)
+    assert out[1] is None
+    chosen, top = out[0]
+    assert chosen == pytest.approx(float(want[0, 2]))
+    assert [i for i, _ in top] == [1, 2] and top[0][1] == pytest.approx(float(want[0, 1]))
+    assert out[2] == (pytest.approx(float(want[2, 0])), [])
+
+
+def test_logprob_objects():
+    tok = ByteTokenizer(512)
+    ids = [104, 0xC3, 0xA9]  # "h", then "é" as two byte tokens
+    entries = [(-0.1, [(104, -0.1), (105, -2.0)]), (-0.5, [(0xC4, -0.4)]), (-0.2, [])]
+    legacy = completion_logprobs(tok, ids, entries, [0, 1, 1])
+    assert legacy["tokens"] == ["h", "\ufffd", "\ufffd"] and legacy["token_logprobs"] == [-0.1, -0.5, -0.2]
+    assert legacy["top_logprobs"][0] == {"h": -0.1, "i": -2.0}
+    assert legacy["top_logprobs"][1] == {"\ufffd": -0.4}  # two ids with one text: the likelier one's
+    assert legacy["top_logprobs"][2] == {"\ufffd": -0.2}  # the chosen token is always there
+    assert legacy["text_offset"] == [0, 1, 1]
+    chat = chat_logprobs(tok, ids, entries)["content"]
+    assert chat[0] == {"token": "h", "logprob": -0.1, "bytes": [104],
+                       "top_logprobs": [{"token": "h", "logprob": -0.1, "bytes": [104]},
+                                        {"token": "i", "logprob": -2.0, "bytes": [105]}]}
+    assert bytes(chat[1]["bytes"] + chat[2]["bytes"]).decode() == "é" and chat[2]["top_logprobs"] == []
+
+
+class ScriptedEngine:
+    """Engine stand-in: each submitted request 'generates' the script's bytes on its own thread,
+    with made-up log-probabilities, until max_tokens or cancel."""
+
+    def __init__(self, script: str, eos: int | None = None):
+        self.tokenizer = ByteTokenizer(512)
+        self.tokenizer.eos_token_ids = frozenset({eos} if eos is not None else ())
+        self.script = list(script.encode())
+        self.usable_len = 64
+        self.model_name = "scripted"
+
+    def validate(self, req: GenRequest) -> None:
+        pass
+
+    def submit(self, req: GenRequest) -> None:
+        def run():
+            reason = "length"
+            for k, token in enumerate(self.script[:req.max_tokens]):
+                if req.cancelled:
+                    reason = "cancelled"
+                    break
+                if token in req.stop_token_ids:
+                    reason = "stop"
+                    break
+                if req.logprobs is not None:
+                    req.output_logprobs.append((-float(k), [(token, -float(k))]))
+                req.output_ids.append(token)
+                req.on_token(token)
+            req.finish_reason = reason
+            req.done.set()
+            req.on_finish(req)
+        threading.Thread(target=run, daemon=True).start()
+
+
+def run_generation(engine, **kw):
+    """(all deltas, the Generation) of one prompt [1, 2] on `engine`."""
+    async def collect(gen):
+        return [d async for d in gen.deltas()]
+
+    async def go():
+        params = dict(n=1, max_tokens=None, temperature=0.0, top_p=1.0, seed=None, stops=None, logprobs=None)
+        gen = Generation(engine, [[1, 2]], **{**params, **kw})
+        gen.start()
+        return await asyncio.wait_for(collect(gen), 10), gen
+    return asyncio.run(go())
+
+
+def test_generation_streams_without_ever_sending_a_stop_string():
+    deltas, gen = run_generation(ScriptedEngine("Hello STOP world"), stops=["STOP", "xyz"], logprobs=0)
+    assert all("S" not in d.text for d in deltas)  # "S", "ST", "STO" were held back, then dropped
+    assert "".join(d.text for d in deltas) == "Hello "
+    assert deltas[-1].finish_reason == "stop" and all(d.finish_reason is None for d in deltas[:-1])
+    ids = [i for d in deltas for i in d.token_ids]
+    assert bytes(ids) == b"Hello STOP"  # up to the token that completed the stop string
+    assert [e[0] for d in deltas for e in d.logprobs] == [-float(k) for k in range(10)]
+    assert [o for d in deltas for o in d.offsets] == list(range(10))
+    assert gen.usage() == {"prompt_tokens": 2, "completion_tokens": 10, "total_tokens": 12}
+
+
+def test_generation_n_samples_length_and_eos():
+    deltas, gen = run_generation(ScriptedEngine("abcdef"), n=3, max_tokens=4)
+    for index in range(3):
+        mine = [d for d in deltas if d.index == index]
+        assert "".join(d.text for d in mine) == "abcd" and mine[-1].finish_reason == "length"
+    assert [c.req.seed for c in gen.choices] == [None] * 3 and gen.usage()["completion_tokens"] == 12
+    _, gen = run_generation(ScriptedEngine("abc"), n=2, seed=7)
+    assert [c.req.seed for c in gen.choices] == [7, 8]  # independent samples
+    deltas, _ = run_generation(ScriptedEngine("ab\ncd", eos=ord("\n")))
+    assert "".join(d.text for d in deltas) == "ab" and deltas[-1].finish_reason == "stop"
+    # Without max_tokens the budget is the rest of the context.
+    _, gen = run_generation(ScriptedEngine("a"))
+    assert gen.choices[0].req.max_tokens == 64 - 2 + 1
+
+
+def test_sample_seeds_stay_in_torch_range():
+    from serving.openai_api import SEED_MAX, _sample_seed
+
+    assert _sample_seed(None, 3) is None and _sample_seed(5, 2) == 7
+    assert _sample_seed(SEED_MAX, 1) == 0
+    torch.Generator().manual_seed(_sample_seed(SEED_MAX - 1, 1))
