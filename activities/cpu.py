@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import platform
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import activity
@@ -93,8 +94,10 @@ def learn_skill(request: LearnInput) -> str:
 
 
 @activity.defn(name="preflight_campaign")
-async def preflight_campaign(params: CampaignInput) -> None:
-    """Refuse, before any GPU work, unknown op names and a second campaign on the same server."""
+async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
+    """Refuse, before any GPU work, unknown op names and a second campaign on the same server.
+    Answers which of gpuyantra's search attributes the namespace has registered: the workflow sets
+    only those (setting an unregistered one would fail every workflow task of the campaign)."""
     from gpuyantra.campaign_client import refusal, running_campaign, unknown_ops
 
     unknown = await asyncio.to_thread(unknown_ops, params.ops or [])  # the registry imports torch
@@ -105,6 +108,27 @@ async def preflight_campaign(params: CampaignInput) -> None:
                                      started=await _started(info.workflow_id, info.workflow_run_id))
     if running is not None:
         raise ApplicationError(refusal(params.server_url, running), type="CampaignConflict", non_retryable=True)
+    return {"search_attributes": await registered_search_attributes(activity.client(), info.namespace)}
+
+
+async def registered_search_attributes(client: Any, namespace: str) -> list[str]:
+    """Those of config.SEARCH_ATTRIBUTES the namespace has, with the type gpuyantra sets; none when
+    the server does not say (no operator API, no permission): the campaign then runs unsearchable."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    from gpuyantra.config import SEARCH_ATTRIBUTES
+
+    try:
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace), timeout=timedelta(seconds=10))
+    except Exception:  # noqa: BLE001 - unsearchable is fine, a failed campaign is not
+        activity.logger.warning("cannot list search attributes; the campaign sets none", exc_info=True)
+        return []
+    kinds = {name: IndexedValueType.Name(kind) for name, kind in listed.custom_attributes.items()}
+    # "KeywordList" is INDEXED_VALUE_TYPE_KEYWORD_LIST
+    return sorted(name for name, kind in SEARCH_ATTRIBUTES.items()
+                  if kinds.get(name) == "INDEXED_VALUE_TYPE_" + re.sub(r"(?<!^)(?=[A-Z])", "_", kind).upper())
 
 
 async def _started(workflow_id: str, run_id: str | None) -> datetime:

@@ -12,9 +12,10 @@ import dataclasses
 import re
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import quote
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from gpuyantra import config
 from workflows.inputs import server_key
@@ -22,6 +23,7 @@ from workflows.types import CampaignInput
 
 CONNECT_WITHIN_S = 3.0  # a just-started dev server answers within this; a dead address fails fast
 RUNNING = "WorkflowType = 'OptimizeCampaign' AND ExecutionStatus = 'Running'"
+POLL_S = 1.0  # how often `optimize --wait` asks the campaign for its progress
 MAX_LISTED = 200  # running campaigns looked at, at most: one per server, so far more than any fleet
 
 
@@ -35,10 +37,28 @@ class TemporalUnreachable(RuntimeError):
                          f"start-dev`), or point --temporal / TEMPORAL_ADDRESS at it")
 
 
-def new_workflow_id(server_url: str) -> str:
-    """`campaign-<host>-<port>-<time>`: the server is readable in `temporal workflow list`."""
+def new_workflow_id(server_url: str, model: str | None = None, ops: list[str] | None = None) -> str:
+    """`campaign-<model>-<ops>-<host>-<port>-<time>`: model, ops and server are readable in
+    `temporal workflow list` (model left out when unknown; ops `auto` when the profile picks them)."""
     where = re.sub(r"[^A-Za-z0-9.]+", "-", server_key(server_url).split("://", 1)[1]).strip("-")
-    return f"campaign-{where}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 100000:05d}"
+    what = [re.sub(r"[^A-Za-z0-9._]+", "-", part).strip("-")[:60]
+            for part in (model or "", "+".join(ops)[:80] if ops else "auto")]
+    prefix = "-".join(part for part in what if part)
+    return f"campaign-{prefix}-{where}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 100000:05d}"
+
+
+def web_ui_link(address: str, workflow_id: str) -> str:
+    """The dev server's Web UI page of a workflow: its UI listens on the gRPC port + 1000 (8233 for 7233)."""
+    host, _, port = address.rpartition(":")
+    ui_port = int(port) + 1000 if port.isdigit() else 8233
+    host = "127.0.0.1" if host in ("", "localhost") else host
+    return f"http://{host}:{ui_port}/namespaces/default/workflows/{quote(workflow_id, safe='')}"
+
+
+def follow_commands(address: str, workflow_id: str) -> list[str]:
+    """The stock CLI lines that show or cancel a campaign."""
+    return [f"temporal workflow show --address {address} --workflow-id {workflow_id}",
+            f"temporal workflow cancel --address {address} --workflow-id {workflow_id}"]
 
 
 async def connect(address: str, within_s: float = CONNECT_WITHIN_S) -> Client:
@@ -102,15 +122,59 @@ def refusal(server_url: str, running_id: str) -> str:
             f"or cancel it: temporal workflow cancel --workflow-id {running_id}")
 
 
-async def start_campaign(address: str, params: CampaignInput, wait: bool,
-                         workflow_id: str | None = None) -> dict[str, Any]:
-    client = await connect(address)
+async def launch(client: Client, params: CampaignInput, workflow_id: str) -> WorkflowHandle:
+    """Start the campaign unless one already runs against its server (CampaignRefused)."""
     running = await running_campaign(client, params.server_url)
     if running is not None:
         raise CampaignRefused(refusal(params.server_url, running))
-    workflow_id = workflow_id or new_workflow_id(params.server_url)
-    handle = await client.start_workflow("OptimizeCampaign", params, id=workflow_id,
-                                         task_queue=config.CONTROL_TASK_QUEUE)
+    return await client.start_workflow("OptimizeCampaign", params, id=workflow_id,
+                                       task_queue=config.CONTROL_TASK_QUEUE)
+
+
+def started_answer(workflow_id: str, params: CampaignInput) -> dict[str, Any]:
+    return {"workflow_id": workflow_id, "status": "started", "input": dataclasses.asdict(params)}
+
+
+async def start_campaign(address: str, params: CampaignInput, wait: bool,
+                         workflow_id: str | None = None) -> dict[str, Any]:
+    client = await connect(address)
+    workflow_id = workflow_id or new_workflow_id(params.server_url, ops=params.ops)
+    handle = await launch(client, params, workflow_id)
     if not wait:
-        return {"workflow_id": workflow_id, "status": "started", "input": dataclasses.asdict(params)}
+        return started_answer(workflow_id, params)
     return await handle.result()
+
+
+async def follow(handle: WorkflowHandle, emit: Callable[[str], None], poll_s: float = POLL_S) -> dict[str, Any]:
+    """The campaign's result; meanwhile one line per change of stage, target stage or iteration,
+    read from the `progress` query."""
+    result = asyncio.ensure_future(handle.result())
+    seen: dict[str, str] = {}
+    try:
+        while True:
+            try:
+                progress = await handle.query("progress")
+            except Exception:  # noqa: BLE001 - no workflow task has run yet, or the run just closed
+                progress = None
+            for line in progress_lines(seen, progress):
+                emit(line)
+            done, _ = await asyncio.wait({result}, timeout=poll_s)
+            if done:
+                return result.result()
+    finally:
+        result.cancel()
+
+
+def progress_lines(seen: dict[str, str], progress: Any) -> list[str]:
+    """Lines for what changed in `progress` since `seen` (updated in place)."""
+    if not isinstance(progress, dict):
+        return []
+    now = {"campaign": f"stage {progress.get('stage')}"}
+    for key, target in sorted((progress.get("targets") or {}).items()):
+        iteration = f" (iteration {target['iteration']})" if target.get("iteration") else ""
+        now[key] = f"{key}: {target.get('stage')}{iteration}"
+    notices = progress.get("notices") or []
+    lines = [text for key, text in now.items() if seen.get(key) != text]
+    lines += [f"notice: {notice}" for notice in notices[int(seen.get("notices", 0)):]]
+    seen.update(now, notices=str(len(notices)))
+    return lines

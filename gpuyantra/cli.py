@@ -9,7 +9,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-COMMANDS = ["verify", "serve", "optimize", "worker", "up", "demo", "skills", "kernelbench"]
+COMMANDS = ["verify", "serve", "optimize", "worker", "up", "demo", "skills", "kernelbench", "report"]
 
 
 class Parser(argparse.ArgumentParser):

@@ -37,3 +37,22 @@ def candidates_dir() -> Path:
     path = state_dir() / "candidates"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# Custom search attributes a campaign sets as it learns them, so `temporal workflow list --query
+# 'GpuyantraModel="tiny-qwen2"'` finds it. `gpuyantra up`/`demo` register them on the dev servers
+# they start (`--search-attribute Name=Type`); a campaign sets only those its server has registered.
+SEARCH_ATTRIBUTES = {"GpuyantraModel": "Keyword", "GpuyantraOps": "KeywordList", "GpuyantraHardware": "Keyword",
+                     "GpuyantraDeployed": "Int", "GpuyantraBestSpeedup": "Double"}
+
+
+def search_attribute_args() -> list[str]:
+    """`temporal server start-dev` arguments that register SEARCH_ATTRIBUTES."""
+    return [arg for name, kind in SEARCH_ATTRIBUTES.items() for arg in ("--search-attribute", f"{name}={kind}")]
+
+
+def reports_dir() -> Path:
+    """Where `optimize --wait` and `report` write campaign reports (HTML) and results (JSON)."""
+    path = state_dir() / "reports"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from gpuyantra.config import search_attribute_args
+
 
 class StartupError(RuntimeError):
     pass
@@ -97,13 +99,15 @@ def wait_until(check, managed: Managed, timeout_s: float, what: str) -> None:
 
 def start_temporal(state_dir: Path, port: int = 7233, ui_port: int | None = None, headless: bool = False,
                    timeout_s: float = 60.0) -> Managed:
-    """`temporal server start-dev` persisted to SQLite in the state folder."""
+    """`temporal server start-dev` persisted to SQLite in the state folder, with gpuyantra's search
+    attributes registered (config.SEARCH_ATTRIBUTES)."""
     if port_open("127.0.0.1", port):
         raise StartupError(f"port {port} is already in use: is another Temporal server running? "
                            f"Pass another port or stop it")
     ui_port = ui_port or port + 1000
     argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(state_dir / "temporal.db"),
-            "--ip", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--ui-disable-news-fetch"]
+            "--ip", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--ui-disable-news-fetch",
+            *search_attribute_args()]
     argv = [a for a in argv if not (headless and a == "--ui-disable-news-fetch")]
     argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
     managed = spawn("temporal", argv, state_dir / "logs")

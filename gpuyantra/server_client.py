@@ -58,6 +58,15 @@ def check_reachable(server_url: str, timeout_s: float = 5.0) -> None:
         raise ServerError("ServerFailure", f"{server_url}/healthz answered {response.status_code}")
 
 
+def served_model(server_url: str, timeout_s: float = 5.0) -> str | None:
+    """The model id the server answers on GET /v1/models, or None when it does not say."""
+    try:
+        response = httpx.get(f"{server_url.rstrip('/')}/v1/models", timeout=timeout_s)
+        return str(response.json()["data"][0]["id"]) if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, LookupError, TypeError):
+        return None
+
+
 def _detail(response: httpx.Response) -> str:
     try:
         body = response.json()

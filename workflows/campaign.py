@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -38,6 +38,19 @@ CPU_MAX_REWARD = 1  # the interpreter judges correctness only
 RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                     non_retryable_error_types=["BadRequest", "Unauthorized", "ServerUnreachable"])
 
+# config.SEARCH_ATTRIBUTES, typed. Set only when preflight_campaign reports them registered, so a
+# server without them runs campaigns exactly as before (an unregistered one fails every workflow task).
+MODEL_KEY = SearchAttributeKey.for_keyword("GpuyantraModel")
+OPS_KEY = SearchAttributeKey.for_keyword_list("GpuyantraOps")
+HARDWARE_KEY = SearchAttributeKey.for_keyword("GpuyantraHardware")
+DEPLOYED_KEY = SearchAttributeKey.for_int("GpuyantraDeployed")
+BEST_SPEEDUP_KEY = SearchAttributeKey.for_float("GpuyantraBestSpeedup")
+SEARCH_KEYS = (MODEL_KEY, OPS_KEY, HARDWARE_KEY, DEPLOYED_KEY, BEST_SPEEDUP_KEY)
+# What each target's result keeps of its best (or last) verdict: what `gpuyantra report` shows.
+VERDICT_KEYS = ("accepted", "reward", "device", "failures", "speedup_vs_eager", "speedup_vs_compile", "kernel_us",
+                "eager_us", "compile_us", "compile_ro_us", "floor_us", "shapes", "dtypes", "candidate_path")
+BENCH_KEYS = ("shape", "kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "bytes")
+
 __all__ = ["OptimizeCampaign", "CONTROL_TASK_QUEUE"]
 
 
@@ -53,6 +66,9 @@ class OptimizeCampaign:
         self._served: dict[str, Any] | None = None  # latest served-speed measurement of what is deployed now
         self._warnings: list[str] = []
         self._sequential = False  # campaigns started before concurrent targets replay one target at a time
+        self._searchable: set[str] = set()  # search attributes the namespace has registered (preflight says)
+        self._deployed_count = 0
+        self._best_speedup: float | None = None
 
     @workflow.query
     def progress(self) -> dict[str, Any]:
@@ -93,11 +109,15 @@ class OptimizeCampaign:
         if workflow.patched("preflight"):  # campaigns started before this step replay without it
             self._stage("preflight")
             await self._preflight(params)
+            self._search(DEPLOYED_KEY.value_set(0), *([OPS_KEY.value_set(params.ops)] if params.ops else []))
         self._stage("profile")
         profile = await self._gpu("profile_server", server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
         targets = select_targets(profile.get("targets", []), params.ops, params.max_targets)
         self._target_ops = {t["op"] for t in targets}
+        self._search(HARDWARE_KEY.value_set(str(hardware)),
+                     *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
+                     *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]))
         self._stage("e2e-before")
         before = self._served = await self._gpu("benchmark_server", server, timedelta(minutes=10))
 
@@ -121,6 +141,7 @@ class OptimizeCampaign:
         return {
             "workflow_id": campaign_id,
             "server": params.server_url,
+            "model": profile.get("model"),
             "hardware": hardware,
             "deployed": deployed,
             "rejected": rejected,
@@ -140,7 +161,9 @@ class OptimizeCampaign:
             "retrieve_skills", RetrieveInput(target=target, hardware=hardware), result_type=RetrieveResult,
             task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=2), retry_policy=RETRY)
         seed = retrieved.seed
-        history: list[dict[str, Any]] = []
+        history: list[dict[str, Any]] = []  # what the author sees of earlier attempts
+        attempts: list[dict[str, Any]] = []  # what the result reports of them
+        verdict: dict[str, Any] = {}
         best: dict[str, Any] | None = None
         for iteration in range(1, params.max_iterations + 1):
             progress.update(stage="write", iteration=iteration)
@@ -148,14 +171,20 @@ class OptimizeCampaign:
                 "write_candidate", WriteInput(target=target, hardware=hardware, iteration=iteration, seed=seed,
                                               history=history),
                 result_type=WriteResult, task_queue=CPU_TASK_QUEUE,
-                start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY)
+                start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY,
+                summary=f"write {op} iteration {iteration}")
             progress["stage"] = "verify"
             verdict = await self._gpu("verify_candidate", VerifyInput(
                 campaign_id=campaign_id, target=target, iteration=iteration, source=written.source,
-                device=params.device), timedelta(minutes=20))
+                device=params.device), timedelta(minutes=20),
+                summary=f"verify {op} iteration {iteration}: {strategy_text(written.strategy)}")
             reward = int(verdict.get("reward", -1))
             history.append({"strategy": written.strategy, "reward": reward, "failures": verdict.get("failures", []),
                             "kernel_us": verdict.get("kernel_us"), "floor_us": verdict.get("floor_us")})
+            attempts.append({"iteration": iteration, "strategy": written.strategy, "author": written.author,
+                             "reward": reward, "failures": verdict.get("failures", [])[:5],
+                             "kernel_us": verdict.get("kernel_us"), "floor_us": verdict.get("floor_us"),
+                             "candidate_path": verdict.get("candidate_path")})
             if seed is not None and iteration == 1:
                 await workflow.execute_activity(
                     "record_outcome", OutcomeInput(skill_id=seed["id"], reward=float(reward)),
@@ -169,7 +198,8 @@ class OptimizeCampaign:
             last = history[-1]["failures"] if history else []
             reason = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:3]) or "no candidate"
             return {"entry": {"op": op, "module_class": target["module_class"],
-                              "reason": f"no candidate passed verification in {len(history)} iterations ({reason})"}}
+                              "reason": f"no candidate passed verification in {len(history)} iterations ({reason})",
+                              "iterations": len(history), "verdict": verdict_digest(verdict), "attempts": attempts}}
 
         progress["stage"] = "learn"
         verdict, written = best["verdict"], best["written"]
@@ -182,7 +212,8 @@ class OptimizeCampaign:
         summary = {"op": op, "module_class": target["module_class"], "modules": target.get("modules", 0),
                    "reward": verdict["reward"], "speedup_vs_eager": verdict.get("speedup_vs_eager"),
                    "speedup_vs_compile": verdict.get("speedup_vs_compile"), "skill_id": skill_id,
-                   "iterations": len(history), "seed_skill_id": seed["id"] if seed else None}
+                   "iterations": len(history), "seed_skill_id": seed["id"] if seed else None,
+                   "verdict": verdict_digest(verdict), "best_iteration": best["iteration"], "attempts": attempts}
         if verdict["reward"] < params.min_reward:
             return {"entry": {**summary, "reason": (
                 f"best reward {verdict['reward']} is below min_reward {params.min_reward}"
@@ -195,9 +226,17 @@ class OptimizeCampaign:
         async with self._deploy_lock:
             self._progress["deploying"] = key
             try:
-                return await self._deploy(params, target, summary, written, verdict, progress)
+                outcome = await self._deploy(params, target, summary, written, verdict, progress)
             finally:
                 self._progress["deploying"] = None
+            if outcome.get("deployed"):
+                self._deployed_count += 1
+                speedup = verdict.get("speedup_vs_eager")
+                if isinstance(speedup, (int, float)) and (self._best_speedup is None or speedup > self._best_speedup):
+                    self._best_speedup = float(speedup)
+                self._search(DEPLOYED_KEY.value_set(self._deployed_count),
+                             *([BEST_SPEEDUP_KEY.value_set(self._best_speedup)] if self._best_speedup else []))
+            return outcome
 
     async def _deploy(self, params: CampaignInput, target: dict[str, Any], summary: dict[str, Any],
                       written: WriteResult, verdict: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +246,7 @@ class OptimizeCampaign:
             swap = await self._gpu("deploy_kernel", DeployInput(server_url=params.server_url, target=target,
                                                                  source=written.source,
                                                                  attestation=verdict.get("attestation")),
-                                   timedelta(minutes=10))
+                                   timedelta(minutes=10), summary=f"deploy {target['op']}")
         except ActivityError as exc:
             return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
         summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
@@ -219,7 +258,8 @@ class OptimizeCampaign:
         # launch-bound decode step. Roll back only a drop larger than the measurements' own spread.
         progress["stage"] = "e2e-check"
         before = self._served
-        after = await self._gpu("benchmark_server", ServerCall(params.server_url), timedelta(minutes=10))
+        after = await self._gpu("benchmark_server", ServerCall(params.server_url), timedelta(minutes=10),
+                                summary=f"served speed after deploying {target['op']}")
         judgement = judge_swap(before, after, use_spread=not self._sequential)
         summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"),
                                        "after": after.get("tokens_per_s")}
@@ -228,7 +268,7 @@ class OptimizeCampaign:
         if judged and judgement["decision"] == "rollback":
             await self._gpu("rollback_swap", RollbackInput(server_url=params.server_url,
                                                            swap_id=str(swap.get("swap_id"))),
-                            timedelta(minutes=5))
+                            timedelta(minutes=5), summary=f"roll back {target['op']}")
             e2e = summary["e2e_tokens_per_s"]
             return {"entry": {**summary, "reason": (
                 f"rolled back: served decode went from {e2e['before']:.1f} to {e2e['after']:.1f} tokens/s "
@@ -251,8 +291,11 @@ class OptimizeCampaign:
         """Op names (the registry needs torch) and one campaign per server (needs the Temporal
         client) are checked by an activity; its refusal ends the campaign with the same message."""
         try:
-            await workflow.execute_activity("preflight_campaign", params, task_queue=CPU_TASK_QUEUE,
-                                            start_to_close_timeout=timedelta(minutes=1), retry_policy=RETRY)
+            answer = await workflow.execute_activity("preflight_campaign", params, task_queue=CPU_TASK_QUEUE,
+                                                     start_to_close_timeout=timedelta(minutes=1), retry_policy=RETRY)
+            # Campaigns preflighted before it answered (None) replay without search attributes.
+            if isinstance(answer, dict):
+                self._searchable = set(answer.get("search_attributes") or [])
         except ActivityError as exc:
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.type in ("InvalidInput", "CampaignConflict"):
@@ -260,11 +303,11 @@ class OptimizeCampaign:
             raise ApplicationError(f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed",
                                    non_retryable=True) from exc
 
-    async def _gpu(self, activity: str, arg: Any, timeout: timedelta) -> dict[str, Any]:
+    async def _gpu(self, activity: str, arg: Any, timeout: timedelta, summary: str | None = None) -> dict[str, Any]:
         try:
             return await workflow.execute_activity(activity, arg, result_type=dict, task_queue=GPU_TASK_QUEUE,
                                                    start_to_close_timeout=timeout, retry_policy=RETRY,
-                                                   heartbeat_timeout=HEARTBEAT_TIMEOUT)
+                                                   heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
         except ActivityError as exc:
             if activity in ("profile_server", "benchmark_server"):
                 raise ApplicationError(f"{activity} failed: {root_message(exc)}", non_retryable=True) from exc
@@ -277,6 +320,12 @@ class OptimizeCampaign:
         if warning:
             self._warnings.append(warning)
 
+    def _search(self, *updates: SearchAttributeUpdate) -> None:
+        """Upsert those of `updates` the namespace has registered; nothing on a server without them."""
+        kept = [update for update in updates if update.key.name in self._searchable]
+        if kept:
+            workflow.upsert_search_attributes(kept)
+
 
 def select_targets(targets: list[dict[str, Any]], ops: list[str] | None, max_targets: int) -> list[dict[str, Any]]:
     """The profile's ranked targets restricted to `ops` (all of them) or else the top few."""
@@ -287,6 +336,19 @@ def select_targets(targets: list[dict[str, Any]], ops: list[str] | None, max_tar
 
 def ceiling_reward(verdict: dict[str, Any]) -> int:
     return CPU_MAX_REWARD if verdict.get("device") == "cpu" else MAX_REWARD
+
+
+def strategy_text(strategy: dict[str, Any] | None, limit: int = 120) -> str:
+    """`BLOCK=1024 num_warps=4`: an author's strategy in an activity summary."""
+    text = " ".join(f"{key}={value}" for key, value in (strategy or {}).items()) or "default strategy"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def verdict_digest(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a verdict the result reports (no attestation, no per-stage timings)."""
+    digest = {key: verdict.get(key) for key in VERDICT_KEYS if key in verdict}
+    digest["bench"] = [{key: row.get(key) for key in BENCH_KEYS if key in row} for row in verdict.get("bench") or []]
+    return digest
 
 
 def root_message(exc: BaseException) -> str:

@@ -6,9 +6,13 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpuyantra import config
 from gpuyantra.server_client import ServerError, check_reachable
+
+if TYPE_CHECKING:
+    from workflows.types import CampaignInput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,7 +54,11 @@ def iterations(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuyantra.campaign_client import CampaignRefused, TemporalUnreachable, start_campaign
+    """Start the campaign. With --wait: its id, Web UI link and CLI commands first, one line per
+    progress change, then a summary (or with --json the result, last on stdout; the other lines then
+    go to stderr) and the path of its HTML report. Ctrl-C stops following, not the campaign (130)."""
+    from gpuyantra.campaign_client import follow_commands, new_workflow_id
+    from gpuyantra.server_client import served_model
     from workflows.types import CampaignInput
 
     try:
@@ -62,18 +70,57 @@ def run(args: argparse.Namespace) -> int:
                            max_iterations=args.max_iterations, require_approval=args.require_approval,
                            device=args.device)
     address = args.temporal or config.temporal_address()
+    workflow_id = new_workflow_id(args.server, served_model(args.server), args.ops)
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
+        (lambda line: print(line, flush=True))
     try:
-        result = asyncio.run(start_campaign(address, params, wait=args.wait))
-    except (TemporalUnreachable, CampaignRefused) as exc:
+        result = asyncio.run(_campaign(address, params, workflow_id, args.wait, say))
+    except KeyboardInterrupt:
+        show, cancel = follow_commands(address, workflow_id)
+        print(f"\ngpuyantra optimize: stopped following; campaign {workflow_id} keeps running.\n"
+              f"  follow: {show} --follow\n  cancel: {cancel}", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a refusal or a failed workflow: one line, not a traceback
         if getattr(args, "debug", False):
             raise
-        print(f"gpuyantra optimize: {exc}", file=sys.stderr)
+        print(f"gpuyantra optimize: {failure_line(exc)}", file=sys.stderr)
         return 1
-    except Exception as exc:  # noqa: BLE001 - a failed workflow: show its cause, not a traceback
-        print(f"gpuyantra optimize: campaign failed: {describe_failure(exc)}", file=sys.stderr)
-        return 1
+    if args.wait:
+        from gpuyantra.report import text_summary, write_report
+
+        if not args.json:
+            for line in text_summary(result):
+                say(line)
+        reports = config.reports_dir()
+        (reports / f"{workflow_id}.json").write_text(json.dumps(result, indent=2))
+        say(f"Report: {write_report(result, reports / f'{workflow_id}.html')}")
+        if not args.json:
+            return 0
     print(json.dumps(result, indent=None if args.json else 2))
     return 0
+
+
+async def _campaign(address: str, params: CampaignInput, workflow_id: str, wait: bool,
+                    say: Callable[[str], None]) -> dict[str, Any]:
+    from gpuyantra.campaign_client import connect, follow, follow_commands, launch, started_answer, web_ui_link
+
+    client = await connect(address)
+    handle = await launch(client, params, workflow_id)
+    show, cancel = follow_commands(address, workflow_id)
+    for line in (f"Campaign {workflow_id} started.", f"  Web UI: {web_ui_link(address, workflow_id)}",
+                 f"  show:   {show}", f"  cancel: {cancel}"):
+        say(line)
+    if not wait:
+        return started_answer(workflow_id, params)
+    return await follow(handle, say)
+
+
+def failure_line(exc: BaseException) -> str:
+    from gpuyantra.campaign_client import CampaignRefused, TemporalUnreachable
+
+    if isinstance(exc, (TemporalUnreachable, CampaignRefused)):
+        return str(exc)
+    return f"campaign failed: {describe_failure(exc)}"
 
 
 def describe_failure(exc: BaseException) -> str:

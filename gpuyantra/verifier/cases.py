@@ -224,14 +224,18 @@ def float64_reference(family: Any, activations: Sequence[torch.Tensor], params: 
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def native_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any],
-                     ) -> list[torch.Tensor] | None:
-    """The family's reference on exactly these inputs in their own dtypes (what the module itself
-    computes), or None where the CPU lacks a kernel for that dtype."""
+def float32_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any],
+                      ) -> list[torch.Tensor] | None:
+    """The family's reference computed in float32 on exactly these inputs (16-bit inputs widen
+    exactly): the error any honest float32 computation makes on them, without the output's own
+    rounding. None where the device lacks a kernel for it."""
+    def widen(t: Any) -> Any:
+        return t.to(torch.float32) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
     try:
         with torch.no_grad():
-            out = family.reference(*activations, **params)
-    except Exception:  # noqa: BLE001 - no CPU kernel for this dtype: no conditioning slack
+            out = family.reference(*[widen(a) for a in activations], **{k: widen(v) for k, v in params.items()})
+    except Exception:  # noqa: BLE001 - no kernel for this dtype: no conditioning slack
         return None
     return list(out) if isinstance(out, (tuple, list)) else [out]
 

@@ -116,7 +116,7 @@ RULES: dict[str, Rule] = {
                               "sigmoid as e^g/(1+e^g), softmax without a max shift",
                               "the same comparison on activation-like inputs: rows offset far from zero, "
                               "outliers near the top of the dtype's safe range, gates past exp's overflow; "
-                              "tolerance plus 16x the module's own per-row float32 error there"),
+                              "tolerance plus 16x the per-row error of the reference computed in float32 there"),
     "hardcoded-constant": Rule("correctness", "constants baked into the kernel that it should read from "
                                "the module (eps = 1e-6 instead of the bound value)",
                                "every bound scalar drawn per seed around its live value (eps: live/10 to "
