@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast lint install clean
 
 # constraints.txt pins every version (torch included), so a fresh clone installs what was tested.
 $(STAMP): pyproject.toml constraints.txt
@@ -22,6 +22,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# ruff (lint and format) and mypy, configured in pyproject.toml; CI runs it before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Unit tests only (no Temporal server, no serving processes).
 test-fast: $(STAMP)

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import platform
-import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from workflows.types import (CampaignInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, WriteInput,
-                             WriteResult)
+from workflows.types import (
+    CampaignInput,
+    LearnInput,
+    OutcomeInput,
+    RetrieveInput,
+    RetrieveResult,
+    WriteInput,
+    WriteResult,
+)
 
 
 @activity.defn(name="retrieve_skills")
@@ -104,6 +111,7 @@ async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
     if unknown:
         raise ApplicationError(f"invalid campaign input: {unknown}", type="InvalidInput", non_retryable=True)
     info = activity.info()
+    assert info.workflow_id is not None  # an activity of the campaign workflow
     running = await running_campaign(activity.client(), params.server_url, info.workflow_id,
                                      started=await _started(info.workflow_id, info.workflow_run_id))
     if running is not None:
@@ -117,7 +125,7 @@ async def registered_search_attributes(client: Any, namespace: str) -> list[str]
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
-    from gpuyantra.config import SEARCH_ATTRIBUTES
+    from gpuyantra.config import SEARCH_ATTRIBUTES, indexed_value_type
 
     try:
         listed = await client.operator_service.list_search_attributes(
@@ -126,9 +134,7 @@ async def registered_search_attributes(client: Any, namespace: str) -> list[str]
         activity.logger.warning("cannot list search attributes; the campaign sets none", exc_info=True)
         return []
     kinds = {name: IndexedValueType.Name(kind) for name, kind in listed.custom_attributes.items()}
-    # "KeywordList" is INDEXED_VALUE_TYPE_KEYWORD_LIST
-    return sorted(name for name, kind in SEARCH_ATTRIBUTES.items()
-                  if kinds.get(name) == "INDEXED_VALUE_TYPE_" + re.sub(r"(?<!^)(?=[A-Z])", "_", kind).upper())
+    return sorted(name for name, kind in SEARCH_ATTRIBUTES.items() if kinds.get(name) == indexed_value_type(kind))
 
 
 async def _started(workflow_id: str, run_id: str | None) -> datetime:
@@ -136,6 +142,8 @@ async def _started(workflow_id: str, run_id: str | None) -> datetime:
     return description.start_time
 
 
-ACTIVITIES = [retrieve_skills, record_outcome, write_candidate, learn_skill, preflight_campaign]
+ACTIVITIES: list[Callable[..., Any]] = [
+    retrieve_skills, record_outcome, write_candidate, learn_skill, preflight_campaign,
+]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
@@ -71,4 +72,6 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     return result
 
 
-ACTIVITIES = [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap]
+ACTIVITIES: list[Callable[..., Any]] = [
+    profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap,
+]

@@ -4,7 +4,8 @@ within the heartbeat timeout instead of after the whole start-to-close timeout."
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from temporalio import activity
 

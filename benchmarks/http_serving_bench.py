@@ -4,9 +4,10 @@ calling `/v1/completions`, the campaign's kernels swapped in through `/admin/swa
 
 Phases: (1) C concurrent clients for each C in --clients, on the server as started; (2) the swaps
 (rms_norm, rope, silu_mul templates, each verified first and posted with its verdict's attestation)
-posted one by one while a background client keeps sending requests (none may fail); (3) the same client runs again; (4) `/admin/rollback {"all": true}`, then
-a completion and `/admin/kernels`, `/metrics` read back. Tokens/s counts completion tokens over
-wall time, with greedy decoding and `max_tokens` per request.
+posted one by one while a background client keeps sending requests (none may fail); (3) the same
+client runs again; (4) `/admin/rollback {"all": true}`, then a completion and `/admin/kernels`,
+`/metrics` read back. Tokens/s counts completion tokens over wall time, with greedy decoding and
+`max_tokens` per request.
 
     python benchmarks/http_serving_bench.py --out $OUT/http_serving.json            # H200, qwen2.5-1.5b
     python benchmarks/http_serving_bench.py --smoke --out /tmp/h.json               # CPU, tiny-qwen2
@@ -149,13 +150,14 @@ def main(argv=None) -> int:
         r = httpx.post(f"{url}/admin/rollback", headers=auth, json={"all": True}, timeout=600)
         out["rollback"] = {"http": r.status_code, "active": r.json().get("active")}
         with httpx.Client() as client:
-            out["after_rollback_text"] = complete(client, url, "request 0: the quick brown fox jumps over the lazy dog",
-                                                  args.max_tokens)["text"]
+            out["after_rollback_text"] = complete(
+                client, url, "request 0: the quick brown fox jumps over the lazy dog", args.max_tokens
+            )["text"]
         before = out["phases"][f"before_swaps_c{clients[0]}"]["texts"][0]
         out["after_rollback_equals_before"] = out["after_rollback_text"] == before
         metrics = httpx.get(f"{url}/metrics").text
-        out["metrics_lines"] = [line for line in metrics.splitlines()
-                                if line.startswith(("gpuyantra_swaps", "gpuyantra_rollbacks", "gpuyantra_requests"))][:30]
+        prefixes = ("gpuyantra_swaps", "gpuyantra_rollbacks", "gpuyantra_requests")
+        out["metrics_lines"] = [line for line in metrics.splitlines() if line.startswith(prefixes)][:30]
     except Exception as exc:  # noqa: BLE001 - recorded with the server log
         out["errors"].append(f"{type(exc).__name__}: {exc}")
         out["server_log"] = server.log_tail(80)
@@ -166,7 +168,8 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     ok = not out["errors"] and out.get("during_swaps", {}).get("failed", 1) == 0 and \
         all(s["http"] == 200 for s in out.get("swaps", []))
-    print(json.dumps({k: v for k, v in out.items() if k not in ("phases", "metrics_lines")}, indent=1, default=str)[:4000])
+    summary = {k: v for k, v in out.items() if k not in ("phases", "metrics_lines")}
+    print(json.dumps(summary, indent=1, default=str)[:4000])
     return 0 if ok else 1
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import torch
+import triton
+import triton.language as tl
 
-from benchmarks.ops_bench import shape_specs, template_adapter, load_strategy, time_call  # noqa: E402
-from gpuyantra.authors.template import default_strategy  # noqa: E402
-from gpuyantra.ops import all_ops  # noqa: E402
+from benchmarks.ops_bench import load_strategy, shape_specs, template_adapter, time_call
+from gpuyantra.authors.template import default_strategy
+from gpuyantra.ops import all_ops
 
 
 @triton.jit

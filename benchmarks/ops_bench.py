@@ -208,9 +208,9 @@ def load_strategy(op: str, strategy: dict, adapter: list):
 
 
 def template_adapter(op: str) -> list:
-    from gpuyantra.authors.template import template_source
-
     import ast
+
+    from gpuyantra.authors.template import template_source
 
     src = template_source(op)
     start = src.index("ADAPTER = [") + len("ADAPTER = ")

@@ -73,9 +73,9 @@ def build_model(tiny: bool, device: str, dtype):
 
 
 def make_probes(model, config, args, device):
-    import torch
-
     import inspect
+
+    import torch
 
     # transformers renamed past_key_values to cache (5.2x); use whichever this version takes.
     params = inspect.signature(model.forward).parameters
@@ -230,7 +230,8 @@ def main(argv=None) -> int:
 
     from gpuyantra.profiler import profile_model
 
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    default_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype
     model, config = build_model(args.tiny, device, dtype)
     built = time.perf_counter()
     probes = make_probes(model, config, args, device)

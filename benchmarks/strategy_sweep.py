@@ -13,12 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks.ops_bench import (DEVICE, DTYPES, copy_bandwidth, evaluate, shape_specs,  # noqa: E402
-                                  template_adapter)
-from gpuyantra.authors.template import STRATEGY_SPACES, default_strategy, normalize  # noqa: E402
-from gpuyantra.ops import get_op  # noqa: E402
+from benchmarks.ops_bench import DEVICE, DTYPES, copy_bandwidth, evaluate, shape_specs, template_adapter
+from gpuyantra.authors.template import STRATEGY_SPACES, default_strategy, normalize
+from gpuyantra.ops import get_op
 
 
 def main() -> None:

@@ -58,9 +58,14 @@ def main() -> int:
     parser.add_argument("--parts", default="cheats,honest,templates")
     parser.add_argument("--bench-templates", action="store_true")
     parser.add_argument("--template-dtype", default="bfloat16")
+    parser.add_argument("--only", default="", help="comma-separated candidate/template names to run (default: all)")
     args = parser.parse_args()
     device = prepare(args.device)
     parts = set(args.parts.split(","))
+    only = set(filter(None, args.only.split(",")))
+
+    def wanted(name: str) -> bool:
+        return not only or name in only
     results: dict[str, dict] = {}
     ok = True
 
@@ -76,16 +81,20 @@ def main() -> int:
 
     if "cheats" in parts:
         for name, (rule, dtypes) in EXPECTED.items():
+            if not wanted(name):
+                continue
             data = run(CANDIDATES / f"{name}.py", device, False, None, dtypes)
             report(name, data, data["reward"] == -1 and rule in {f["rule"] for f in data["failures"]})
     if "honest" in parts:
         for name in HONEST:
+            if not wanted(name):
+                continue
             data = run(CANDIDATES / f"{name}.py", device, False, None, None)
             report(name, data, data["accepted"])
     if "templates" in parts:
         from gpuyantra.ops import all_ops
 
-        for op in [family.name for family in all_ops()]:
+        for op in [family.name for family in all_ops() if wanted(family.name)]:
             path = ROOT / "gpuyantra" / "kernels" / f"{op}.py"
             shapes = parse_shapes(TEMPLATE_SHAPES.get(op, "1x1536,4096x1536"))
             data = run(path, device, args.bench_templates, shapes, [args.template_dtype])

@@ -17,8 +17,9 @@ import hmac
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpuyantra.candidate import read_op
 

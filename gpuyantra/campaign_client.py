@@ -11,8 +11,9 @@ import asyncio
 import dataclasses
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 from temporalio.client import Client, WorkflowHandle
@@ -145,9 +146,10 @@ async def start_campaign(address: str, params: CampaignInput, wait: bool,
     return await handle.result()
 
 
-async def follow(handle: WorkflowHandle, emit: Callable[[str], None], poll_s: float = POLL_S) -> dict[str, Any]:
+async def follow(handle: WorkflowHandle, emit: Callable[[str], None], poll_s: float | None = None) -> dict[str, Any]:
     """The campaign's result; meanwhile one line per change of stage, target stage or iteration,
-    read from the `progress` query."""
+    read from the `progress` query every `poll_s` (POLL_S) seconds."""
+    poll_s = poll_s or POLL_S
     result = asyncio.ensure_future(handle.result())
     seen: dict[str, str] = {}
     try:

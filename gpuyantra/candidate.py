@@ -10,10 +10,11 @@ import ast
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 
 class CandidateError(ValueError):

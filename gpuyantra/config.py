@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 CONTROL_TASK_QUEUE = "gpuyantra-control"
@@ -44,6 +45,11 @@ def candidates_dir() -> Path:
 # they start (`--search-attribute Name=Type`); a campaign sets only those its server has registered.
 SEARCH_ATTRIBUTES = {"GpuyantraModel": "Keyword", "GpuyantraOps": "KeywordList", "GpuyantraHardware": "Keyword",
                      "GpuyantraDeployed": "Int", "GpuyantraBestSpeedup": "Double"}
+
+
+def indexed_value_type(kind: str) -> str:
+    """The API's name of a SEARCH_ATTRIBUTES type: "KeywordList" -> "INDEXED_VALUE_TYPE_KEYWORD_LIST"."""
+    return "INDEXED_VALUE_TYPE_" + re.sub(r"(?<!^)(?=[A-Z])", "_", kind).upper()
 
 
 def search_attribute_args() -> list[str]:

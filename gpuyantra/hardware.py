@@ -18,7 +18,8 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ class HardwareSpec:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "HardwareSpec":
+    def from_dict(cls, data: dict[str, Any]) -> HardwareSpec:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -219,7 +220,7 @@ def measure_cuda(device: str = "cuda") -> HardwareSpec:
         copy_bytes = int(min(256 * 2**20, max(free // 8, 2**20)))
         src = torch.empty(copy_bytes, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
-        seconds = _time_cuda(lambda: dst.copy_(src), iters=20)
+        seconds = _time_cuda(partial(dst.copy_, src), iters=20)
         copy_rate = 2 * copy_bytes / seconds
         del src, dst
         # Matmul: bf16 where supported, a square size that fills the machine.
@@ -227,7 +228,7 @@ def measure_cuda(device: str = "cuda") -> HardwareSpec:
         n = 8192 if free > 6 * 8192 * 8192 * 2 else 2048
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)
-        seconds = _time_cuda(lambda: torch.mm(a, b), iters=10, warmup=3)
+        seconds = _time_cuda(partial(torch.mm, a, b), iters=10, warmup=3)
         matmul_rate = 2 * n**3 / seconds
         del a, b
         # Host cost of a small eager op, the unit of launch-bound time.
@@ -239,7 +240,7 @@ def measure_cuda(device: str = "cuda") -> HardwareSpec:
         name=class_from_name(name, "amd" if getattr(torch.version, "hip", None) else "nvidia"),
         device=device, device_name=name, copy_bytes_per_s=copy_rate, matmul_flops_per_s=matmul_rate,
         launch_us=launch_us, triton_launch_us=triton_us, min_kernel_us=GPU_MIN_KERNEL_US, measured=True,
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=_versions(),
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"), versions=_versions(),
         extra={"sm_count": props.multi_processor_count, "memory_bytes": props.total_memory,
                "matmul_dtype": str(dtype).replace("torch.", ""), "matmul_n": n, "copy_bytes": copy_bytes},
     )

@@ -49,10 +49,11 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -301,7 +302,7 @@ def bind_family(model: torch.nn.Module, inputs: Sequence[Any],
 # Writing and checking ModelNew.py
 
 
-def _forward_params(model_cls: type, n_inputs: int) -> list[str] | None:
+def _forward_params(model_cls: type[torch.nn.Module], n_inputs: int) -> list[str] | None:
     """Model.forward's argument names when they are plain positional names, else None."""
     try:
         params = list(inspect.signature(model_cls.forward).parameters.values())[1:]
@@ -389,8 +390,9 @@ def load_model_new(path: Path) -> ModuleType:
     return import_file(path, name)
 
 
-def check_model_new(problem_module: ModuleType, model_new_path: Path, family: OpFamily, device: str,
-                    draws: int = CHECK_DRAWS) -> tuple[bool, str, float | None, tuple[torch.nn.Module, torch.nn.Module]]:
+def check_model_new(
+    problem_module: ModuleType, model_new_path: Path, family: OpFamily, device: str, draws: int = CHECK_DRAWS
+) -> tuple[bool, str, float | None, tuple[torch.nn.Module, torch.nn.Module]]:
     """(correct, reason, max_abs_err, (model, model_new)): ModelNew vs Model on `draws` input draws."""
     new_module = load_model_new(model_new_path)
     model = build_model(problem_module, problem_module.Model, device)
@@ -712,7 +714,7 @@ def run(path: str | Path, device: str = "cpu", out: str | Path | None = None,
         max_elements = CPU_MAX_ELEMENTS if device == "cpu" else None
     out = Path(out).resolve() if out is not None else default_out()
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[ProblemResult] = []
     for name, file in problems:
         log(f"[{len(results) + 1}/{len(problems)}] {name}")
         result = run_problem(name, file, device, out, max_iterations, max_elements, log)

@@ -47,7 +47,8 @@ import statistics
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -201,6 +202,7 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
     # proportion, so that a step's host timeline spans the unprofiled step time.
     host_per_step: dict[int, float] = defaultdict(float)
     for st in stats:
+        assert st.step is not None  # stats holds only events of a step (filtered above)
         host_per_step[st.step] += st.host
     corrected_step = statistics.median(host_per_step.values()) if host_per_step else 0.0
     residual_scale = min(max(step_us / corrected_step, 0.25), 4.0) if corrected_step > 0 else 1.0
@@ -214,6 +216,7 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
     # dispatched ops), syncs. Medians over steps.
     per_step: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for st in stats:
+        assert st.step is not None  # as above
         row = per_step[st.step]
         row[0] += st.dev if cuda else st.op_time
         row[1] += st.kernels if cuda else st.ops
@@ -658,8 +661,8 @@ def estimate_gain(*, cuda: bool, host_bound: bool, spec: HardwareSpec, host_us: 
 
     cost: the module's time on the step's critical path: max(host, device) when the step waits on
     the host (GPU busy < HOST_BOUND_BUSY), its device time otherwise; host time on CPU.
-    cost after: one Triton launch per call on the host (measured call cost x IN_SITU_LAUNCH_FACTOR) and the roofline floor
-    at KERNEL_EFFICIENCY (never below min_kernel_us a call) on the device. In a launch-bound
+    cost after: one Triton launch per call on the host (measured call cost x IN_SITU_LAUNCH_FACTOR) and
+    the roofline floor at KERNEL_EFFICIENCY (never below min_kernel_us a call) on the device. In a launch-bound
     regime a module already at one launch per call cannot gain: fewer launches is the only lever.
     """
     ai = arithmetic_intensity
@@ -813,7 +816,8 @@ def _why(ctx: _PhaseContext, t: dict[str, Any]) -> str:
                            "graphs would.")
         verb = "saves" if gain > 0 else "would not save time:"
         return head + (f"Only fewer launches help: one Triton launch per call (~"
-                       f"{spec.replacement_launch_us * IN_SITU_LAUNCH_FACTOR:.0f} us host each in situ) {verb} est. {gain:+.0f} us/step ({frac:+.1%} of served latency); "
+                       f"{spec.replacement_launch_us * IN_SITU_LAUNCH_FACTOR:.0f} us host each in situ) {verb} "
+                       f"est. {gain:+.0f} us/step ({frac:+.1%} of served latency); "
                        "kernel speed in isolation does not matter here.")
     where = "host-bound step, " if ctx.host_bound else ""
     return (f"{t['regime']}: {where}{ai_text}; {t['device_us']:.0f} us/step on the GPU vs roofline floor "

@@ -11,8 +11,11 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+Bars = tuple[str, list[float | None], list[Any]]  # label, one value per series, one (low, high) or None each
 
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
 WIDTH, HEIGHT, MARGIN = 640, 300, 56
@@ -105,9 +108,8 @@ def _legend(names: list[str], x: float, y: float) -> list[str]:
     return out
 
 
-def bar_chart(title: str, series: list[str], groups: list[tuple[str, list[float | None], list[Any]]],
-              ylabel: str, reference: float | None = None) -> str:
-    """Grouped bars: `groups` are (label, one value per series, one (low, high) or None per series)."""
+def bar_chart(title: str, series: list[str], groups: list[Bars], ylabel: str, reference: float | None = None) -> str:
+    """Grouped bars, one group per label."""
     values = [v for _, vals, _ in groups for v in vals if v is not None]
     highs = [hi for _, _, errs in groups for e in errs if e for hi in e[1:]]
     top = max([*values, *highs, reference or 0.0, 1e-9]) * 1.15
@@ -148,7 +150,7 @@ def bar_chart(title: str, series: list[str], groups: list[tuple[str, list[float 
 
 
 def loglog_chart(title: str, series: list[tuple[str, list[tuple[float, float]]]], xlabel: str, ylabel: str,
-                 links: list[tuple[tuple[float, float], tuple[float, float]]] = ()) -> str:
+                 links: Sequence[tuple[tuple[float, float], tuple[float, float]]] = ()) -> str:
     """Points on log-log axes, one colour per series; `links` join pairs of points (kernel to floor)."""
     points = [p for _, pts in series for p in pts if p[0] > 0 and p[1] > 0]
     lx = [math.log10(x) for x, _ in points] or [0.0]
@@ -187,8 +189,8 @@ def absent(what: str, why: str) -> str:
 
 
 def speedup_figure(result: dict[str, Any]) -> str:
-    groups = [(str(e["op"]), [figure(e, "speedup_vs_eager"), figure(e, "speedup_vs_compile")], [])
-              for e in targets(result)]
+    groups: list[Bars] = [(str(e["op"]), [figure(e, "speedup_vs_eager"), figure(e, "speedup_vs_compile")], [])
+                          for e in targets(result)]
     groups = [g for g in groups if any(v is not None for v in g[1])]
     if not groups:
         why = ("The verdicts ran on a CPU, where speed is not judged (Triton's interpreter): no kernel was timed."
@@ -198,7 +200,7 @@ def speedup_figure(result: dict[str, Any]) -> str:
                      "speedup (x)", reference=1.0)
 
 
-def _speed_bar(label: str, figures: dict[str, Any] | None) -> tuple[str, list[float | None], list[Any]] | None:
+def _speed_bar(label: str, figures: dict[str, Any] | None) -> Bars | None:
     if not figures or figures.get("tokens_per_s") is None:
         return None
     low, high = figures.get("min"), figures.get("max")
@@ -213,12 +215,12 @@ def served_figure(result: dict[str, Any]) -> str:
         bars += [_speed_bar(f"{entry['op']} before", around.get("before")),
                  _speed_bar(f"{entry['op']} after", around.get("after"))]
     bars.append(_speed_bar("campaign after", served.get("after")))
-    bars = [b for b in bars if b is not None]
-    if not bars:
+    kept = [b for b in bars if b is not None]
+    if not kept:
         return absent("Served-speed chart", "The result holds no served-speed measurement.")
     note = ('<p class="note">On a CPU the served model runs swapped kernels in Triton\'s interpreter: these '
             'tokens/s are measured but speed is not judged.</p>' if speed_not_judged(result) else "")
-    return bar_chart("Served decode tokens/s (median; bar: min..max of the repeats)", ["tokens/s"], bars,
+    return bar_chart("Served decode tokens/s (median; bar: min..max of the repeats)", ["tokens/s"], kept,
                      "tokens/s") + note
 
 
@@ -289,9 +291,10 @@ def _target_section(entry: dict[str, Any]) -> str:
     served = entry.get("served_speed") or {}
     if served:
         before, after = served.get("before") or {}, served.get("after") or {}
+        drop, noise = fmt(_pct(served.get("drop")), "%", 1), fmt(_pct(served.get("noise")), "%", 1)
         parts.append(f"<p>Served decode around this swap: {fmt(before.get('tokens_per_s'), digits=1)} → "
-                     f"{fmt(after.get('tokens_per_s'), digits=1)} tokens/s; drop {fmt(served.get('drop'))} vs "
-                     f"noise {fmt(served.get('noise'))}; judged: {html.escape(str(served.get('judged')))}.</p>")
+                     f"{fmt(after.get('tokens_per_s'), digits=1)} tokens/s; drop {drop} vs noise {noise}; "
+                     f"judged: {html.escape(str(served.get('judged')))}.</p>")
     failures = verdict.get("failures") or []
     if failures:
         parts.append("<p>Failures of the reported verdict:</p>" + _table(

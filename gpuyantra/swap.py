@@ -43,9 +43,10 @@ import threading
 import time
 import types
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import torch
 
@@ -66,7 +67,7 @@ class SwapError(Exception):
     http_status = 409
     status = "rejected"
 
-    def __init__(self, reason: str, record: "SwapRecord | None" = None):
+    def __init__(self, reason: str, record: SwapRecord | None = None):
         super().__init__(reason)
         self.reason = reason
         self.record = record
@@ -149,7 +150,7 @@ class SwapRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SwapRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> SwapRecord:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -160,13 +161,13 @@ _CLASS_FORWARD = object()  # marker: the module had no instance-level forward be
 class _LiveSwap:
     """A swap whose forwards are bound right now (or being bound)."""
 
-    def __init__(self, record: SwapRecord, family: OpFamily, candidate: Candidate, engine: "SwapEngine"):
+    def __init__(self, record: SwapRecord, family: OpFamily, candidate: Candidate, engine: SwapEngine):
         self.record = record
         self.family = family
         self.candidate = candidate
         self.engine = engine
         self.modules: dict[str, torch.nn.Module] = {}
-        self.functions: dict[str, "FunctionSite"] = {}  # function binding: dotted global -> site
+        self.functions: dict[str, FunctionSite] = {}  # function binding: dotted global -> site
         self.strict = True  # during parity/capture: kernel exceptions propagate (no silent fallback)
         self.faulted = False
 
@@ -256,7 +257,7 @@ class SwapEngine:
             self._groups_cache[op] = find_module_groups(self.model, [op])
         return self._groups_cache[op]
 
-    def function_sites(self, op: str) -> list["FunctionSite"]:
+    def function_sites(self, op: str) -> list[FunctionSite]:
         """Module globals of the model's modeling files that compute `op` (families with known_functions)."""
         if op not in self._sites_cache:
             self._sites_cache[op] = find_function_sites(self.model, [op])
@@ -526,6 +527,7 @@ class SwapEngine:
         if source is not None:
             kept.write_text(source)
             return kept, "source", None
+        assert path is not None  # exactly one of path and source (checked above)
         src = Path(path).expanduser()
         if not src.is_file():
             raise CandidateLoadError(f"candidate file {src} does not exist")
@@ -597,7 +599,7 @@ class SwapEngine:
                 "atol": atol, "rtol": rtol, "modules": len(targets), "perturbed_scalar_checks": perturbed}
 
     # -- function-level swaps ------------------------------------------------------------------------
-    def _swap_functions(self, family: OpFamily, candidate: Candidate, sites: list["FunctionSite"], swap_id: str,
+    def _swap_functions(self, family: OpFamily, candidate: Candidate, sites: list[FunctionSite], swap_id: str,
                         kept: Path, origin: str, source_path: str | None, module_class: str | None,
                         live_shapes, reapply_record: SwapRecord | None) -> SwapRecord:
         """`swap` for a family bound at module globals: replace every site, check parity, commit or restore."""
@@ -678,14 +680,14 @@ class SwapEngine:
             self._history.append(record)
         self._live[record.swap_id] = live
 
-    def _function_original(self, site: "FunctionSite") -> Any:
+    def _function_original(self, site: FunctionSite) -> Any:
         """What the site computed before any swap (the parity reference and the fallback)."""
         if site.dotted in self._fn_owner:
             return self._fn_originals[site.dotted]
         current = site.current()
         return getattr(current, "gpuyantra_original", current)
 
-    def _capture_function_calls(self, sites: list["FunctionSite"], limit: int):
+    def _capture_function_calls(self, sites: list[FunctionSite], limit: int):
         """Live-shaped calls of each site: its original on a probe forward of the model (inputs and
         outputs of up to `limit` calls with distinct input shapes per site), and the probe's output."""
         captured: dict[str, list[tuple[tuple, dict, Any]]] = {s.dotted: [] for s in sites}
@@ -718,7 +720,7 @@ class SwapEngine:
                 site.set(states[site.dotted])
         return captured, output
 
-    def _bind_functions_and_check(self, live: _LiveSwap, sites: list["FunctionSite"], live_shapes) -> dict[str, Any]:
+    def _bind_functions_and_check(self, live: _LiveSwap, sites: list[FunctionSite], live_shapes) -> dict[str, Any]:
         family = live.family
         dtype, device = _param_dtype_device(self.model)
         captured, probe_before = self._capture_function_calls(sites, max(1, self.max_parity_shapes))
@@ -952,6 +954,7 @@ def function_computes(fn: Any, family: OpFamily) -> tuple[bool, bool, bool, bool
         return _function_verdicts[key][1]
     from gpuyantra.binding import FP64_TOLERANCE
     verdict = None
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -979,7 +982,7 @@ def function_computes(fn: Any, family: OpFamily) -> tuple[bool, bool, bool, bool
 
 def _forward_names(cls: type) -> set[str]:
     import inspect
-    fwd = getattr(cls, "forward", None)
+    fwd: Any = getattr(cls, "forward", None)
     try:
         fwd = inspect.unwrap(fwd)
     except Exception:  # noqa: BLE001
@@ -1033,7 +1036,7 @@ def site_matches(site: FunctionSite, family: OpFamily, module_class: str | None)
                             *site.caller_classes)
 
 
-def _function_wrapper(site: FunctionSite, live: "_LiveSwap", original: Callable[..., Any]) -> Callable[..., Any]:
+def _function_wrapper(site: FunctionSite, live: _LiveSwap, original: Callable[..., Any]) -> Callable[..., Any]:
     """The guarded replacement of a rope-style function: the kernel where the call is in the regime
     the function was verified for, the original otherwise (and on a kernel exception while serving)."""
     import inspect

@@ -24,10 +24,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -42,9 +43,14 @@ from gpuyantra.swap import SwapError
 from serving.engine import Engine, RequestError
 from serving.metrics import Metrics
 from serving.models import describe, load_model
-from serving.openai_api import (ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, create_chat_completion,
-                                create_completion)
-from serving.openai_api import ValidationIssue
+from serving.openai_api import (
+    ERROR_RESPONSES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ValidationIssue,
+    create_chat_completion,
+    create_completion,
+)
 
 log = logging.getLogger("gpuyantra.serving")
 RETRY_AFTER_S = "5"  # Retry-After (seconds) of a 503 while the model loads
@@ -166,7 +172,9 @@ class SwapUnprocessable(BaseModel):
     message: str | None = None
 
 
-UNPROCESSABLE = {422: {"model": RequestErrorBody, "description": "invalid body, or a request that cannot be served"}}
+UNPROCESSABLE: dict[int | str, dict[str, Any]] = {
+    422: {"model": RequestErrorBody, "description": "invalid body, or a request that cannot be served"}
+}
 
 
 class RollbackBody(BaseModel):
@@ -195,19 +203,20 @@ class LogitsBody(BaseModel):
 class BenchmarkBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_tokens: int = Field(16, ge=1, le=4096, description="tokens generated per generation; prompt_tokens + "
-                            "max_tokens must fit the context")
-    prompt_tokens: int = Field(8, ge=1, le=32768, description="prompt length of each generation")
-    batch: int = Field(1, ge=1, le=1024, description="rows decoded together, at most the server's max_batch")
-    repeats: int = Field(5, ge=1, le=20, description="timed repeats; the answer gives their median tokens/s and "
-                         "spread (tokens_per_s_min/_max, relative_spread = (max - min) / median, relative_mad)")
-    min_repeat_s: float = Field(0.25, ge=0.0, le=5.0, description="each repeat generates again until it has run "
-                                "this many seconds, so a repeat is not mostly timer and launch noise; the server "
-                                "serves nothing else for about repeats x min_repeat_s")
+    max_tokens: int = Field(default=16, ge=1, le=4096, description="tokens generated per generation; "
+                            "prompt_tokens + max_tokens must fit the context")
+    prompt_tokens: int = Field(default=8, ge=1, le=32768, description="prompt length of each generation")
+    batch: int = Field(default=1, ge=1, le=1024, description="rows decoded together, at most the server's max_batch")
+    repeats: int = Field(default=5, ge=1, le=20, description="timed repeats; the answer gives their median "
+                         "tokens/s and spread (tokens_per_s_min/_max, relative_spread = (max - min) / median, "
+                         "relative_mad)")
+    min_repeat_s: float = Field(default=0.25, ge=0.0, le=5.0, description="each repeat generates again until it "
+                                "has run this many seconds, so a repeat is not mostly timer and launch noise; the "
+                                "server serves nothing else for about repeats x min_repeat_s")
 
 
 # ====================================================================== helpers
-def _error_message(errors: list[dict[str, Any]]) -> str:
+def _error_message(errors: Sequence[Mapping[str, Any]]) -> str:
     parts = []
     for e in errors:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
@@ -311,7 +320,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             self.app = app
 
         async def __call__(self, scope, receive, send):
-            if scope["type"] == "http" and (scope.get("path") == "/admin" or scope.get("path", "").startswith("/admin/")):
+            path = scope.get("path", "")
+            if scope["type"] == "http" and (path == "/admin" or path.startswith("/admin/")):
                 auth = None
                 for key, value in scope.get("headers", []):
                     if key == b"authorization":
@@ -383,6 +393,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     def admission(body: SwapBody, device: str) -> Callable[[bytes], str | None]:
         """The swap engine's check of the bytes it is about to import (see SwapEngine.swap)."""
         def admit(source: bytes) -> str | None:
+            reason: str | None
             if body.attestation is None:
                 reason = "no attestation: start the server with --allow-unverified-swaps to swap unverified kernels"
             else:

@@ -269,7 +269,8 @@ def install(model: torch.nn.Module, cache: Any) -> DecodeAttention:
 
 def uninstall(model: torch.nn.Module) -> None:
     """Back to transformers' SDPA if one of our decode attentions is installed (else a no-op)."""
-    if str(model.config._attn_implementation).startswith(NAME):
+    config: Any = model.config  # (torch types module attributes as Tensor | Module)
+    if str(config._attn_implementation).startswith(NAME):
         _set_attention(model, "sdpa")
 
 
@@ -277,5 +278,6 @@ def _set_attention(model: torch.nn.Module, name: str) -> None:
     setter = getattr(model, "set_attn_implementation", None)
     if setter is not None:
         setter(name)
-    if model.config._attn_implementation != name:  # older transformers: set the config directly
-        model.config._attn_implementation = name
+    config: Any = model.config  # (torch types module attributes as Tensor | Module)
+    if config._attn_implementation != name:  # older transformers: set the config directly
+        config._attn_implementation = name

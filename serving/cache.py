@@ -14,8 +14,8 @@ capture and graph-path parity checks write there, so they can run while requests
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -119,8 +119,10 @@ class SlotCache:
         mode = self.mode
         assert isinstance(mode, _Decode)
         rows = self.rows[:mode.rows]
-        self.keys[layer_idx][rows, :, mode.positions] = key_states[:, :, 0]
-        self.values[layer_idx][rows, :, mode.positions] = value_states[:, :, 0]
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        assert keys is not None and values is not None  # update() allocated the layer before any write
+        keys[rows, :, mode.positions] = key_states[:, :, 0]
+        values[rows, :, mode.positions] = value_states[:, :, 0]
 
     def take_pending(self, layer_idx: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The deferred key/value of this decode step's layer (None if it was written already)."""

@@ -42,9 +42,11 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -65,7 +67,7 @@ class EngineObserver:
     """Hooks the engine calls (from its thread); `serving.metrics` implements them with Prometheus."""
 
     def on_forward(self, phase: str, rows: int, tokens: int, seconds: float) -> None: ...
-    def on_request_finished(self, request: "GenRequest") -> None: ...
+    def on_request_finished(self, request: GenRequest) -> None: ...
     def on_queue(self, waiting: int, active: int) -> None: ...
     def on_swap_event(self, kind: str, record: SwapRecord, **info: Any) -> None: ...
 
@@ -90,7 +92,7 @@ class GenRequest:
     # temperature / top_p): None = off; k >= 0 = each token's own plus the k most likely alternatives.
     logprobs: int | None = None
     on_token: Callable[[int], None] | None = None
-    on_finish: Callable[["GenRequest"], None] | None = None
+    on_finish: Callable[[GenRequest], None] | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     output_ids: list[int] = field(default_factory=list)
     # with `logprobs`: one (logprob, [(token_id, logprob), ...k most likely]) per output id, appended
@@ -508,7 +510,9 @@ class Engine:
             return self.graphs.decode(tokens, positions)
         return self.decode_rows_eager(tokens, positions)
 
-    def decode_rows_eager(self, tokens: Sequence[int], positions: Sequence[int], kv_len: int | None = None) -> torch.Tensor:
+    def decode_rows_eager(
+        self, tokens: Sequence[int], positions: Sequence[int], kv_len: int | None = None
+    ) -> torch.Tensor:
         n = len(tokens)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).view(n, 1)
         pos = torch.tensor(list(positions), dtype=torch.long, device=self.device)
@@ -557,12 +561,13 @@ class Engine:
         scratch = self.cache.scratch_position
         tokens = [s.last_token if s is not None else 0 for s in rows]
         positions = [s.pos if s is not None else scratch for s in rows]
-        if self.graphs is None:
+        graphs = self.graphs
+        if graphs is None:
             # Eager: attend only up to the longest active row (inactive rows write at scratch).
             kv_len = max(s.pos for s in rows if s is not None) + 1
             logits = self._clean_pass(lambda: self.decode_rows_eager(tokens, positions, kv_len=kv_len))
         else:
-            logits = self._clean_pass(lambda: self.graphs.decode(tokens, positions))
+            logits = self._clean_pass(lambda: graphs.decode(tokens, positions))
         chosen = self._select(logits, rows)
         logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
         active = sum(1 for s in rows if s is not None)
@@ -646,7 +651,7 @@ class Engine:
         with torch.no_grad():
             logits = self.prefill_row(0, prompt)
             got.append(logits[0].float())
-            for k in range(steps):
+            for _ in range(steps):
                 token = int(logits[0].argmax())
                 seq.append(token)
                 logits = self.decode_rows_eager([token], [len(seq) - 1])
@@ -734,10 +739,11 @@ class Engine:
         def timed_repeat(steps: int) -> tuple[float, float, list[list[int]]]:
             # Mean prefill and decode time of as many generations as fill min_repeat_s (bounded).
             prefill = decode = 0.0
-            for n in range(1, MAX_GENERATIONS_PER_REPEAT + 1):
+            n = 0
+            while True:
                 p, d, outs = run(steps)
-                prefill, decode = prefill + p, decode + d
-                if prefill + decode >= min_repeat_s:
+                prefill, decode, n = prefill + p, decode + d, n + 1
+                if prefill + decode >= min_repeat_s or n >= MAX_GENERATIONS_PER_REPEAT:
                     break
             return prefill / n, decode / n, outs
 
@@ -854,7 +860,7 @@ class Engine:
             probes["decode"]()
             step_s = timed(probes["decode"])
         modules = dict(self.model.named_modules())
-        targets = []
+        targets: list[dict[str, Any]] = []
         for group in self.groups:
             family = get_op(group.op)
             module = modules[group.names[0]]
@@ -866,7 +872,7 @@ class Engine:
                 acts = family.activations_for_module(module, rows, self.dtype, self.device, gen)
                 with torch.no_grad():
                     family.module_call(module, *acts)
-                    per_call = timed(lambda: family.module_call(module, *acts))
+                    per_call = timed(partial(family.module_call, module, *acts))
             except Exception:  # noqa: BLE001 - a group we cannot time ranks last
                 per_call = 0.0
             if not shapes:
@@ -945,8 +951,8 @@ def token_logprobs(logits: torch.Tensor, wanted: Sequence[int | None], chosen: S
     logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
     picked = logp.gather(1, torch.tensor([[int(chosen[r])] for r in rows], device=logits.device))[:, 0].tolist()
     k = min(max(int(wanted[r]) for r in rows), logp.shape[-1])  # type: ignore[arg-type]
-    values, ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
-    values, ids = values.tolist(), ids.tolist()
+    top_values, top_ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    values, ids = top_values.tolist(), top_ids.tolist()
     for j, r in enumerate(rows):
         want = int(wanted[r])  # type: ignore[arg-type]
         out[r] = (picked[j], list(zip(ids[j][:want], values[j][:want])))
@@ -966,7 +972,7 @@ def run_profiler(model: torch.nn.Module, probes: Mapping[str, Callable[[], Any]]
     except (TypeError, ValueError):
         params = set()
     if "groups" in params:
-        extra = {"function_sites": list(function_sites or [])} if "function_sites" in params else {}
+        extra: dict[str, Any] = {"function_sites": list(function_sites or [])} if "function_sites" in params else {}
         return profile_model(model, dict(probes), device, groups=list(groups or []), **extra)
     # The minimal contract: one callable probe.
     return profile_model(model, lambda: [p() for p in probes.values()], device)

@@ -35,8 +35,9 @@ class _Fused:
 
 
 def _siblings(parent: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Linear] | None:
-    mods = [getattr(parent, n, None) for n in names]
-    if not all(type(m) is torch.nn.Linear for m in mods):  # exact class: subclasses may do more
+    found = [getattr(parent, n, None) for n in names]
+    mods = [m for m in found if type(m) is torch.nn.Linear]  # exact class: subclasses may do more
+    if len(mods) != len(found):
         return None
     first = mods[0].weight
     if any(m.weight.shape[1] != first.shape[1] or m.weight.dtype != first.dtype or m.weight.device != first.device
@@ -76,9 +77,10 @@ def _fuse_one(parent: torch.nn.Module, names: tuple[str, ...], mods: list[torch.
             return F.linear(x, self.weight, self.bias)
         return follower_forward
 
-    lead.forward = types.MethodType(lead_forward, lead)
+    # Instance-level forward overrides are the point here (mypy forbids assigning to a method).
+    lead.forward = types.MethodType(lead_forward, lead)  # type: ignore[method-assign]
     for name, m in rest:
-        m.forward = types.MethodType(make_follower(name), m)
+        m.forward = types.MethodType(make_follower(name), m)  # type: ignore[method-assign]
     return fused
 
 

@@ -20,7 +20,8 @@ itself is exercised.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +41,7 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class GraphDecoder:
-    def __init__(self, engine: "Engine", buckets: Sequence[int] | None = None, warmup: int = 2):
+    def __init__(self, engine: Engine, buckets: Sequence[int] | None = None, warmup: int = 2):
         self.engine = engine
         self.device = engine.device
         self.capture_enabled = self.device.type == "cuda"
@@ -57,7 +58,7 @@ class GraphDecoder:
                 "host_pos": torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled),
                 "graph": None, "logits": None,
             }
-        self.pool = None
+        self.pool: Any = None  # torch.cuda.graph_pool_handle() of the current graphs
         self.captures = 0
         self.last_capture_s: float | None = None
         self.replays = 0

@@ -13,17 +13,18 @@ weights, which the restart and parity tests rely on.
 Tokenizer: a folder (or cached model) is served with its own tokenizer; a tokenizer that is missing
 or does not load is an error (`serve` exits 2 saying why) unless `byte_tokenizer=True`
 (`--byte-tokenizer`) asks for `ByteTokenizer` instead. Presets ship no tokenizer files and declare
-`ByteTokenizer` (`PRESET_TOKENIZERS`). `ByteTokenizer` is byte-level: text is encoded as its UTF-8 bytes, each byte `b` becoming token id `b % vocab_size`;
-token ids decode back to bytes as `id % 256` (ids >= 256 therefore alias bytes), invalid UTF-8 is
-decoded with U+FFFD. It has no special tokens, so generation with it only stops on `max_tokens` or a
-stop string.
+`ByteTokenizer` (`PRESET_TOKENIZERS`). `ByteTokenizer` is byte-level: text is encoded as its UTF-8
+bytes, each byte `b` becoming token id `b % vocab_size`; token ids decode back to bytes as `id % 256`
+(ids >= 256 therefore alias bytes), invalid UTF-8 is decoded with U+FFFD. It has no special tokens,
+so generation with it only stops on `max_tokens` or a stop string.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -184,7 +185,7 @@ class LoadedModel:
 
 
 def resolve_device(device: str | None) -> str:
-    if device in (None, "", "auto"):
+    if device is None or device in ("", "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"--device {device} asked for, but CUDA is not available here")
@@ -195,7 +196,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     """Default: bfloat16 on CUDA, float32 on CPU (the Triton interpreter mishandles bf16)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype in (None, "", "auto"):
+    if dtype is None or dtype in ("", "auto"):
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     try:
         return DTYPES[dtype.lower()]
@@ -303,7 +304,8 @@ def load_model(spec: str, *, random_weights: bool = False, device: str | None = 
         else:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
                                                          local_files_only=True)
-            model = model.to(device)
+            # transformers types `to` through a wrapper that loses the bound self
+            model = model.to(device)  # type: ignore[arg-type]
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=device, dtype=torch_dtype,

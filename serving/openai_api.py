@@ -33,8 +33,10 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from functools import partial
+from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
@@ -280,8 +282,8 @@ class Generation:
                 req = GenRequest(prompt_ids=ids, max_tokens=budget, temperature=temperature, top_p=top_p,
                                  seed=_sample_seed(seed, j), logprobs=logprobs,
                                  stop_token_ids=frozenset(self.tok.eos_token_ids),
-                                 on_token=lambda token, index=index: self._post(index, "token", token),
-                                 on_finish=lambda req, index=index: self._post(index, "finish", req))
+                                 on_token=partial(self._post, index, "token"),
+                                 on_finish=partial(self._post, index, "finish"))
                 engine.validate(req)  # RequestError: 400, before anything runs
                 self.choices.append(_Choice(req, IncrementalText(self.tok)))
 
@@ -376,8 +378,10 @@ def _streaming(events: AsyncIterator[str]) -> StreamingResponse:
 async def _collect(gen: Generation) -> tuple[dict[int, dict[str, Any]], str | None]:
     """Run a generation to its end: per choice index its text, token ids, log-probabilities,
     offsets and finish reason; and the first error."""
-    out = {i: {"text": "", "token_ids": [], "logprobs": [], "offsets": [], "finish_reason": None}
-           for i in range(len(gen.choices))}
+    out: dict[int, dict[str, Any]] = {
+        i: {"text": "", "token_ids": [], "logprobs": [], "offsets": [], "finish_reason": None}
+        for i in range(len(gen.choices))
+    }
     error = None
     async for d in gen.deltas():
         acc = out[d.index]
@@ -404,9 +408,9 @@ async def create_completion(engine: Engine, body: CompletionRequest):
     if isinstance(p, str):
         prompts = [tok.encode(p)]
     elif all(isinstance(x, int) for x in p):
-        prompts = [list(p)]  # type: ignore[arg-type]
+        prompts = [list(p)]
     elif all(isinstance(x, str) for x in p):
-        prompts = [tok.encode(x) for x in p]  # type: ignore[union-attr]
+        prompts = [tok.encode(x) for x in p]
     else:
         prompts = [list(x) for x in p]  # type: ignore[arg-type]
     bos = getattr(tok, "bos_token_id", None)

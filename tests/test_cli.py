@@ -16,7 +16,7 @@ def gpuyantra(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_every_command_has_help():
     listing = gpuyantra("--help")
     assert listing.returncode == 0
-    for command in ["verify", "serve", "optimize", "worker", "up", "demo", "skills", "kernelbench"]:
+    for command in ["verify", "serve", "optimize", "worker", "up", "demo", "skills", "kernelbench", "report"]:
         assert command in listing.stdout
         assert gpuyantra(command, "--help").returncode == 0
 

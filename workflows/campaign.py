@@ -177,7 +177,7 @@ class OptimizeCampaign:
             verdict = await self._gpu("verify_candidate", VerifyInput(
                 campaign_id=campaign_id, target=target, iteration=iteration, source=written.source,
                 device=params.device), timedelta(minutes=20),
-                summary=f"verify {op} iteration {iteration}: {strategy_text(written.strategy)}")
+                summary=f"verify {key} iteration {iteration}: {strategy_text(written.strategy)}")
             reward = int(verdict.get("reward", -1))
             history.append({"strategy": written.strategy, "reward": reward, "failures": verdict.get("failures", []),
                             "kernel_us": verdict.get("kernel_us"), "floor_us": verdict.get("floor_us")})

@@ -90,6 +90,7 @@ def server_key(url: str) -> str:
     scheme = (parts.scheme or "http").lower()
     host = (parts.hostname or "").lower()
     host = "127.0.0.1" if host in LOOPBACK or host.startswith("127.") else host
+    port: int | str
     try:
         port = parts.port or (443 if scheme == "https" else 80)
     except ValueError:  # a port out of range: keep the text, it names no live server anyway

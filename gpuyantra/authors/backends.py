@@ -42,7 +42,9 @@ class BackendError(Exception):
 
 class Backend(Protocol):
     name: str  # "openai" | "gemini"
-    model: str | None
+
+    @property
+    def model(self) -> str | None: ...
 
     def complete(self, system: str, user: str, reply_model: type[BaseModel], timeout: float) -> str:
         """The reply's text, which should be JSON following `reply_model`; raises BackendError."""
@@ -67,7 +69,7 @@ def strict_json_schema(model: type[BaseModel]) -> dict[str, Any]:
             if "$ref" in node:
                 name = node["$ref"].rsplit("/", 1)[-1]
                 return resolve(copy.deepcopy(defs[name]))
-            out = {}
+            out: dict[str, Any] = {}
             for key, value in node.items():
                 if key == "properties" and isinstance(value, dict):  # property names are data
                     out[key] = {name: resolve(prop) for name, prop in value.items()}

@@ -41,7 +41,8 @@ class WrittenCandidate:
 
 
 class Author(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def write(self, request: WriteRequest) -> WrittenCandidate: ...
 

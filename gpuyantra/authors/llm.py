@@ -291,11 +291,15 @@ def _strip_fence(source: str) -> str:
 def _top_level_literal(tree: ast.Module, name: str) -> tuple[bool, Any]:
     """(assigned, value) of a top-level `name = <literal>`; value None when not a literal."""
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
             try:
-                return True, ast.literal_eval(node.value)
+                return True, ast.literal_eval(value)
             except ValueError:
                 return True, None
     return False, None

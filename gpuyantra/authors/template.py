@@ -28,10 +28,11 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from gpuyantra.authors.base import Attempt, WriteRequest, WrittenCandidate
 
@@ -93,7 +94,7 @@ _RESOURCE_WORDS = ("out of resource", "outofresources", "shared memory", "regist
 
 # --------------------------------------------------------------------------- templates and rendering
 
-@lru_cache(maxsize=None)
+@cache
 def template_source(op: str) -> str:
     try:
         return resources.files("gpuyantra.kernels").joinpath(f"{op}.py").read_text()
@@ -124,7 +125,7 @@ def default_strategy(op: str) -> dict[str, Any]:
     return dict(_default_strategy(op))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _default_strategy(op: str) -> dict[str, Any]:
     return parse_strategy(template_source(op))
 
@@ -432,10 +433,17 @@ def plan_strategy(request: WriteRequest) -> Plan:
     return Plan(default_strategy(op), "every point failed; back to the template defaults", converged=True)
 
 
+def _measured_us(attempt: Attempt) -> float:
+    """kernel_us of an attempt in `measured` (which holds only attempts with one)."""
+    if attempt.kernel_us is None:
+        raise ValueError("an attempt without kernel_us among the measured ones")
+    return attempt.kernel_us
+
+
 def _plateau(measured: list[tuple[int, dict[str, Any], Attempt]]) -> bool:
     if len(measured) <= PLATEAU_STEPS:
         return False
-    times = [a.kernel_us for _, _, a in measured]
+    times = [_measured_us(a) for _, _, a in measured]
     best_before = min(times[:-PLATEAU_STEPS])
     return min(times[-PLATEAU_STEPS:]) > best_before * (1.0 - PLATEAU_GAIN)
 
@@ -455,20 +463,22 @@ def _bad_moves(measured: list[tuple[int, dict[str, Any], Attempt]]) -> set[tuple
     for _, a, ta in measured:
         for _, b, tb in measured:
             key = _move_key(a, b)
-            if key is not None and tb.kernel_us > BAD_MOVE_SLOWDOWN * ta.kernel_us:
+            if key is not None and _measured_us(tb) > BAD_MOVE_SLOWDOWN * _measured_us(ta):
                 bad.add(key)
     return bad
 
 
-def _improving_move(op: str, measured: list[tuple[int, dict[str, Any], Attempt]], best_i: int) -> tuple[str, int] | None:
+def _improving_move(
+    op: str, measured: list[tuple[int, dict[str, Any], Attempt]], best_i: int
+) -> tuple[str, int] | None:
     """(knob, direction) of the single-knob change that produced the incumbent, if it was one."""
     earlier = [(s, a) for i, s, a in measured if i < best_i]
     current = [s for i, s, _ in measured if i == best_i]
     if not earlier or not current:
         return None
-    previous, prev_attempt = min(earlier, key=lambda m: m[1].kernel_us)
-    best_us = [a.kernel_us for i, _, a in measured if i == best_i][0]
-    if best_us > prev_attempt.kernel_us * (1.0 - MOMENTUM_GAIN):
+    previous, prev_attempt = min(earlier, key=lambda m: _measured_us(m[1]))
+    best_us = [_measured_us(a) for i, _, a in measured if i == best_i][0]
+    if best_us > _measured_us(prev_attempt) * (1.0 - MOMENTUM_GAIN):
         return None  # a marginal gain: explore other knobs before walking further this way
     diff = [k for k in current[0] if current[0][k] != previous.get(k)]
     if len(diff) != 1:
@@ -490,7 +500,7 @@ def _space(knobs_points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(p) for p in knobs_points]
 
 
-_ROW_POINTS = [
+_ROW_POINTS: list[dict[str, Any]] = [
     {},
     {"ROWS_PER_PROGRAM": 2},
     {"ROWS_PER_PROGRAM": 4},
@@ -514,8 +524,8 @@ _ROW_POINTS = [
     {"BLOCK_H_MAX": 2048, "CHUNK": 1024, "NUM_WARPS": 4, "MAX_PROGRAMS": 2112},
 ]
 # layer_norm's lean single-pass point: one paired reduction, weight/bias re-read per tile.
-_LEAN_LN = {"SHIFTED_STATS": True, "RELOAD_AFFINE": True}
-_LAYER_NORM_POINTS = _ROW_POINTS[:3] + [
+_LEAN_LN: dict[str, Any] = {"SHIFTED_STATS": True, "RELOAD_AFFINE": True}
+_LAYER_NORM_POINTS: list[dict[str, Any]] = _ROW_POINTS[:3] + [
     _LEAN_LN, {**_LEAN_LN, "ROWS_PER_PROGRAM": 2}, {**_LEAN_LN, "NUM_WARPS": 4},
     {**_LEAN_LN, "ROWS_PER_PROGRAM": 2, "NUM_WARPS": 8}, {**_LEAN_LN, "MAX_PROGRAMS": 1056},
     {"RELOAD_AFFINE": True}, {"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "MAX_PROGRAMS": 2112},

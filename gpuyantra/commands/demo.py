@@ -35,7 +35,9 @@ def save_admin_token(state: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuyantra.campaign_client import start_campaign
+    from gpuyantra import config
+    from gpuyantra.campaign_client import new_workflow_id, start_campaign
+    from gpuyantra.report import write_report
     from gpuyantra.triton_env import cuda_available
     from workflows.types import CampaignInput
 
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuyantra demo: serving {args.model} at {server.info['url']} on {device}; "
               f"campaign for {params.ops} (min_reward {params.min_reward}) ...", flush=True)
         started = time.monotonic()
-        result = asyncio.run(start_campaign(temporal.info["address"], params, wait=True))
+        workflow_id = new_workflow_id(params.server_url, args.model, params.ops)
+        result = asyncio.run(start_campaign(temporal.info["address"], params, wait=True, workflow_id=workflow_id))
         print(json.dumps(result, indent=2))
         print(f"\nCampaign {result['workflow_id']} finished in {time.monotonic() - started:.0f}s.\n"
               f"  Web UI:        {temporal.info['ui']}/namespaces/default/workflows/{result['workflow_id']}\n"
@@ -67,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
               f"-w {result['workflow_id']}\n"
               f"  Kernels:       curl -H \"Authorization: Bearer $(cat {token_file})\" "
               f"{server.info['url']}/admin/kernels\n"
+              f"  Find it:       temporal workflow list --address {temporal.info['address']} "
+              f"--query 'GpuyantraModel=\"{result.get('model') or args.model}\"'\n"
+              f"  Report:        {write_report(result, config.reports_dir() / f'{workflow_id}.html')}\n"
               f"  Logs:          {temporal.log_path.parent}", flush=True)
         if device == "cpu":
             print("  Note: without a GPU the kernel runs in Triton's interpreter, so served tokens/s drops "

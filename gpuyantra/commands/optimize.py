@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gpuyantra import config
 from gpuyantra.server_client import ServerError, check_reachable
@@ -73,9 +74,13 @@ def run(args: argparse.Namespace) -> int:
     workflow_id = new_workflow_id(args.server, served_model(args.server), args.ops)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
+    started: list[str] = []
     try:
-        result = asyncio.run(_campaign(address, params, workflow_id, args.wait, say))
+        result = asyncio.run(_campaign(address, params, workflow_id, args.wait, say, started))
     except KeyboardInterrupt:
+        if not started:
+            print("\ngpuyantra optimize: interrupted before the campaign started", file=sys.stderr)
+            return 130
         show, cancel = follow_commands(address, workflow_id)
         print(f"\ngpuyantra optimize: stopped following; campaign {workflow_id} keeps running.\n"
               f"  follow: {show} --follow\n  cancel: {cancel}", file=sys.stderr, flush=True)
@@ -101,11 +106,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _campaign(address: str, params: CampaignInput, workflow_id: str, wait: bool,
-                    say: Callable[[str], None]) -> dict[str, Any]:
+                    say: Callable[[str], None], started: list[str]) -> dict[str, Any]:
     from gpuyantra.campaign_client import connect, follow, follow_commands, launch, started_answer, web_ui_link
 
     client = await connect(address)
     handle = await launch(client, params, workflow_id)
+    started.append(workflow_id)
     show, cancel = follow_commands(address, workflow_id)
     for line in (f"Campaign {workflow_id} started.", f"  Web UI: {web_ui_link(address, workflow_id)}",
                  f"  show:   {show}", f"  cancel: {cancel}"):

@@ -42,6 +42,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuyantra report: {exc}", file=sys.stderr)
         return 1
     name = args.campaign_id or result.get("workflow_id") or Path(args.from_json).stem
-    out = Path(args.out) if args.out else config.reports_dir() / f"{re.sub(r'[^\w.+-]+', '-', str(name))}.html"
+    out = Path(args.out) if args.out else config.reports_dir() / (re.sub(r"[^\w.+-]+", "-", str(name)) + ".html")
     print(write_report(result, out))
     return 0

@@ -37,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--admin-token", default=None,
                    help="bearer token of the /admin routes (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)")
     p.add_argument("--state-dir", default=None,
-                   help="folder for the swap manifest and kept candidate files (default: $GPUYANTRA_STATE_DIR or .state)")
+                   help="folder for the swap manifest and kept candidate files "
+                        "(default: $GPUYANTRA_STATE_DIR or .state)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="decode with CUDA graphs (static KV cache, one graph per batch-size bucket); needs cuda")
     p.add_argument("--decode-attention", choices=["auto", "triton", "sdpa"], default="auto",

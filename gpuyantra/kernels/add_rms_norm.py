@@ -106,9 +106,11 @@ def entry(x, residual, *, weight, eps):
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
         _add_rms_norm_rows[grid](x2, r2, weight, y, s, n_rows, stride, stride_r, eps, H=hidden, BLOCK=block,
-                                 ROWS=rows, EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
+                                 ROWS=rows, EVICT=X_EVICTION,
+                                 num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
         _add_rms_norm_chunked[grid](x2, r2, weight, y, s, n_rows, hidden, stride, stride_r, eps, BLOCK=CHUNK,
-                                    EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)), num_stages=NUM_STAGES)
+                                    EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
+                                    num_stages=NUM_STAGES)
     return y, s

@@ -81,7 +81,8 @@ def entry(x, *, weight, eps):
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
         _gemma_norm_rows[grid](x2, weight, y, n_rows, stride, eps, H=hidden, BLOCK=block, ROWS=rows,
-                               EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
+                               EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
+                               num_stages=NUM_STAGES)
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
         _gemma_norm_chunked[grid](x2, weight, y, n_rows, hidden, stride, eps, BLOCK=CHUNK, EVICT=X_EVICTION,

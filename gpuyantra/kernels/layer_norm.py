@@ -156,8 +156,9 @@ def entry(x, *, weight, bias, eps):
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
         _layer_norm_rows[grid](x2, weight, bias, y, n_rows, stride, eps, HAS_W=weight is not None,
-                               HAS_B=bias is not None, SHIFTED=SHIFTED_STATS, RELOAD=RELOAD_AFFINE, H=hidden, BLOCK=block, ROWS=rows,
-                               EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
+                               HAS_B=bias is not None, SHIFTED=SHIFTED_STATS, RELOAD=RELOAD_AFFINE, H=hidden,
+                               BLOCK=block, ROWS=rows, EVICT=X_EVICTION,
+                               num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
         _layer_norm_chunked[grid](x2, weight, bias, y, n_rows, hidden, stride, eps, HAS_W=weight is not None,

@@ -14,7 +14,8 @@ For binding, the probe feeds the MLP its own input x (`module_activations`), run
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -25,6 +26,11 @@ def _has(module: torch.nn.Module, name: str) -> bool:
     return isinstance(getattr(module, name, None), torch.nn.Module)
 
 
+def _sub(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The submodule `name` (torch types a module's attributes as Tensor | Module)."""
+    return cast(torch.nn.Module, getattr(module, name))
+
+
 def is_gated_mlp(module: torch.nn.Module) -> bool:
     return _has(module, "down_proj") and (
         (_has(module, "gate_proj") and _has(module, "up_proj")) or _has(module, "gate_up_proj"))
@@ -33,13 +39,13 @@ def is_gated_mlp(module: torch.nn.Module) -> bool:
 def project(module: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
     """(gate, up) as the module computes them from its input."""
     if _has(module, "gate_up_proj") and not _has(module, "gate_proj"):
-        gate, up = module.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = _sub(module, "gate_up_proj")(x).chunk(2, dim=-1)
         return gate, up
-    return module.gate_proj(x), module.up_proj(x)
+    return _sub(module, "gate_proj")(x), _sub(module, "up_proj")(x)
 
 
 def in_features(module: torch.nn.Module) -> int:
-    proj = module.gate_proj if _has(module, "gate_proj") else module.gate_up_proj
+    proj: Any = _sub(module, "gate_proj") if _has(module, "gate_proj") else _sub(module, "gate_up_proj")
     if hasattr(proj, "in_features"):
         return int(proj.in_features)
     return int(proj.weight.shape[-1])
@@ -64,7 +70,7 @@ def module_call(module: torch.nn.Module, x: Tensor) -> Tensor:
 def make_module_reference(reference: Callable[..., Tensor]) -> Callable[..., Tensor]:
     def module_reference(module: torch.nn.Module, x: Tensor) -> Tensor:
         gate, up = project(module, x)
-        return module.down_proj(reference(gate, up))
+        return _sub(module, "down_proj")(reference(gate, up))
 
     return module_reference
 
@@ -72,11 +78,12 @@ def make_module_reference(reference: Callable[..., Tensor]) -> Callable[..., Ten
 def replacement_forward(module: torch.nn.Module, entry: Callable[..., Tensor],
                         adapter: Sequence[dict[str, str]]) -> Callable[..., Any]:
     if _has(module, "gate_up_proj") and not _has(module, "gate_proj"):
-        def forward(self: torch.nn.Module, hidden_states: Tensor) -> Tensor:
+        # self: the MLP module (Any: its projections are attributes torch types as Tensor | Module)
+        def forward(self: Any, hidden_states: Tensor) -> Tensor:
             gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
             return self.down_proj(entry(gate, up))
     else:
-        def forward(self: torch.nn.Module, hidden_states: Tensor) -> Tensor:
+        def forward(self: Any, hidden_states: Tensor) -> Tensor:
             return self.down_proj(entry(self.gate_proj(hidden_states), self.up_proj(hidden_states)))
 
     return forward

@@ -3,7 +3,8 @@ as `module(x)`: norms and softmax. Kept private; each family file states its own
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

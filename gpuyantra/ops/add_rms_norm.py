@@ -13,7 +13,7 @@ benchmarks and by `AddRMSNorm` below, its module form and default module (weight
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

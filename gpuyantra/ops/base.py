@@ -8,8 +8,9 @@ interface, so adding a family touches one file (plus its template kernel and its
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -32,8 +33,9 @@ class OpFamily:
     activations: tuple[str, ...]
     params: tuple[ParamSpec, ...]
     default_module: str
-    # reference(*activations, **params) -> output, the exact math of the transformers module.
-    reference: Callable[..., Tensor]
+    # reference(*activations, **params) -> output (a tensor, or a tuple of them: add_rms_norm, rope),
+    # the exact math of the transformers module.
+    reference: Callable[..., Any]
     # make_activations(rows_shape, hidden, dtype, device, generator, scale) -> activations tuple.
     make_activations: Callable[..., tuple[Tensor, ...]]
     # module_call(module, *activations) -> output of the original module on those activations.

@@ -10,13 +10,18 @@ gives a Gemma norm the `rms_norm` kernel, nor a Llama norm this one.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
 from gpuyantra.ops import register
-from gpuyantra.ops._rows import (call_module, compute_dtype, forward_with_entry, has_vector_weight, make_x,
-                                 norm_bytes, per_element_flops)
+from gpuyantra.ops._rows import (
+    call_module,
+    compute_dtype,
+    forward_with_entry,
+    has_vector_weight,
+    make_x,
+    norm_bytes,
+    per_element_flops,
+)
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, randn
 
 

@@ -8,17 +8,24 @@ entry(x, *, weight, bias, eps) -> y with
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import cast
 
 import torch
 
 from gpuyantra.ops import register
-from gpuyantra.ops._rows import (call_module, compute_dtype, forward_with_entry, has_vector_weight, make_x,
-                                 norm_bytes, per_element_flops)
+from gpuyantra.ops._rows import (
+    call_module,
+    compute_dtype,
+    forward_with_entry,
+    has_vector_weight,
+    make_x,
+    norm_bytes,
+    per_element_flops,
+)
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, randn
 
 
-def reference(x: Tensor, *, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+def reference(x: Tensor, *, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
     ct = compute_dtype(x)
     w = weight.to(ct) if weight is not None else None
     b = bias.to(ct) if bias is not None else None
@@ -37,7 +44,7 @@ def hidden_of(module: torch.nn.Module) -> int:
     shape = getattr(module, "normalized_shape", None)
     if shape:
         return int(shape[-1])
-    return int(module.weight.shape[-1])
+    return int(cast(Tensor, module.weight).shape[-1])
 
 
 def _is_layer_norm_like(module: torch.nn.Module) -> bool:

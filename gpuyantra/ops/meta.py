@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import inspect
 import sys
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
+from typing import Any, cast
 
 import torch
 
@@ -47,12 +49,12 @@ def tiny_config_for(cls: type):
 
 def build_instance(cls: type, device: str | torch.device = "cpu") -> torch.nn.Module | None:
     """Construct `cls` with tiny sizes on `device`; None when no known constructor shape fits."""
-    params = list(inspect.signature(cls.__init__).parameters)[1:]
-    attempts = []
+    params = list(inspect.signature(cast(Any, cls).__init__).parameters)[1:]  # (mypy: __init__ via a type)
+    attempts: list[Callable[[], Any]] = []
     if params and params[0] == "config":
         for config in tiny_configs_for(cls):
-            attempts.append(lambda config=config: cls(config))
-            attempts.append(lambda config=config: cls(config, layer_idx=0))
+            attempts.append(partial(cls, config))
+            attempts.append(partial(cls, config, layer_idx=0))
     attempts += [lambda: cls(TINY_HIDDEN), lambda: cls(hidden_size=TINY_HIDDEN), lambda: cls()]
     for attempt in attempts:
         try:

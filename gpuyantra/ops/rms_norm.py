@@ -11,7 +11,8 @@ the weight before rounding: equal in float64, within one rounding in 16-bit type
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

@@ -20,7 +20,7 @@ the layout attention modules give them: [B, S, H, D] memory viewed as [B, H, S, 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -14,8 +14,15 @@ from __future__ import annotations
 import torch
 
 from gpuyantra.ops import register
-from gpuyantra.ops._rows import (call_module, compute_dtype, forward_with_entry, is_parameterless_leaf,
-                                 make_x, norm_bytes, per_element_flops)
+from gpuyantra.ops._rows import (
+    call_module,
+    compute_dtype,
+    forward_with_entry,
+    is_parameterless_leaf,
+    make_x,
+    norm_bytes,
+    per_element_flops,
+)
 from gpuyantra.ops.base import OpFamily, Tensor
 
 

@@ -9,7 +9,8 @@ mapped onto [0, 1] before UCB1, whose exploration constant assumes that range.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 REWARD_MIN, REWARD_MAX = -1.0, 3.0
 

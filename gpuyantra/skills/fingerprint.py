@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 FINGERPRINT_VERSION = 1
 FINGERPRINT_DIM = 32
@@ -115,7 +116,7 @@ class Fingerprint:
     version: int = FINGERPRINT_VERSION
 
     @classmethod
-    def from_target(cls, target: Mapping[str, Any], hardware: str) -> "Fingerprint":
+    def from_target(cls, target: Mapping[str, Any], hardware: str) -> Fingerprint:
         """From a profile target dict (op, regime, shapes, dtype, arithmetic_intensity optional)."""
         op = str(target["op"])
         klass = op_class(op)
@@ -132,7 +133,7 @@ class Fingerprint:
                    rows=max(rows, 1), dtype=dtype, hardware=str(hardware))
 
     @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> "Fingerprint":
+    def from_payload(cls, payload: Mapping[str, Any]) -> Fingerprint:
         return cls(
             op=str(payload["op"]), op_class=str(payload.get("op_class") or op_class(str(payload["op"]))),
             regime=str(payload.get("regime") or "memory-bound"),
@@ -170,7 +171,7 @@ class Fingerprint:
         norm = math.sqrt(sum(x * x for x in v)) or 1.0
         return [x / norm for x in v]
 
-    def similarity(self, other: "Fingerprint") -> float:
+    def similarity(self, other: Fingerprint) -> float:
         return sum(a * b for a, b in zip(self.vector, other.vector))
 
     def describe(self) -> str:

@@ -19,15 +19,17 @@ kernel updates its record (keeping its bandit statistics and creation time) inst
 
 from __future__ import annotations
 
+import builtins
 import json
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from gpuyantra.skills.bandit import mean_reward
 from gpuyantra.skills.fingerprint import FINGERPRINT_DIM, Fingerprint
@@ -40,7 +42,7 @@ _TRANSIENT = ("score", "match")  # Skill fields that describe one retrieval, nev
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def source_digest(source: str) -> str:
@@ -124,7 +126,7 @@ class Skill:
         return _jsonable(out)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Skill":
+    def from_dict(cls, data: Mapping[str, Any]) -> Skill:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -163,7 +165,7 @@ class SkillStore:
 
     # ---------------------------------------------------------------- connection handling
 
-    def __enter__(self) -> "SkillStore":
+    def __enter__(self) -> SkillStore:
         if self._client is None:
             self._client = self._open()
         self._depth += 1
@@ -301,7 +303,7 @@ class SkillStore:
     def _point(self, skill: Skill):
         from qdrant_client import models
 
-        vectors = {VECTOR: Fingerprint.from_payload(skill.fingerprint).vector}
+        vectors: dict[str, Any] = {VECTOR: Fingerprint.from_payload(skill.fingerprint).vector}
         if self._has_llm_vector and self.embedder is not None:
             vectors[LLM_VECTOR] = [float(x) for x in self.embedder(_summary(skill))]
         return models.PointStruct(id=skill.id, vector=vectors, payload=skill.to_dict())
@@ -331,8 +333,10 @@ class SkillStore:
         from qdrant_client import models
 
         vector = _query_vector(fingerprint)
-        must = [models.FieldCondition(key="op", match=models.MatchValue(value=op)),
-                models.FieldCondition(key="hardware", match=models.MatchValue(value=hardware))]
+        must: list[models.Condition] = [
+            models.FieldCondition(key="op", match=models.MatchValue(value=op)),
+            models.FieldCondition(key="hardware", match=models.MatchValue(value=hardware)),
+        ]
         with self._session() as client:
             hits = client.query_points(self.collection, query=vector, using=VECTOR,
                                        query_filter=models.Filter(must=must), limit=limit, with_payload=True).points
@@ -403,10 +407,11 @@ class SkillStore:
         with self._session() as client:
             return client.count(self.collection, exact=True).count
 
-    def _scroll(self, client, op: str | None = None, hardware: str | None = None) -> list[Skill]:
+    # builtins.list: `list` is the method above in this class's scope.
+    def _scroll(self, client, op: str | None = None, hardware: str | None = None) -> builtins.list[Skill]:
         from qdrant_client import models
 
-        must = []
+        must: builtins.list[models.Condition] = []
         if op is not None:
             must.append(models.FieldCondition(key="op", match=models.MatchValue(value=op)))
         if hardware is not None:

@@ -17,8 +17,9 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 BANDWIDTH_FILE = "copy_bandwidth.json"
 BASELINES_FILE = "baselines.json"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -111,7 +112,7 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
              namespace)
         return namespace[f"reference_{tag}"]
 
-    def rounds(timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]]) -> bool:
+    def rounds(timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]], flush: torch.Tensor) -> bool:
         """Interleaved rounds; medians into `row`. False when the candidate's kernel failed."""
         samples: dict[str, list[float]] = {key: [] for key in timed}
         for _ in range(ROUNDS):
@@ -131,6 +132,10 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
             row[key] = statistics.median(samples[key]) if samples[key] else None
         return row.get("kernel_us") is not None
 
+    def on_set(fn: Callable[..., Any]) -> Callable[[int], Any]:
+        """`fn` called on input set i."""
+        return lambda i: fn(*sets[i][0], **sets[i][1])
+
     seconds: dict[str, float] = {}
     row["seconds"] = seconds
     started = time.perf_counter()
@@ -139,7 +144,7 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
         # compiled reduce-overhead function alive in the process was seen to inflate eager timings).
         eager = make_reference("eager")
         if not rounds({"kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None),
-                       "eager_us": (lambda i: eager(*sets[i][0], **sets[i][1]), None)}):
+                       "eager_us": (lambda i: eager(*sets[i][0], **sets[i][1]), None)}, flush):
             return row
         seconds["kernel_and_eager"] = round(time.perf_counter() - started, 3)
         torch._dynamo.reset()
@@ -162,7 +167,7 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
                 row[key] = None
                 row["errors"][key] = f"{type(exc).__name__}: {exc}"[:1000]
                 continue
-            rounds({key: ((lambda i, c=compiled: c(*sets[i][0], **sets[i][1])), step)})
+            rounds({key: (on_set(compiled), step)}, flush)
             seconds[key.replace("_us", "")] = round(time.perf_counter() - started, 3)
             del compiled
         torch._dynamo.reset()  # also drops CUDA-graph trees before the next shape's eager timings

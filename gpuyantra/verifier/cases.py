@@ -11,8 +11,9 @@ child reports about values is trusted.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ class Case:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Case":
+    def from_json(cls, data: dict[str, Any]) -> Case:
         return cls(id=int(data["id"]), phase=str(data["phase"]), dtype=str(data["dtype"]),
                    shape=tuple(int(d) for d in data["shape"]), seed=int(data["seed"]),
                    scale=float(data["scale"]), dist=str(data.get("dist", "normal")),

@@ -93,7 +93,7 @@ def _instrument(module: Any, path: str, counter: _Counter) -> list[str]:
     seen: set[int] = set()
     for name, obj in list(vars(module).items()):
         inner = obj
-        while hasattr(inner, "fn") and hasattr(getattr(inner, "fn"), "run"):
+        while hasattr(inner, "fn") and hasattr(inner.fn, "run"):
             inner = inner.fn  # Autotuner / Heuristics wrap the JIT function
         fn = getattr(inner, "fn", None)
         code = getattr(fn, "__code__", None)
@@ -374,10 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     _apply_limits(args.cpu_seconds, args.address_space, args.file_size)
     network_isolated = _isolate_network(args.device)
     # Heavy imports while the parent is still busy with the contract layer.
-    import torch  # noqa: F401
+    import torch
     import triton  # noqa: F401
 
-    import gpuyantra.candidate  # noqa: F401
+    import gpuyantra.candidate
     import gpuyantra.verifier.cases  # noqa: F401
     from gpuyantra.ops import all_ops
 

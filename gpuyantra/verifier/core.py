@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
@@ -115,6 +116,7 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
         if verdict.failures:
             return
         family = contract.family
+        assert family is not None  # a contract without a family has failures, returned above
         shapes = case_plan.correctness_shapes(device, live)
         run_bench = benchmark and device == "cuda"
         plan = case_plan.plan(device, shapes, dtypes, seeds, recheck=run_bench,

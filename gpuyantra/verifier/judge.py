@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from gpuyantra.verifier.cases import Case, expected_outputs, float64_reference, make_case, float32_reference
+from gpuyantra.verifier.cases import Case, expected_outputs, float32_reference, float64_reference, make_case
 from gpuyantra.verifier.sandbox import SandboxOutcome
 from gpuyantra.verifier.verdict import Failure
 
@@ -316,9 +317,9 @@ def _index(mask: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape)) if mask.dim() else ()
 
 
-def _geomean(values: Sequence[float]) -> float | None:
-    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+def _geomean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
 
 
 def _judge_bench(results: dict[str, Any], j: Judgement) -> None:

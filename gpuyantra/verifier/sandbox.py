@@ -75,7 +75,7 @@ def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
 
 def _session_members(sid: int) -> list[int]:
     """Pids whose session is `sid` (the child and anything it started), from /proc."""
-    members = []
+    members: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -165,6 +165,7 @@ class Sandbox:
         results_path = self.workdir / "results.json"
         outputs_path = self.workdir / "outputs.pt"
         job = dict(job, results_path=str(results_path), outputs_path=str(outputs_path))
+        assert self.proc.stdin is not None  # started with stdin=PIPE
         try:
             self.proc.stdin.write(json.dumps(job).encode())
             self.proc.stdin.close()
@@ -221,7 +222,7 @@ class Sandbox:
                 fh.close()
         self._tmp.cleanup()
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc: Any) -> None:

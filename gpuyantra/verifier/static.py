@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, TypeGuard, cast
 
 import torch
 
@@ -181,7 +182,10 @@ def _walk_no_nested(node: ast.AST) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(child))
 
 
-def _body_nodes(func: ast.AST) -> Iterator[ast.AST]:
+_FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+
+
+def _body_nodes(func: _FunctionNode) -> Iterator[ast.AST]:
     """Nodes of a function's body (and default values, which run at definition)."""
     body = func.body if isinstance(func.body, list) else [func.body]
     for stmt in body:
@@ -209,7 +213,7 @@ def _path_match(path: str, prefixes: Iterable[str]) -> bool:
 class _Func:
     """Per host-function facts for the dataflow rules."""
 
-    def __init__(self, node: ast.AST, name: str):
+    def __init__(self, node: _FunctionNode, name: str):
         self.node = node
         self.name = name
         args = node.args
@@ -438,11 +442,12 @@ class _Checker:
             return f"{base}.{node.attr}" if base else None
         if self._is_const_getattr(node):
             base = self._resolve(node.args[0])
-            return f"{base}.{node.args[1].value}" if base else None
+            attr = cast(str, cast(ast.Constant, node.args[1]).value)  # _is_const_getattr checked both
+            return f"{base}.{attr}" if base else None
         return None
 
     @staticmethod
-    def _is_const_getattr(node: ast.AST) -> bool:
+    def _is_const_getattr(node: ast.AST | None) -> TypeGuard[ast.Call]:
         return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
                 and len(node.args) in (2, 3) and isinstance(node.args[1], ast.Constant)
                 and isinstance(node.args[1].value, str) and not node.keywords)
@@ -515,8 +520,9 @@ class _Checker:
                     child_annotation = annotation or (isinstance(node, ast.AnnAssign) and name == "annotation")
                     self._visit(child, ctx, func, child_annotation)
 
-    def _visit_function(self, node: ast.AST, ctx: str, func: _Func | None) -> None:
+    def _visit_function(self, node: _FunctionNode, ctx: str, func: _Func | None) -> None:
         is_lambda = isinstance(node, ast.Lambda)
+        name = getattr(node, "name", "<lambda>")
         is_jit = not is_lambda and isinstance(node, ast.FunctionDef) and self._is_jit(node)
         if isinstance(node, ast.AsyncFunctionDef) and ctx != "module":
             self.fail("concurrency", node, f"async def {node.name}: no async code")
@@ -528,7 +534,7 @@ class _Checker:
                     self.fail("import-time-code", dec, f"decorator {ast.unparse(dec)} on a kernel: only "
                               "triton.jit, triton.autotune and triton.heuristics")
             elif path not in HOST_DECORATORS:
-                self.fail("import-time-code", dec, f"decorator {ast.unparse(dec)} on {node.name}: decorators "
+                self.fail("import-time-code", dec, f"decorator {ast.unparse(dec)} on {name}: decorators "
                           "can wrap or replace the function")
             self._visit(dec, ctx, func, False)
         args = node.args
@@ -542,15 +548,15 @@ class _Checker:
         for arg in args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]:
             if arg.annotation is not None:
                 self._visit(arg.annotation, ctx, func, True)
-        if getattr(node, "returns", None) is not None:
+        if not isinstance(node, ast.Lambda) and node.returns is not None:
             self._visit(node.returns, ctx, func, True)
+        inner: _Func | None
         if is_jit:
             if ctx != "module":
-                self.fail("kernel-host-code", node, f"kernel {node.name} is defined inside a function; "
+                self.fail("kernel-host-code", node, f"kernel {name} is defined inside a function; "
                           "define kernels at module level")
-            inner_ctx, inner = "jit", _Func(node, node.name)
+            inner_ctx, inner = "jit", _Func(node, name)
         else:
-            name = getattr(node, "name", "<lambda>")
             inner = self.funcs.get(name) if ctx == "module" and not is_lambda else None
             if inner is None or inner.node is not node:
                 inner = next((f for f in self.funcs.values() if f.node is node), None) or _Func(node, name)
@@ -599,13 +605,14 @@ class _Checker:
             for target in targets:
                 self._check_store(target, ctx, func, node)
         elif isinstance(node, (ast.For, ast.comprehension, ast.withitem, ast.NamedExpr)):
-            target = getattr(node, "target", None) or getattr(node, "optional_vars", None)
-            if target is not None:
-                self._check_store(target, ctx, func, node)
+            bound = getattr(node, "target", None) or getattr(node, "optional_vars", None)
+            if bound is not None:
+                self._check_store(bound, ctx, func, node)
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and ctx != "jit":
             self.fail("torch-compute", node, "the @ operator computes a matmul in torch")
 
-    def _check_name(self, node: ast.Name, ctx: str, func: _Func | None, annotation: bool, parent: ast.AST) -> None:
+    def _check_name(self, node: ast.Name, ctx: str, func: _Func | None, annotation: bool,
+                    parent: ast.AST | None) -> None:
         name = node.id
         if name.startswith("__") and name.endswith("__") and name not in DYNAMIC_CODE_BUILTINS:
             self.fail("introspection", node, f"{name}: dunder names reach interpreter internals")
@@ -658,7 +665,7 @@ class _Checker:
                 if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in MUTATING_METHODS:
                     self.fail("mutable-state", node, f"{name}.{parent.attr}(): mutating a closure variable")
 
-    def _read_only_use(self, node: ast.Name, parent: ast.AST) -> bool:
+    def _read_only_use(self, node: ast.Name, parent: ast.AST | None) -> bool:
         if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
             return True
         if isinstance(parent, ast.Compare) and node in parent.comparators:
@@ -681,7 +688,7 @@ class _Checker:
         return "value"
 
     def _check_attribute(self, node: ast.Attribute, ctx: str, func: _Func | None, annotation: bool,
-                         parent: ast.AST) -> None:
+                         parent: ast.AST | None) -> None:
         attr = node.attr
         if attr.startswith("__") and attr.endswith("__"):
             self.fail("introspection", node, f".{attr}: dunder attributes reach interpreter internals")
@@ -733,7 +740,7 @@ class _Checker:
                 self.fail("introspection", node, f"{fn.id} with a computed attribute name")
             elif fn.id == "getattr" and isinstance(node.args[1], ast.Constant):
                 attr = node.args[1].value
-                if self._resolve(node.args[0]) is None:
+                if isinstance(attr, str) and self._resolve(node.args[0]) is None:  # a str: see the branch above
                     if attr.startswith("__") or attr in FRAME_ATTRS:
                         self.fail("introspection", node, f"getattr(..., {attr!r})")
                     elif ctx != "jit" and attr in TENSOR_COMPUTE_METHODS:
@@ -883,7 +890,8 @@ class _Checker:
                 elif isinstance(sub, ast.Compare) and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops) \
                         and any(self._is_tensor(e, f) for e in [sub.left, *sub.comparators]):
                     self.fail("torch-compute", sub, f"comparison on a tensor ({ast.unparse(sub)}) computes in torch")
-                elif isinstance(sub, ast.AugAssign) and (self._is_tensor(sub.target, f) or self._is_tensor(sub.value, f)):
+                elif isinstance(sub, ast.AugAssign) and \
+                        (self._is_tensor(sub.target, f) or self._is_tensor(sub.value, f)):
                     self.fail("torch-compute", sub, f"augmented assignment {type(sub.op).__name__} on a tensor "
                               f"({ast.unparse(sub.target)}) computes in torch")
                 elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in TENSOR_BUILTINS \
@@ -989,7 +997,7 @@ class _Checker:
                 a = self._walk_paths(stmt.body, launched, inner, f, violations, returns)
                 launched = launched or bool(a) or self._contains_launch(test, f)
                 continue
-            if isinstance(stmt, (ast.With, ast.Try)) or type(stmt).__name__ == "TryStar":
+            if isinstance(stmt, (ast.With, ast.Try, ast.TryStar)):
                 for item in getattr(stmt, "items", []):
                     launched = launched or self._contains_launch(item.context_expr, f)
                 a = self._walk_paths(stmt.body, launched, guards, f, violations, returns)
@@ -1095,7 +1103,7 @@ class _Checker:
     def _launched_names(self, f: _Func) -> set[str]:
         names: set[str] = set()
         for sub in _body_nodes(f.node):
-            if self._launch_of(sub, f) is not None:
+            if isinstance(sub, ast.Call) and self._launch_of(sub, f) is not None:
                 for arg in list(sub.args) + [k.value for k in sub.keywords]:
                     names.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
             elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in self.funcs and \

@@ -105,7 +105,7 @@ class FakeLLM:
         return app
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def start(self, timeout: float = 10.0) -> "FakeLLM":
+    def start(self, timeout: float = 10.0) -> FakeLLM:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))

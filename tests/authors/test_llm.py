@@ -6,15 +6,15 @@ import inspect
 import json
 import logging
 import re
+from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from gpuyantra.authors import Attempt, WriteRequest, get_author
 from gpuyantra.authors.backends import GeminiBackend, OpenAICompatibleBackend, strict_json_schema
-from gpuyantra.authors.llm import (CandidateReply, LLMAuthor, UnusableReply, build_prompt, parse_reply,
-                                   reference_source)
+from gpuyantra.authors.llm import CandidateReply, LLMAuthor, UnusableReply, build_prompt, parse_reply, reference_source
 from gpuyantra.authors.template import TemplateAuthor
 from gpuyantra.candidate import load_candidate
 from gpuyantra.ops import get_op

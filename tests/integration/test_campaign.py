@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 
 import httpx
@@ -118,12 +119,13 @@ async def test_campaign_fails_clearly_on_wrong_token(temporal, workers, tmp_path
         other.stop()
 
 
-def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, served_model, admin_headers):
+def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, served_model, admin_headers, tmp_path):
     import os
     import sys
 
     url = served_model.info["url"]
-    env = {**os.environ, "GPUYANTRA_ADMIN_TOKEN": admin_headers["Authorization"].split()[1]}
+    env = {**os.environ, "GPUYANTRA_ADMIN_TOKEN": admin_headers["Authorization"].split()[1],
+           "GPUYANTRA_STATE_DIR": str(tmp_path)}
     finished = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "optimize", "--server", url, "--ops", "rms_norm",
                                "--min-reward", "1", "--max-iterations", "2", "--wait", "--json",
                                "--temporal", temporal.info["address"]],
@@ -132,6 +134,23 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     result = json.loads(finished.stdout.strip().splitlines()[-1])
     assert result["server"] == url and [d["op"] for d in result["deployed"]] == ["rms_norm"]
     assert set(result["e2e"]) == {"tokens_per_s_before", "tokens_per_s_after"}
+    workflow_id = result["workflow_id"]
+    assert workflow_id.startswith("campaign-tiny-qwen2-rms_norm-127.0.0.1-")
+    assert f"Campaign {workflow_id} started." in finished.stderr and "rms_norm:Qwen2RMSNorm: verify" in finished.stderr
+    # The real verdict as the report reads it: a CPU verdict, its candidate file, no timings.
+    verdict = result["deployed"][0]["verdict"]
+    assert verdict["device"] == "cpu" and verdict["accepted"] and verdict["bench"] == []
+    page = (tmp_path / "reports" / f"{workflow_id}.html").read_text()
+    assert "speed is not judged" in page and "@triton.jit" in page and "<svg" in page
+    # Findable by the README's query (registered by start_temporal, as `gpuyantra up` does).
+    for _ in range(25):  # visibility may lag the close by a moment
+        listed = subprocess.run([temporal_binary(), "workflow", "list", "--address", temporal.info["address"],
+                                 "--query", 'GpuyantraModel="tiny-qwen2" AND GpuyantraDeployed=1'],
+                                capture_output=True, text=True, timeout=60)
+        if workflow_id in listed.stdout:
+            break
+        time.sleep(0.2)
+    assert workflow_id in listed.stdout, listed.stdout + listed.stderr
 
 
 async def test_rope_campaign_swaps_the_attention_function(temporal, workers, served_model, admin_headers):

@@ -7,13 +7,13 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pathlib  # noqa: E402
+import pathlib
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from gpuyantra.authors.template import default_strategy, render  # noqa: E402
-from gpuyantra.candidate import load_candidate  # noqa: E402
+from gpuyantra.authors.template import default_strategy, render
+from gpuyantra.candidate import load_candidate
 
 
 @pytest.fixture(autouse=True)

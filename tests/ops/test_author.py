@@ -8,8 +8,16 @@ import zlib
 import pytest
 
 from gpuyantra.authors.base import Attempt, WriteRequest
-from gpuyantra.authors.template import (KNOBS, STRATEGY_SPACES, TemplateAuthor, canonical, default_strategy,
-                                        parse_strategy, plan_strategy, render)
+from gpuyantra.authors.template import (
+    KNOBS,
+    STRATEGY_SPACES,
+    TemplateAuthor,
+    canonical,
+    default_strategy,
+    parse_strategy,
+    plan_strategy,
+    render,
+)
 from gpuyantra.candidate import load_candidate
 
 NORM_ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"},
@@ -57,7 +65,10 @@ def test_render_writes_a_readable_candidate_with_the_strategy_and_adapter(tmp_pa
 
 
 def test_deterministic_for_the_same_request():
-    history = [ok(default_strategy("rms_norm"), 137.0), ok({**default_strategy("rms_norm"), "ROWS_PER_PROGRAM": 2}, 140)]
+    history = [
+        ok(default_strategy("rms_norm"), 137.0),
+        ok({**default_strategy("rms_norm"), "ROWS_PER_PROGRAM": 2}, 140),
+    ]
     first = TemplateAuthor().write(request(history=history))
     second = TemplateAuthor().write(request(history=history))
     assert first.source == second.source and first.strategy == second.strategy and first.notes == second.notes

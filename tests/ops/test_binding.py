@@ -45,7 +45,7 @@ def tiny_model(model_type: str):
     model = AutoModelForCausalLM.from_config(config).eval()
     # Random-weight models start norms at 1 (or 0 for Gemma): move them off so bindings matter.
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for _, param in model.named_parameters():
             if param.dim() == 1:
                 param.add_(torch.randn_like(param) * 0.3)
     return model

@@ -35,7 +35,8 @@ def shapes_for(op):
 def case(op, rows, hidden, dtype, seed=0):
     family = get_op(op)
     gen = torch.Generator().manual_seed(seed)
-    return family, family.make_activations(rows, hidden, dtype, "cpu", gen), family.make_params(hidden, dtype, "cpu", gen)
+    acts = family.make_activations(rows, hidden, dtype, "cpu", gen)
+    return family, acts, family.make_params(hidden, dtype, "cpu", gen)
 
 
 @pytest.mark.parametrize("op", FAMILIES)

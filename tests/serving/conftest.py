@@ -7,11 +7,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
-from tests.serving.helpers import ServerProcess  # noqa: E402
+from tests.serving.helpers import ServerProcess
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.app import ServeConfig, create_app
-from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value
 from tests.serving.candidates import rms_norm_source
+from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ADMIN_ROUTES = [("get", "/admin/kernels", None), ("post", "/admin/swap", {"path": str(RMS_NORM_KERNEL)}),

@@ -106,7 +106,7 @@ def test_swaps_only_happen_between_forward_passes(tmp_path):
     try:
         for _ in range(8):
             record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result(timeout=60)
-            engine.call(lambda: engine.swaps.rollback(record.swap_id)).result(timeout=60)
+            engine.call(lambda swap_id=record.swap_id: engine.swaps.rollback(swap_id)).result(timeout=60)
     finally:
         stop.set()
         for t in threads:

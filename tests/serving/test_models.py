@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.models import (PRESET_TOKENIZERS, PRESETS, ByteTokenizer, HFTokenizer, ModelLoadError, describe,
-                            load_model, model_problem, write_preset_folder)
+from serving.models import (
+    PRESET_TOKENIZERS,
+    PRESETS,
+    ByteTokenizer,
+    HFTokenizer,
+    ModelLoadError,
+    describe,
+    load_model,
+    model_problem,
+    write_preset_folder,
+)
 from tests.serving.helpers import write_hf_cache_model
 
 

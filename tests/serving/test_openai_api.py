@@ -11,8 +11,14 @@ import torch
 
 from serving.engine import GenRequest, token_logprobs
 from serving.models import ByteTokenizer
-from serving.openai_api import (Generation, IncrementalText, chat_logprobs, completion_logprobs, stop_overlap,
-                                truncate_at_stop)
+from serving.openai_api import (
+    Generation,
+    IncrementalText,
+    chat_logprobs,
+    completion_logprobs,
+    stop_overlap,
+    truncate_at_stop,
+)
 
 
 @pytest.mark.parametrize("text, stops, want", [

@@ -16,9 +16,8 @@ import time
 import httpx
 import pytest
 
-from tests.serving.helpers import RMS_NORM_KERNEL, attested, complete, metric_value
 from tests.serving.candidates import rms_norm_source
-
+from tests.serving.helpers import RMS_NORM_KERNEL, attested, complete, metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +144,8 @@ def test_faulty_kernel_falls_back_and_rolls_back(shared_server, tmp_path):
         assert record["fallbacks"] >= 1 and record["calls"] > 0
         assert swap_id not in [r["swap_id"] for r in kernels["active"]]
         after = admin.get("/metrics").text
-        assert metric_value(after, "gpuyantra_kernel_fallbacks_total") > metric_value(before, "gpuyantra_kernel_fallbacks_total")
+        assert metric_value(after, "gpuyantra_kernel_fallbacks_total") > \
+            metric_value(before, "gpuyantra_kernel_fallbacks_total")
         assert metric_value(after, "gpuyantra_rollbacks_total", 'cause="fallback"') == \
             metric_value(before, "gpuyantra_rollbacks_total", 'cause="fallback"') + 1
         assert metric_value(after, "gpuyantra_requests_total", 'status="error"') == 0

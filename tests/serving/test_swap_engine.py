@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuyantra.swap import CandidateLoadError, NotActiveError, ParityError, SwapEngine, SwapRejected, \
-    UnknownSwapError, swapped_id
+from gpuyantra.swap import (
+    CandidateLoadError,
+    NotActiveError,
+    ParityError,
+    SwapEngine,
+    SwapRejected,
+    UnknownSwapError,
+    swapped_id,
+)
 from serving.models import load_model
-from tests.serving.helpers import RMS_NORM_KERNEL
 from tests.serving.candidates import ALWAYS_RAISES, BAD_ADAPTER, SYNTAX_ERROR, rms_norm_source
+from tests.serving.helpers import RMS_NORM_KERNEL
 
 NORMS = 5  # tiny-qwen2: 2 layers x 2 norms + the final norm
 
@@ -173,7 +180,8 @@ def test_manifest_persists_and_reapply_rechecks_parity(tmp_path):
     [result] = engine3.reapply()
     assert result["status"] == "rolled_back" and "re-check on restart failed" in result["reason"]
     assert untouched(model3)
-    statuses = {r["swap_id"]: r["status"] for r in json.loads((tmp_path / "swaps" / "manifest.json").read_text())["swaps"]}
+    manifest = json.loads((tmp_path / "swaps" / "manifest.json").read_text())
+    statuses = {r["swap_id"]: r["status"] for r in manifest["swaps"]}
     assert statuses[broken.swap_id] == "rolled_back"
 
     # Another model's records are left alone.

@@ -7,9 +7,9 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from gpuyantra.verifier.rules import RULES  # noqa: E402
+from gpuyantra.verifier.rules import RULES
 
 CANDIDATES = Path(__file__).parent / "candidates"
 HEADER = (CANDIDATES / "_header.txt").read_text()

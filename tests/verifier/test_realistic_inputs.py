@@ -16,8 +16,16 @@ import torch
 
 from gpuyantra.ops import get_op
 from gpuyantra.verifier import run_verification
-from gpuyantra.verifier.cases import (GATE_PEAK, OFFSET, OUTLIER_PEAK, STRESS_SHAPES, Case, make_case, plan,
-                                      stress_shapes)
+from gpuyantra.verifier.cases import (
+    GATE_PEAK,
+    OFFSET,
+    OUTLIER_PEAK,
+    STRESS_SHAPES,
+    Case,
+    make_case,
+    plan,
+    stress_shapes,
+)
 from tests.verifier.conftest import candidate_path, rules_of
 
 F32 = {"seeds": (0,), "dtypes": ["float32"]}

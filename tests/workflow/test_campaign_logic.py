@@ -26,8 +26,9 @@ class Script:
     """Rewards the fake verifier hands out, in order, and a log of what was called."""
 
     def __init__(self, rewards: list[int], device: str = "cuda", slower_after_deploy: bool = False,
-                 verifications_meet: int = 0) -> None:
+                 verifications_meet: int = 0, model: str | None = None) -> None:
         self.rewards = rewards
+        self.model = model  # what the fake profile names as the served model
         self.slower_after_deploy = slower_after_deploy
         self.device = device
         self.calls: list[str] = []
@@ -45,7 +46,8 @@ class Script:
         @activity.defn(name="profile_server")
         def profile_server(call: ServerCall) -> dict:
             self.calls.append("profile")
-            return {"hardware": "test-gpu", "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}]}
+            return {"hardware": "test-gpu", "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}],
+                    **({"model": self.model} if self.model else {})}
 
         @activity.defn(name="benchmark_server")
         def benchmark_server(call: ServerCall) -> dict:
