@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gpuyantra demo
+	$(VENV)/bin/gpuyantra demo --state-dir .state
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -31,10 +31,12 @@ def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
         skills = store.retrieve(fingerprint, request.target["op"], request.hardware)
     chosen = ucb1_choose(skills)
     return RetrieveResult(
-        candidates=[{"id": s.id, "op": s.op, "hardware": s.hardware, "reward": s.reward, "pulls": s.pulls}
-                    for s in skills],
-        seed=None if chosen is None else {"id": chosen.id, "op": chosen.op, "source": chosen.source,
-                                          "strategy": chosen.strategy},
+        candidates=[
+            {"id": s.id, "op": s.op, "hardware": s.hardware, "reward": s.reward, "pulls": s.pulls} for s in skills
+        ],
+        seed=None
+        if chosen is None
+        else {"id": chosen.id, "op": chosen.op, "source": chosen.source, "strategy": chosen.strategy},
     )
 
 
@@ -55,12 +57,20 @@ def write_candidate(request: WriteInput) -> WriteResult:
     # A seed from another family (transfer) contributes the knobs both families share, not its source.
     same_family = seed.get("op") == target["op"]
     seed_strategy = seed.get("strategy") if same_family else shared_knobs(target["op"], seed.get("strategy"))
-    written = get_author().write(WriteRequest(
-        op=target["op"], module_class=target["module_class"], adapter=target["adapter"],
-        shapes=target.get("shapes", []), dtype=target.get("dtype", "float32"), hardware=request.hardware,
-        seed_source=seed.get("source") if same_family else None, seed_strategy=seed_strategy,
-        history=[Attempt(**attempt) for attempt in request.history], iteration=request.iteration,
-    ))
+    written = get_author().write(
+        WriteRequest(
+            op=target["op"],
+            module_class=target["module_class"],
+            adapter=target["adapter"],
+            shapes=target.get("shapes", []),
+            dtype=target.get("dtype", "float32"),
+            hardware=request.hardware,
+            seed_source=seed.get("source") if same_family else None,
+            seed_strategy=seed_strategy,
+            history=[Attempt(**attempt) for attempt in request.history],
+            iteration=request.iteration,
+        )
+    )
     return WriteResult(source=written.source, strategy=written.strategy, author=written.author, notes=written.notes)
 
 
@@ -87,13 +97,24 @@ def learn_skill(request: LearnInput) -> str:
     verdict, target = request.verdict, request.target
     fingerprint = Fingerprint.from_target(target, request.hardware)
     skill = Skill(
-        op=target["op"], hardware=request.hardware, source=request.source, adapter=target["adapter"],
-        strategy=request.strategy, reward=float(verdict["reward"]),
-        speedup_vs_eager=verdict.get("speedup_vs_eager"), speedup_vs_compile=verdict.get("speedup_vs_compile"),
-        shapes=verdict.get("shapes") or target.get("shapes", []), dtypes=verdict.get("dtypes") or [],
-        fingerprint=fingerprint.to_payload(), module_class=target.get("qualified_class", ""),
-        provenance={"campaign": request.campaign_id, "iteration": request.iteration, "author": request.author,
-                    "module_class": target["module_class"]},
+        op=target["op"],
+        hardware=request.hardware,
+        source=request.source,
+        adapter=target["adapter"],
+        strategy=request.strategy,
+        reward=float(verdict["reward"]),
+        speedup_vs_eager=verdict.get("speedup_vs_eager"),
+        speedup_vs_compile=verdict.get("speedup_vs_compile"),
+        shapes=verdict.get("shapes") or target.get("shapes", []),
+        dtypes=verdict.get("dtypes") or [],
+        fingerprint=fingerprint.to_payload(),
+        module_class=target.get("qualified_class", ""),
+        provenance={
+            "campaign": request.campaign_id,
+            "iteration": request.iteration,
+            "author": request.author,
+            "module_class": target["module_class"],
+        },
         versions={"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
     )
     with SkillStore() as store:
@@ -112,8 +133,12 @@ async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
         raise ApplicationError(f"invalid campaign input: {unknown}", type="InvalidInput", non_retryable=True)
     info = activity.info()
     assert info.workflow_id is not None  # an activity of the campaign workflow
-    running = await running_campaign(activity.client(), params.server_url, info.workflow_id,
-                                     started=await _started(info.workflow_id, info.workflow_run_id))
+    running = await running_campaign(
+        activity.client(),
+        params.server_url,
+        info.workflow_id,
+        started=await _started(info.workflow_id, info.workflow_run_id),
+    )
     if running is not None:
         raise ApplicationError(refusal(params.server_url, running), type="CampaignConflict", non_retryable=True)
     return {"search_attributes": await registered_search_attributes(activity.client(), info.namespace)}
@@ -129,7 +154,8 @@ async def registered_search_attributes(client: Any, namespace: str) -> list[str]
 
     try:
         listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=namespace), timeout=timedelta(seconds=10))
+            ListSearchAttributesRequest(namespace=namespace), timeout=timedelta(seconds=10)
+        )
     except Exception:  # noqa: BLE001 - unsearchable is fine, a failed campaign is not
         activity.logger.warning("cannot list search attributes; the campaign sets none", exc_info=True)
         return []
@@ -143,7 +169,9 @@ async def _started(workflow_id: str, run_id: str | None) -> datetime:
 
 
 ACTIVITIES: list[Callable[..., Any]] = [
-    retrieve_skills, record_outcome, write_candidate, learn_skill, preflight_campaign,
+    retrieve_skills,
+    record_outcome,
+    write_candidate,
+    learn_skill,
+    preflight_campaign,
 ]
-
-

@@ -38,8 +38,11 @@ def benchmark_server(call: ServerCall) -> dict[str, Any]:
 
 @activity.defn(name="deploy_kernel")
 def deploy_kernel(request: DeployInput) -> dict[str, Any]:
-    body = {"source": request.source, "module_class": request.target.get("qualified_class"),
-            "attestation": request.attestation}  # the server swaps only the bytes this attests
+    body = {
+        "source": request.source,
+        "module_class": request.target.get("qualified_class"),
+        "attestation": request.attestation,
+    }  # the server swaps only the bytes this attests
     return admin_post(request.server_url, "/admin/swap", body)
 
 
@@ -64,8 +67,16 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
     dtypes = [target["dtype"]] if target.get("dtype") and device != "cpu" else None
     # keep_warm: the next verification on this worker finds its sandbox child started.
-    verdict = with_heartbeat(lambda: run_verification(path, device=device, module_class=target.get("qualified_class"),
-                                                      shapes=shapes, dtypes=dtypes, keep_warm=device == "cuda"))
+    verdict = with_heartbeat(
+        lambda: run_verification(
+            path,
+            device=device,
+            module_class=target.get("qualified_class"),
+            shapes=shapes,
+            dtypes=dtypes,
+            keep_warm=device == "cuda",
+        )
+    )
     result = verdict.to_dict()
     result.setdefault("device", device)
     result["candidate_path"] = str(path)
@@ -73,5 +84,9 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
 
 
 ACTIVITIES: list[Callable[..., Any]] = [
-    profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap,
+    profile_server,
+    benchmark_server,
+    verify_candidate,
+    deploy_kernel,
+    rollback_swap,
 ]

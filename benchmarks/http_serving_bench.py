@@ -48,8 +48,9 @@ def parse_args(argv=None):
 
 
 def complete(client: httpx.Client, url: str, prompt: str, max_tokens: int) -> dict:
-    r = client.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
-                    timeout=600)
+    r = client.post(
+        f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout=600
+    )
     r.raise_for_status()
     body = r.json()
     return {"text": body["choices"][0]["text"], "tokens": body["usage"]["completion_tokens"]}
@@ -62,8 +63,14 @@ def load_phase(url: str, clients: int, requests: int, max_tokens: int) -> dict:
         outs = list(pool.map(lambda p: complete(client, url, p, max_tokens), prompts))
     wall = time.perf_counter() - started
     tokens = sum(o["tokens"] for o in outs)
-    return {"clients": clients, "requests": requests, "completion_tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 1), "texts": [o["text"] for o in outs]}
+    return {
+        "clients": clients,
+        "requests": requests,
+        "completion_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "texts": [o["text"] for o in outs],
+    }
 
 
 def attest_templates(device: str, smoke: bool) -> tuple[dict[str, dict], dict[str, dict]]:
@@ -75,11 +82,15 @@ def attest_templates(device: str, smoke: bool) -> tuple[dict[str, dict], dict[st
 
     proofs, summary = {}, {}
     for name in SWAPS:
-        verdict = run_verification(REPO / "gpuyantra" / "kernels" / f"{name}.py", device=device, benchmark=False,
-                                   seeds=(0,) if smoke else None)
+        verdict = run_verification(
+            REPO / "gpuyantra" / "kernels" / f"{name}.py", device=device, benchmark=False, seeds=(0,) if smoke else None
+        )
         proofs[name] = verdict.attestation
-        summary[name] = {"reward": verdict.reward, "seconds": verdict.seconds,
-                         "failures": [f.to_dict() for f in verdict.failures][:3]}
+        summary[name] = {
+            "reward": verdict.reward,
+            "seconds": verdict.seconds,
+            "failures": [f.to_dict() for f in verdict.failures][:3],
+        }
         print(f"verify {name}: reward {verdict.reward:+d} in {verdict.seconds:.1f}s", flush=True)
     return proofs, summary
 
@@ -101,8 +112,9 @@ def main(argv=None) -> int:
     proofs, out["verified"] = attest_templates(device, args.smoke)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     t0 = time.perf_counter()
-    server = start_server(args.model, state, free_port(), TOKEN, device=device, extra_args=extra, env=env,
-                          timeout_s=600)
+    server = start_server(
+        args.model, state, free_port(), TOKEN, device=device, extra_args=extra, env=env, timeout_s=600
+    )
     url = server.info["url"]
     out["startup_s"] = round(time.perf_counter() - t0, 1)
     try:
@@ -129,13 +141,23 @@ def main(argv=None) -> int:
         swaps = []
         for name in SWAPS:
             t = time.perf_counter()
-            r = httpx.post(f"{url}/admin/swap", headers=auth, timeout=600,
-                           json={"path": str(REPO / "gpuyantra" / "kernels" / f"{name}.py"),
-                                 "attestation": proofs[name]})
+            r = httpx.post(
+                f"{url}/admin/swap",
+                headers=auth,
+                timeout=600,
+                json={"path": str(REPO / "gpuyantra" / "kernels" / f"{name}.py"), "attestation": proofs[name]},
+            )
             body = r.json()
-            swaps.append({"op": name, "http": r.status_code, "seconds": round(time.perf_counter() - t, 2),
-                          "status": body.get("status"), "modules": body.get("modules"),
-                          "detail": body.get("detail")})
+            swaps.append(
+                {
+                    "op": name,
+                    "http": r.status_code,
+                    "seconds": round(time.perf_counter() - t, 2),
+                    "status": body.get("status"),
+                    "modules": body.get("modules"),
+                    "detail": body.get("detail"),
+                }
+            )
             print(f"swap {name}: HTTP {r.status_code} {body.get('status')} in {swaps[-1]['seconds']}s", flush=True)
         stop.set()
         thread.join(timeout=120)
@@ -145,8 +167,11 @@ def main(argv=None) -> int:
             out["phases"][f"after_swaps_c{c}"] = load_phase(url, c, args.requests, args.max_tokens)
             print(f"after swaps, {c} clients: {out['phases'][f'after_swaps_c{c}']['tokens_per_s']} tok/s", flush=True)
         kernels = httpx.get(f"{url}/admin/kernels", headers=auth).json()
-        out["kernels_after_swaps"] = {"active": [(a.get("op"), a.get("modules")) for a in kernels["active"]],
-                                      "graphs": kernels.get("graphs"), "fallbacks": kernels.get("fallbacks")}
+        out["kernels_after_swaps"] = {
+            "active": [(a.get("op"), a.get("modules")) for a in kernels["active"]],
+            "graphs": kernels.get("graphs"),
+            "fallbacks": kernels.get("fallbacks"),
+        }
         r = httpx.post(f"{url}/admin/rollback", headers=auth, json={"all": True}, timeout=600)
         out["rollback"] = {"http": r.status_code, "active": r.json().get("active")}
         with httpx.Client() as client:
@@ -166,8 +191,11 @@ def main(argv=None) -> int:
     for phase in out["phases"].values():
         phase["texts"] = phase["texts"][:2]
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
-    ok = not out["errors"] and out.get("during_swaps", {}).get("failed", 1) == 0 and \
-        all(s["http"] == 200 for s in out.get("swaps", []))
+    ok = (
+        not out["errors"]
+        and out.get("during_swaps", {}).get("failed", 1) == 0
+        and all(s["http"] == 200 for s in out.get("swaps", []))
+    )
     summary = {k: v for k, v in out.items() if k not in ("phases", "metrics_lines")}
     print(json.dumps(summary, indent=1, default=str)[:4000])
     return 0 if ok else 1

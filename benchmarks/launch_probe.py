@@ -43,12 +43,16 @@ def main() -> None:
         ("x.reshape(-1, H)", lambda: x.reshape(-1, 4096)),
         ("x.is_contiguous()", lambda: x.is_contiguous()),
         ("triton launch, 1 arg", lambda: _one_arg[(1,)](buf)),
-        ("triton launch, 10 args + num_warps", lambda: _ten_args[(1,)](
-            x, w, buf, 1, 4096, 1e-6, H=4096, BLOCK=4096, ROWS=1, EVICT="", num_warps=8, num_stages=1)),
+        (
+            "triton launch, 10 args + num_warps",
+            lambda: _ten_args[(1,)](
+                x, w, buf, 1, 4096, 1e-6, H=4096, BLOCK=4096, ROWS=1, EVICT="", num_warps=8, num_stages=1
+            ),
+        ),
     ]
     gen = torch.Generator(device=dev).manual_seed(0)
     for family in all_ops():
-        (name, r, h), = shape_specs(family.name, ["decode"], 4096, cpu=False)
+        ((name, r, h),) = shape_specs(family.name, ["decode"], 4096, cpu=False)
         acts = family.make_activations(r, h, torch.bfloat16, dev, gen)
         params = family.make_params(h, torch.bfloat16, dev, gen)
         cand = load_strategy(family.name, default_strategy(family.name), template_adapter(family.name))

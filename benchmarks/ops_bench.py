@@ -49,14 +49,18 @@ def _parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=4096, help="H of the decode and prefill shapes")
     p.add_argument("--author-iters", type=int, default=8, help="candidates the author may write per (family, shape)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
-    p.add_argument("--budget-s", type=float, default=330.0,
-                   help="past this many seconds, compile baselines and author iterations are skipped")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=330.0,
+        help="past this many seconds, compile baselines and author iterations are skipped",
+    )
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu (interpreter smoke test)")
     return p.parse_args(argv)
 
 
 ARGS = _parse_args() if __name__ == "__main__" else None
-DEVICE = (ARGS.device if ARGS and ARGS.device else None)
+DEVICE = ARGS.device if ARGS and ARGS.device else None
 if DEVICE is None:
     import torch as _t
 
@@ -82,6 +86,7 @@ def elapsed() -> float:
 
 # ------------------------------------------------------------------------------------------ shapes
 
+
 def shape_specs(op: str, names: list[str], hidden: int, cpu: bool) -> list[tuple[str, tuple[int, ...], int]]:
     """(name, rows, hidden) per benchmark shape. rope's rows are (B, Hq, S) with head dim 128, so
     its tokens x Hq x D match the other families' rows x H (Hq = H / 128, Hk = Hq / 4)."""
@@ -90,13 +95,17 @@ def shape_specs(op: str, names: list[str], hidden: int, cpu: bool) -> list[tuple
         rope = {"decode": ((1, 4, 1), 16), "prefill": ((1, 4, 16), 16), "large": ((1, 8, 32), 32)}
     else:
         table = {"decode": ((1,), hidden), "prefill": ((4096,), hidden), "large": ((32768,), 4096)}
-        rope = {"decode": ((1, hidden // 128, 1), 128), "prefill": ((1, hidden // 128, 4096), 128),
-                "large": ((1, 32, 32768), 128)}
+        rope = {
+            "decode": ((1, hidden // 128, 1), 128),
+            "prefill": ((1, hidden // 128, 4096), 128),
+            "large": ((1, 32, 32768), 128),
+        }
     source = rope if op == "rope" else table
     return [(name, *source[name]) for name in names if name in source]
 
 
 # ------------------------------------------------------------------------------------------ timing
+
 
 def sync():
     if DEVICE == "cuda":
@@ -141,6 +150,7 @@ def copy_bandwidth() -> float:
 
 # ------------------------------------------------------------------------------------------ baselines
 
+
 def liger_fn(op: str, params: dict):
     """Liger-Kernel's implementation of `op`, or None (not installed / no such op)."""
     try:
@@ -171,8 +181,9 @@ def liger_fn(op: str, params: dict):
         if op == "add_rms_norm":
             from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 
-            return lambda x, r: LigerFusedAddRMSNormFunction.apply(x, r, params["weight"], params["eps"], 0.0,
-                                                                   "llama", False)
+            return lambda x, r: LigerFusedAddRMSNormFunction.apply(
+                x, r, params["weight"], params["eps"], 0.0, "llama", False
+            )
         if op == "softmax":
             from liger_kernel.ops.softmax import LigerSoftmaxFunction
 
@@ -244,16 +255,23 @@ def evaluate(family, strategy, adapter, acts, params, dtype, eager_us, compile_u
         sync()
         problem = check(family, out, acts, params, dtype)
         if problem:
-            return Attempt(strategy=strategy, reward=-1,
-                           failures=[{"layer": "correctness", "rule": "mismatch", "message": problem}])
+            return Attempt(
+                strategy=strategy,
+                reward=-1,
+                failures=[{"layer": "correctness", "rule": "mismatch", "message": problem}],
+            )
         us = time_call(lambda: cand.entry(*acts, **params))
         return Attempt(strategy=strategy, reward=reward_for(us, eager_us, compile_us), kernel_us=us, floor_us=floor_us)
     except Exception as exc:  # noqa: BLE001 - a failing candidate is feedback, not a crash
-        return Attempt(strategy=strategy, reward=-1,
-                       failures=[{"layer": "sandbox", "rule": type(exc).__name__, "message": str(exc)[:300]}])
+        return Attempt(
+            strategy=strategy,
+            reward=-1,
+            failures=[{"layer": "sandbox", "rule": type(exc).__name__, "message": str(exc)[:300]}],
+        )
 
 
 # ------------------------------------------------------------------------------------------ the run
+
 
 def bench_cell(family, shape_name, rows, hidden, dtype_name, args, bw, reuse: dict) -> dict:
     dtype = DTYPES[dtype_name]
@@ -295,8 +313,9 @@ def bench_cell(family, shape_name, rows, hidden, dtype_name, args, bw, reuse: di
     compile_us = min(compile_candidates) if compile_candidates else None
     adapter = template_adapter(family.name)
 
-    default = evaluate(family, default_strategy(family.name), adapter, acts, params, dtype, eager_us, compile_us,
-                       floor_us)
+    default = evaluate(
+        family, default_strategy(family.name), adapter, acts, params, dtype, eager_us, compile_us, floor_us
+    )
     times["template"] = default.kernel_us if default.kernel_us is not None else "error: " + _why(default)
 
     # The author's search, fed with this script's measurements.
@@ -307,24 +326,43 @@ def bench_cell(family, shape_name, rows, hidden, dtype_name, args, bw, reuse: di
     if key in reuse:
         attempt = evaluate(family, reuse[key], adapter, acts, params, dtype, eager_us, compile_us, floor_us)
         history.append(attempt)
-        trail.append({"strategy": attempt.strategy, "kernel_us": attempt.kernel_us, "note": "strategy found in "
-                      "the first dtype", "failures": attempt.failures})
+        trail.append(
+            {
+                "strategy": attempt.strategy,
+                "kernel_us": attempt.kernel_us,
+                "note": "strategy found in the first dtype",
+                "failures": attempt.failures,
+            }
+        )
     iters = args.author_iters if key not in reuse else min(2, args.author_iters)
     for i in range(iters):
         if elapsed() > args.budget_s and history:
             trail.append({"note": "stopped: time budget"})
             break
-        request = WriteRequest(op=family.name, module_class=family.default_module, adapter=adapter,
-                               shapes=[first_shape], dtype=str(dtype).replace("torch.", ""),
-                               hardware=DEVICE, history=list(history), iteration=i)
+        request = WriteRequest(
+            op=family.name,
+            module_class=family.default_module,
+            adapter=adapter,
+            shapes=[first_shape],
+            dtype=str(dtype).replace("torch.", ""),
+            hardware=DEVICE,
+            history=list(history),
+            iteration=i,
+        )
         plan = author.plan(request)
         if plan.converged:
             trail.append({"note": plan.reason})
             break
         attempt = evaluate(family, plan.strategy, adapter, acts, params, dtype, eager_us, compile_us, floor_us)
         history.append(attempt)
-        trail.append({"strategy": plan.strategy, "kernel_us": attempt.kernel_us, "note": plan.reason,
-                      "failures": attempt.failures})
+        trail.append(
+            {
+                "strategy": plan.strategy,
+                "kernel_us": attempt.kernel_us,
+                "note": plan.reason,
+                "failures": attempt.failures,
+            }
+        )
     measured = [a for a in history if a.kernel_us is not None]
     if measured:
         best = min(measured, key=lambda a: a.kernel_us)
@@ -370,21 +408,28 @@ def _fmt(v) -> str:
 
 
 def to_markdown(report: dict) -> str:
-    lines = [f"# ops_bench — {report['device_name']}", "",
-             f"torch {report['torch']}, triton {report['triton']}, copy bandwidth "
-             f"{report['copy_bw_tbs']:.2f} TB/s (read + write), wall µs per call (launch included).", "",
-             "| op | shape | dtype | " + " | ".join(COLUMNS) + " | floor | % copy BW | targets |",
-             "|---" * (len(COLUMNS) + 6) + "|"]
+    lines = [
+        f"# ops_bench — {report['device_name']}",
+        "",
+        f"torch {report['torch']}, triton {report['triton']}, copy bandwidth "
+        f"{report['copy_bw_tbs']:.2f} TB/s (read + write), wall µs per call (launch included).",
+        "",
+        "| op | shape | dtype | " + " | ".join(COLUMNS) + " | floor | % copy BW | targets |",
+        "|---" * (len(COLUMNS) + 6) + "|",
+    ]
     for c in report["cells"]:
         if "error" in c:
-            lines.append(f"| {c['op']} | {c['shape']} | {c['dtype']} | error: {c['error'][:100]} |"
-                         + " |" * (len(COLUMNS) + 2))
+            lines.append(
+                f"| {c['op']} | {c['shape']} | {c['dtype']} | error: {c['error'][:100]} |" + " |" * (len(COLUMNS) + 2)
+            )
             continue
         t = c["times_us"]
         pct = c.get("pct_copy_bw")
-        lines.append(f"| {c['op']} | {c['shape']} {'x'.join(map(str, c['input_shape']))} | {c['dtype']} | "
-                     + " | ".join(_fmt(t.get(k)) for k in COLUMNS)
-                     + f" | {_fmt(c['floor_us'])} | {'' if pct is None else f'{pct:.0f}%'} | {c.get('targets', '')} |")
+        lines.append(
+            f"| {c['op']} | {c['shape']} {'x'.join(map(str, c['input_shape']))} | {c['dtype']} | "
+            + " | ".join(_fmt(t.get(k)) for k in COLUMNS)
+            + f" | {_fmt(c['floor_us'])} | {'' if pct is None else f'{pct:.0f}%'} | {c.get('targets', '')} |"
+        )
     lines += ["", "Author strategies (best per cell):", ""]
     for c in report["cells"]:
         if c.get("author_strategy") is not None:
@@ -424,8 +469,11 @@ def main(args) -> int:
     report = {
         "device": DEVICE,
         "device_name": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (Triton interpreter)",
-        "torch": torch.__version__, "triton": triton.__version__,
-        "copy_bw_tbs": bw / 1e12, "args": vars(args), "cells": [],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bw_tbs": bw / 1e12,
+        "args": vars(args),
+        "cells": [],
     }
     print(f"# {report['device_name']}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     reuse: dict = {}
@@ -435,8 +483,13 @@ def main(args) -> int:
                 try:
                     cell = bench_cell(family, shape_name, rows, hidden, dtype_name, args, bw, reuse)
                 except Exception as exc:  # noqa: BLE001 - one family failing must not abort the run
-                    cell = {"op": family.name, "shape": shape_name, "dtype": dtype_name,
-                            "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+                    cell = {
+                        "op": family.name,
+                        "shape": shape_name,
+                        "dtype": dtype_name,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "trace": traceback.format_exc()[-2000:],
+                    }
                 report["cells"].append(cell)
                 _print_cell(cell)
                 if DEVICE == "cuda":
@@ -460,8 +513,11 @@ def _print_cell(cell: dict) -> None:
     t = cell["times_us"]
     cols = "  ".join(f"{k}={_fmt(t.get(k))}" for k in COLUMNS if k in t)
     pct = cell.get("pct_copy_bw")
-    print(f"{cell['op']:>14} {cell['shape']:>8} {cell['dtype']:>5}  {cols}  floor={_fmt(cell['floor_us'])}"
-          f"  bw={'' if pct is None else f'{pct:.0f}%'}  [{cell.get('targets')}]  t={elapsed():.0f}s", flush=True)
+    print(
+        f"{cell['op']:>14} {cell['shape']:>8} {cell['dtype']:>5}  {cols}  floor={_fmt(cell['floor_us'])}"
+        f"  bw={'' if pct is None else f'{pct:.0f}%'}  [{cell.get('targets')}]  t={elapsed():.0f}s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 QWEN25_15B = dict(
-    hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-    rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    use_sliding_window=False,
 )
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    tie_word_embeddings=True,
+)
 
 
 def parse_args(argv=None):
@@ -49,8 +65,13 @@ def parse_args(argv=None):
     p.add_argument("--prefill-len", type=int, default=512)
     p.add_argument("--repeat", type=int, default=10, help="timed probe calls per phase")
     p.add_argument("--profile-steps", type=int, default=3, help="profiled probe calls per phase")
-    p.add_argument("--what-if", dest="what_if", action="store_true", default=None,
-                   help="measure decode with the template Triton rms_norm swapped in (default on cuda)")
+    p.add_argument(
+        "--what-if",
+        dest="what_if",
+        action="store_true",
+        default=None,
+        help="measure decode with the template Triton rms_norm swapped in (default on cuda)",
+    )
     p.add_argument("--no-what-if", dest="what_if", action="store_false")
     p.add_argument("--out", default="profile_bench.json")
     return p.parse_args(argv)
@@ -90,8 +111,7 @@ def make_probes(model, config, args, device):
     prompt = torch.randint(0, vocab, (args.decode_batch, args.context), generator=gen).to(device)
     with torch.no_grad():
         out = model(input_ids=prompt, use_cache=True)
-    state = {"cache": cache_of(out),
-             "token": out.logits[:, -1:].argmax(-1)}
+    state = {"cache": cache_of(out), "token": out.logits[:, -1:].argmax(-1)}
 
     def decode():
         out = model(input_ids=state["token"], use_cache=True, **{cache_kw: state["cache"]})
@@ -135,10 +155,14 @@ def what_if_rms_norm(model, profile, probes, device, repeat, rounds=6):
     from gpuyantra.kernels import rms_norm as template
 
     family = get_op("rms_norm")
-    modules = [m for _, m in model.named_modules()
-               if f"{type(m).__module__}.{type(m).__qualname__}" == target["qualified_class"]]
-    swapped = {id(m): types.MethodType(family.replacement_forward(m, template.entry, target["adapter"]), m)
-               for m in modules}
+    modules = [
+        m
+        for _, m in model.named_modules()
+        if f"{type(m).__module__}.{type(m).__qualname__}" == target["qualified_class"]
+    ]
+    swapped = {
+        id(m): types.MethodType(family.replacement_forward(m, template.entry, target["adapter"]), m) for m in modules
+    }
     originals = {id(m): m.__dict__.get("forward") for m in modules}
 
     def bind(use_kernel):
@@ -159,7 +183,7 @@ def what_if_rms_norm(model, profile, probes, device, repeat, rounds=6):
             probes["decode"]()  # compile / warm the kernel
             sync()
             for r in range(rounds):
-                for use_kernel in ((False, True) if r % 2 == 0 else (True, False)):
+                for use_kernel in (False, True) if r % 2 == 0 else (True, False):
                     bind(use_kernel)
                     probes["decode"]()
                     sync()
@@ -186,36 +210,48 @@ def what_if_rms_norm(model, profile, probes, device, repeat, rounds=6):
 
 
 def print_profile(profile):
-    print(f"hardware {profile['hardware']}  device {profile['device']}  "
-          f"(copy {profile['hardware_spec']['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
-          f"{profile['hardware_spec']['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, eager launch "
-          f"{profile['hardware_spec']['launch_us']:.1f} us, triton call "
-          f"{profile['hardware_spec'].get('triton_launch_us') or float('nan'):.1f} us, "
-          f"measured={profile['hardware_spec']['measured']})")
+    print(
+        f"hardware {profile['hardware']}  device {profile['device']}  "
+        f"(copy {profile['hardware_spec']['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
+        f"{profile['hardware_spec']['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, eager launch "
+        f"{profile['hardware_spec']['launch_us']:.1f} us, triton call "
+        f"{profile['hardware_spec'].get('triton_launch_us') or float('nan'):.1f} us, "
+        f"measured={profile['hardware_spec']['measured']})"
+    )
     for name, phase in profile["phases"].items():
         busy = "GPU busy" if profile["device"].startswith("cuda") else "busy in ops"
-        print(f"\n== {name}: step {phase['step_ms']:.2f} ms, {busy} {phase['busy_fraction']:.1%}, "
-              f"device {phase['device_ms']:.2f} ms, {phase['launches_per_step']:.0f} launches/step, "
-              f"{phase.get('syncs_per_step', 0):g} syncs/step, "
-              f"regime {phase['regime']}, matmul AI {phase.get('matmul_arithmetic_intensity')}")
-        print(f"  {'rank':>4} {'op':10} {'class':16} {'mods':>4} {'regime':13} {'share':>6} {'dev us':>8} "
-              f"{'host us':>8} {'launch':>6} {'AI':>6} {'floor us':>8} {'gain':>7}  shapes")
+        print(
+            f"\n== {name}: step {phase['step_ms']:.2f} ms, {busy} {phase['busy_fraction']:.1%}, "
+            f"device {phase['device_ms']:.2f} ms, {phase['launches_per_step']:.0f} launches/step, "
+            f"{phase.get('syncs_per_step', 0):g} syncs/step, "
+            f"regime {phase['regime']}, matmul AI {phase.get('matmul_arithmetic_intensity')}"
+        )
+        print(
+            f"  {'rank':>4} {'op':10} {'class':16} {'mods':>4} {'regime':13} {'share':>6} {'dev us':>8} "
+            f"{'host us':>8} {'launch':>6} {'AI':>6} {'floor us':>8} {'gain':>7}  shapes"
+        )
         for t in phase["targets"]:
-            print(f"  {t['rank']:>4} {t['op']:10} {t['module_class'][:16]:16} {t['modules']:>4} {t['regime']:13} "
-                  f"{t['share']:>6.1%} {t['device_us']:>8.1f} {t['host_us']:>8.1f} {t['launches']:>6.0f} "
-                  f"{(t['arithmetic_intensity'] or 0):>6.2f} {t['floor_us']:>8.1f} {t['est_gain']:>+7.1%}  "
-                  f"{t['shapes'][:2]}")
+            print(
+                f"  {t['rank']:>4} {t['op']:10} {t['module_class'][:16]:16} {t['modules']:>4} {t['regime']:13} "
+                f"{t['share']:>6.1%} {t['device_us']:>8.1f} {t['host_us']:>8.1f} {t['launches']:>6.0f} "
+                f"{(t['arithmetic_intensity'] or 0):>6.2f} {t['floor_us']:>8.1f} {t['est_gain']:>+7.1%}  "
+                f"{t['shapes'][:2]}"
+            )
             print(f"       why: {t['why']}")
         print("  top module classes by share:")
         for c in phase["classes"][:8]:
             top = ", ".join(f"{o['name']} {o['host_us']:.0f}" for o in c.get("top_ops", [])[:3])
-            print(f"    {c['module_class'][:28]:28} x{c['modules']:<4} share {c['share']:>6.1%} "
-                  f"device {c['device_us']:>9.1f} us host {c['host_us']:>9.1f} us (ops {c.get('ops_host_us', 0):.0f}) "
-                  f"launches {c['launches']:>6.0f} syncs {c.get('syncs', 0):g}  [{top}]")
+            print(
+                f"    {c['module_class'][:28]:28} x{c['modules']:<4} share {c['share']:>6.1%} "
+                f"device {c['device_us']:>9.1f} us host {c['host_us']:>9.1f} us (ops {c.get('ops_host_us', 0):.0f}) "
+                f"launches {c['launches']:>6.0f} syncs {c.get('syncs', 0):g}  [{top}]"
+            )
     print("\nranked targets (per served request):")
     for t in profile["targets"]:
-        print(f"  {t['rank']}. {t['op']} / {t['module_class']} x{t['modules']}: {t['regime']}, share "
-              f"{t['share']:.1%}, est. gain {t['est_gain']:+.1%}")
+        print(
+            f"  {t['rank']}. {t['op']} / {t['module_class']} x{t['modules']}: {t['regime']}, share "
+            f"{t['share']:.1%}, est. gain {t['est_gain']:+.1%}"
+        )
     for note in profile.get("notes", []):
         print(f"note: {note}")
 
@@ -235,8 +271,9 @@ def main(argv=None) -> int:
     model, config = build_model(args.tiny, device, dtype)
     built = time.perf_counter()
     probes = make_probes(model, config, args, device)
-    profile = profile_model(model, probes=probes, device=device, repeat=args.repeat,
-                            profile_steps=args.profile_steps, warmup=2)
+    profile = profile_model(
+        model, probes=probes, device=device, repeat=args.repeat, profile_steps=args.profile_steps, warmup=2
+    )
     what_if = args.what_if if args.what_if is not None else device.startswith("cuda")
     if what_if:
         try:
@@ -247,10 +284,15 @@ def main(argv=None) -> int:
 
     profile["bench"] = {
         "model": "tiny-qwen2" if args.tiny else "Qwen2.5-1.5B architecture (random weights)",
-        "dtype": str(dtype).replace("torch.", ""), "decode_batch": args.decode_batch, "context": args.context,
-        "prefill_batch": args.prefill_batch, "prefill_len": args.prefill_len,
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "build_s": round(built - started, 2), "total_s": round(time.perf_counter() - started, 2),
+        "dtype": str(dtype).replace("torch.", ""),
+        "decode_batch": args.decode_batch,
+        "context": args.context,
+        "prefill_batch": args.prefill_batch,
+        "prefill_len": args.prefill_len,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "build_s": round(built - started, 2),
+        "total_s": round(time.perf_counter() - started, 2),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "pid": os.getpid(),
     }

@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-COUNTING_KERNEL = '''import torch
+COUNTING_KERNEL = """import torch
 import triton
 import triton.language as tl
 
@@ -84,7 +84,7 @@ def entry(x, *, weight, eps):
     _rms_norm_counting[(x2.shape[0],)](x2, weight, y, counter(x.device), hidden, eps,
                                        BLOCK=triton.next_power_of_2(hidden))
     return y.reshape(*x.shape[:-1], hidden)
-'''
+"""
 
 
 def parse_args(argv=None):
@@ -100,8 +100,12 @@ def parse_args(argv=None):
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--skip-compile", action="store_true")
     p.add_argument("--skip-eager", action="store_true", help="skip the eager and eager+swap sections")
-    p.add_argument("--compile-budget-s", type=float, default=240.0,
-                   help="skip torch.compile for the remaining batches once this much time was spent on it")
+    p.add_argument(
+        "--compile-budget-s",
+        type=float,
+        default=240.0,
+        help="skip torch.compile for the remaining batches once this much time was spent on it",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny-qwen2 on the CPU (interpreter), few tokens")
     return p.parse_args(argv)
 
@@ -124,14 +128,23 @@ def main(argv=None) -> int:
     out_path = Path(args.out)
     batches = [int(b) for b in args.batches.split(",")]
     max_batch = max(batches)
-    results: dict = {"config": vars(args), "versions": {}, "results": {}, "checks": {}, "errors": {},
-                     "started": time.time()}
+    results: dict = {
+        "config": vars(args),
+        "versions": {},
+        "results": {},
+        "checks": {},
+        "errors": {},
+        "started": time.time(),
+    }
     import transformers
     import triton
 
-    results["versions"] = {"torch": torch.__version__, "triton": triton.__version__,
-                           "transformers": transformers.__version__,
-                           "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    results["versions"] = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+    }
 
     def save():
         results["elapsed_s"] = round(time.time() - results["started"], 1)
@@ -165,10 +178,12 @@ def main(argv=None) -> int:
     def bench(engine, label):
         out = {}
         for b in batches:
-            r = engine.benchmark(max_tokens=args.tokens, prompt_tokens=args.prompt_tokens, batch=b,
-                                 repeats=args.repeats)
-            out[f"batch{b}"] = {k: r[k] for k in ("tokens_per_s", "e2e_tokens_per_s", "ms_per_step", "prefill_s",
-                                                  "path", "output_ids")}
+            r = engine.benchmark(
+                max_tokens=args.tokens, prompt_tokens=args.prompt_tokens, batch=b, repeats=args.repeats
+            )
+            out[f"batch{b}"] = {
+                k: r[k] for k in ("tokens_per_s", "e2e_tokens_per_s", "ms_per_step", "prefill_s", "path", "output_ids")
+            }
             print(f"  {label} batch {b}: {r['tokens_per_s']:.1f} tok/s ({r['ms_per_step']:.2f} ms/step)", flush=True)
         return out
 
@@ -183,9 +198,16 @@ def main(argv=None) -> int:
             if name in names:
                 t = time.perf_counter()
                 record = engine.swaps.swap(path)
-                done.append({"op": name, "binding": record.binding, "modules": record.modules,
-                             "functions": record.functions, "parity": record.parity,
-                             "swap_s": round(time.perf_counter() - t, 2)})
+                done.append(
+                    {
+                        "op": name,
+                        "binding": record.binding,
+                        "modules": record.modules,
+                        "functions": record.functions,
+                        "parity": record.parity,
+                        "swap_s": round(time.perf_counter() - t, 2),
+                    }
+                )
         return done
 
     def agreement(out):
@@ -195,7 +217,8 @@ def main(argv=None) -> int:
             g = out.get(f"batch{b}", {}).get("output_ids")
             if e is not None and g is not None:
                 out[f"batch{b}"]["agrees_with_eager_first_tokens"] = next(
-                    (i for i, (x, y) in enumerate(zip(e, g)) if x != y), len(g))
+                    (i for i, (x, y) in enumerate(zip(e, g)) if x != y), len(g)
+                )
         return out
 
     holder = {}
@@ -219,18 +242,24 @@ def main(argv=None) -> int:
 
         def run():
             engine, init_s = new_engine(label.replace("+", "_"), **kw)
-            out = {"init_s": init_s, "decode_attention": "triton" if engine.decode_attention else "sdpa",
-                   "fused_projection_groups": engine.fused_projections}
+            out = {
+                "init_s": init_s,
+                "decode_attention": "triton" if engine.decode_attention else "sdpa",
+                "fused_projection_groups": engine.fused_projections,
+            }
             if label == "eager":
                 results["self_check"] = engine.self_check_report
             if engine.graphs is not None:
                 out["buckets"] = engine.graphs.buckets
             out["swaps"] = apply_swaps(engine, names)
             if engine.decode_attention is not None:  # calls run eagerly (graph replays do not count)
-                out["attention_calls_before_bench"] = {"kernel": engine.decode_attention.calls,
-                                                       "sdpa_fallbacks": engine.decode_attention.fallbacks}
+                out["attention_calls_before_bench"] = {
+                    "kernel": engine.decode_attention.calls,
+                    "sdpa_fallbacks": engine.decode_attention.fallbacks,
+                }
             out.update(bench(engine, label))
             return agreement(out)
+
         section(label, run)
 
     # eager SDPA (transformers' attention over the cache), then the engine's Triton decode attention
@@ -246,8 +275,13 @@ def main(argv=None) -> int:
     measure("graphs+attn+swaps", ("rms_norm", "rope", "silu_mul"), cuda_graphs=True, decode_attention="triton")
     # q/k/v and gate/up as one GEMM each (serving/fusion.py); the checks below run on the last engine
     measure("graphs+attn+fused", cuda_graphs=True, decode_attention="triton", fuse_projections="on")
-    measure("graphs+attn+fused+swaps", ("rms_norm", "rope", "silu_mul"), cuda_graphs=True,
-            decode_attention="triton", fuse_projections="on")
+    measure(
+        "graphs+attn+fused+swaps",
+        ("rms_norm", "rope", "silu_mul"),
+        cuda_graphs=True,
+        decode_attention="triton",
+        fuse_projections="on",
+    )
 
     # ------------------------------------------------------------------ where the graph step's time goes
     def profile_graph_step():
@@ -277,9 +311,12 @@ def main(argv=None) -> int:
             if total:
                 rows.append({"kernel": ev.key[:90], "calls_per_step": ev.count / 10, "us_per_step": total / 10})
         rows.sort(key=lambda r: -r["us_per_step"])
-        return {"replay_only_ms_per_step": round(replay_ms, 3),
-                "kernels_per_step": sum(r["calls_per_step"] for r in rows),
-                "gpu_us_per_step": round(sum(r["us_per_step"] for r in rows), 1), "top": rows[:30]}
+        return {
+            "replay_only_ms_per_step": round(replay_ms, 3),
+            "kernels_per_step": sum(r["calls_per_step"] for r in rows),
+            "gpu_us_per_step": round(sum(r["us_per_step"] for r in rows), 1),
+            "top": rows[:30],
+        }
 
     section("profile_graph_step", profile_graph_step)
 
@@ -309,8 +346,12 @@ def main(argv=None) -> int:
                     m.weight.copy_(w)
         scale = float(eager_out.abs().max())
         ok = diff_eager <= 2e-2 * max(1.0, scale) and moved > 10 * max(diff_eager, 1e-6)
-        return {"ok": ok, "graph_vs_eager_swapped_max_abs": diff_eager, "graph_moved_with_weights_max_abs": moved,
-                "logit_scale": scale}
+        return {
+            "ok": ok,
+            "graph_vs_eager_swapped_max_abs": diff_eager,
+            "graph_moved_with_weights_max_abs": moved,
+            "logit_scale": scale,
+        }
 
     section("check_weights_live_in_graph", check_weights_live_in_graph)
 
@@ -339,10 +380,15 @@ def main(argv=None) -> int:
         sync()
         after_rollback = int(counter.item()) - start
         captured = engine.graphs.capture_enabled
-        return {"ok": (with_kernel == k * norms and after_rollback == 0) if captured else with_kernel == k * norms,
-                "replays": k, "norm_modules": norms, "counter_delta_swapped": with_kernel,
-                "counter_delta_after_rollback": after_rollback, "captured": captured,
-                "graph_parity": record.parity.get("graph")}
+        return {
+            "ok": (with_kernel == k * norms and after_rollback == 0) if captured else with_kernel == k * norms,
+            "replays": k,
+            "norm_modules": norms,
+            "counter_delta_swapped": with_kernel,
+            "counter_delta_after_rollback": after_rollback,
+            "captured": captured,
+            "graph_parity": record.parity.get("graph"),
+        }
 
     section("check_counter_in_graph", check_counter)
 
@@ -402,19 +448,35 @@ def main(argv=None) -> int:
                 sync()
                 times.append(time.perf_counter() - t)
             best = sorted(times)[len(times) // 2]
-            out[f"batch{b}"] = {"tokens_per_s": b * (args.tokens - 1) / best,
-                                "ms_per_step": 1000 * best / (args.tokens - 1), "compile_s": round(compile_s, 1)}
-            print(f"  compile batch {b}: {out[f'batch{b}']['tokens_per_s']:.1f} tok/s (compile {compile_s:.0f}s)",
-                  flush=True)
+            out[f"batch{b}"] = {
+                "tokens_per_s": b * (args.tokens - 1) / best,
+                "ms_per_step": 1000 * best / (args.tokens - 1),
+                "compile_s": round(compile_s, 1),
+            }
+            print(
+                f"  compile batch {b}: {out[f'batch{b}']['tokens_per_s']:.1f} tok/s (compile {compile_s:.0f}s)",
+                flush=True,
+            )
         return out
 
     section("torch.compile", compiled)
 
     # ------------------------------------------------------------------ summary
     summary = {}
-    for name in ("eager", "eager+attn", "eager+attn+swaps", "graphs", "graphs+swap", "graphs+attn",
-                 "graphs+attn+rms_norm", "graphs+attn+rms_norm+rope", "graphs+attn+swaps", "graphs+attn+fused",
-                 "graphs+attn+fused+swaps", "torch.compile"):
+    for name in (
+        "eager",
+        "eager+attn",
+        "eager+attn+swaps",
+        "graphs",
+        "graphs+swap",
+        "graphs+attn",
+        "graphs+attn+rms_norm",
+        "graphs+attn+rms_norm+rope",
+        "graphs+attn+swaps",
+        "graphs+attn+fused",
+        "graphs+attn+fused+swaps",
+        "torch.compile",
+    ):
         for b in batches:
             v = results["results"].get(name, {}).get(f"batch{b}", {})
             if isinstance(v, dict) and "tokens_per_s" in v:
@@ -423,8 +485,16 @@ def main(argv=None) -> int:
     g1 = max(summary.get("graphs+attn+swaps batch1", 0), summary.get("graphs+attn+fused+swaps batch1", 0)) or None
     results["target_400_tok_s_batch1"] = {"graphs+attn(+fused)+swaps": g1, "met": bool(g1 and g1 >= 400)}
     save()
-    print(json.dumps({"summary": summary, "checks": {k: v.get("ok") for k, v in results["checks"].items()},
-                      "errors": list(results["errors"])}, indent=1))
+    print(
+        json.dumps(
+            {
+                "summary": summary,
+                "checks": {k: v.get("ok") for k, v in results["checks"].items()},
+                "errors": list(results["errors"]),
+            },
+            indent=1,
+        )
+    )
     return 0 if not results["errors"] else 1
 
 

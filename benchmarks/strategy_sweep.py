@@ -34,7 +34,7 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     for op in args.ops.split(","):
         family = get_op(op)
-        (_, rows, hidden), = shape_specs(op, [args.shape], args.hidden, DEVICE == "cpu")
+        ((_, rows, hidden),) = shape_specs(op, [args.shape], args.hidden, DEVICE == "cpu")
         dtype = DTYPES[args.dtype]
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         acts = family.make_activations(rows, hidden, dtype, DEVICE, gen)
@@ -54,8 +54,10 @@ def main() -> None:
             if attempt.kernel_us is None:
                 print(f"{op:>14} {'FAILED':>9}  {changed}  {attempt.failures[0]['message'][:120]}", flush=True)
             else:
-                print(f"{op:>14} {attempt.kernel_us:8.1f}us {100 * floor / attempt.kernel_us:5.1f}%  {changed}",
-                      flush=True)
+                print(
+                    f"{op:>14} {attempt.kernel_us:8.1f}us {100 * floor / attempt.kernel_us:5.1f}%  {changed}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

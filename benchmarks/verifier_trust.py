@@ -36,8 +36,7 @@ HONEST = ("honest_rowwise", "honest_chunked", "honest_helper")
 TEMPLATE_SHAPES = {"rope": "1x12x1x128,1x12x512x128"}  # q's [B, H, S, D]; the rest take [rows, H]
 
 
-def run(path: Path, device: str, benchmark: bool, shapes: list[list[int]] | None,
-        dtypes: list[str] | None) -> dict:
+def run(path: Path, device: str, benchmark: bool, shapes: list[list[int]] | None, dtypes: list[str] | None) -> dict:
     from gpuyantra.verifier import run_verification
 
     started = time.perf_counter()
@@ -66,6 +65,7 @@ def main() -> int:
 
     def wanted(name: str) -> bool:
         return not only or name in only
+
     results: dict[str, dict] = {}
     ok = True
 
@@ -73,9 +73,12 @@ def main() -> int:
         nonlocal ok
         ok = ok and good
         rules = sorted({f"{f['layer']}/{f['rule']}" for f in data["failures"]})
-        print(f"{'ok ' if good else 'BAD'} {name}: reward {data['reward']} rules {rules} checks {data['checks']} "
-              f"eager x{data.get('speedup_vs_eager')} compile x{data.get('speedup_vs_compile')} "
-              f"{data['wall_s']} s", flush=True)
+        print(
+            f"{'ok ' if good else 'BAD'} {name}: reward {data['reward']} rules {rules} checks {data['checks']} "
+            f"eager x{data.get('speedup_vs_eager')} compile x{data.get('speedup_vs_compile')} "
+            f"{data['wall_s']} s",
+            flush=True,
+        )
         results[name] = data
         args.out.write_text(json.dumps(results, indent=1))
 

@@ -27,10 +27,15 @@ def one(path: str, shapes: list[list[int]], dtype: str) -> dict:
 
     started = time.perf_counter()
     verdict = run_verification(path, device="cuda", shapes=shapes, dtypes=[dtype], keep_warm=True)
-    return {"wall_s": round(time.perf_counter() - started, 2), "reward": verdict.reward,
-            "speedup_vs_eager": verdict.speedup_vs_eager, "speedup_vs_compile": verdict.speedup_vs_compile,
-            "failures": [f.rule for f in verdict.failures], "timings": verdict.timings,
-            "cached": [row.get("cached") for row in verdict.bench]}
+    return {
+        "wall_s": round(time.perf_counter() - started, 2),
+        "reward": verdict.reward,
+        "speedup_vs_eager": verdict.speedup_vs_eager,
+        "speedup_vs_compile": verdict.speedup_vs_compile,
+        "failures": [f.rule for f in verdict.failures],
+        "timings": verdict.timings,
+        "cached": [row.get("cached") for row in verdict.bench],
+    }
 
 
 def main() -> int:
@@ -69,7 +74,8 @@ def main() -> int:
         print("parallel", row, flush=True)
     warm = [r["wall_s"] for r in report["warm"]]
     report["summary"] = {
-        "cold_s": report["cold"]["wall_s"], "warm_median_s": statistics.median(warm) if warm else None,
+        "cold_s": report["cold"]["wall_s"],
+        "warm_median_s": statistics.median(warm) if warm else None,
         "parallel_wall_s": report["parallel_wall_s"],
         "single_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["warm"]],
         "parallel_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["parallel"]],

@@ -68,15 +68,21 @@ def _create_key(path: Path) -> None:
 
 def sign(digest: str, op: str, reward: int, device: str, key: bytes | None = None) -> str:
     """HMAC-SHA256 (hex) of the canonical JSON of {digest, op, reward, device}."""
-    payload = json.dumps({"digest": digest, "op": op, "reward": reward, "device": device},
-                         sort_keys=True, separators=(",", ":")).encode()
+    payload = json.dumps(
+        {"digest": digest, "op": op, "reward": reward, "device": device}, sort_keys=True, separators=(",", ":")
+    ).encode()
     return hmac.new(key if key is not None else load_key(), payload, hashlib.sha256).hexdigest()
 
 
 def record(digest: str, op: str, reward: int, device: str, key: bytes | None = None) -> dict[str, Any]:
     """The attestation object a verdict carries and `POST /admin/swap` takes."""
-    return {"digest": digest, "op": op, "reward": reward, "device": device,
-            "signature": sign(digest, op, reward, device, key)}
+    return {
+        "digest": digest,
+        "op": op,
+        "reward": reward,
+        "device": device,
+        "signature": sign(digest, op, reward, device, key),
+    }
 
 
 def check(source: bytes, attested: Mapping[str, Any], device: str, key: bytes | None = None) -> str | None:

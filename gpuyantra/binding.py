@@ -63,8 +63,9 @@ def probe_copy(module: torch.nn.Module, dtype: torch.dtype = torch.float64) -> t
     for tensor in itertools.chain(module.parameters(), module.buffers()):
         if tensor.is_floating_point():
             fresh = torch.empty(tensor.shape, dtype=dtype, device="meta")
-            memo[id(tensor)] = torch.nn.Parameter(fresh, requires_grad=False) if isinstance(
-                tensor, torch.nn.Parameter) else fresh
+            memo[id(tensor)] = (
+                torch.nn.Parameter(fresh, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else fresh
+            )
     try:
         probe = copy.deepcopy(module, memo)
     except Exception:  # noqa: BLE001 - exotic modules: fall back to a plain copy
@@ -83,8 +84,15 @@ def probe_copy(module: torch.nn.Module, dtype: torch.dtype = torch.float64) -> t
     return probe
 
 
-def _agrees(module: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]], dtype: torch.dtype,
-            seed: int, atol: float, rtol: float) -> bool | None:
+def _agrees(
+    module: torch.nn.Module,
+    family: OpFamily,
+    adapter: list[dict[str, str]],
+    dtype: torch.dtype,
+    seed: int,
+    atol: float,
+    rtol: float,
+) -> bool | None:
     """True/False: module and reference agree at `dtype`; None: the probe could not run."""
     generator = torch.Generator().manual_seed(seed + 1)
     try:
@@ -142,9 +150,14 @@ def find_module_groups(model: torch.nn.Module, ops: Sequence[str] | None = None)
             adapter = verdict_cache[key]
             if adapter is None:
                 continue
-            group = groups.setdefault(key, ModuleGroup(
-                op=family.name, module_class=cls.__name__,
-                qualified_class=f"{cls.__module__}.{cls.__qualname__}", adapter=adapter,
-            ))
+            group = groups.setdefault(
+                key,
+                ModuleGroup(
+                    op=family.name,
+                    module_class=cls.__name__,
+                    qualified_class=f"{cls.__module__}.{cls.__qualname__}",
+                    adapter=adapter,
+                ),
+            )
             group.names.append(name)
     return list(groups.values())

@@ -34,16 +34,20 @@ class CampaignRefused(Exception):
 
 class TemporalUnreachable(RuntimeError):
     def __init__(self, address: str) -> None:
-        super().__init__(f"cannot reach Temporal at {address}: start it with `gpuyantra up` (or `temporal server "
-                         f"start-dev`), or point --temporal / TEMPORAL_ADDRESS at it")
+        super().__init__(
+            f"cannot reach Temporal at {address}: start it with `gpuyantra up` (or `temporal server "
+            f"start-dev`), or point --temporal / TEMPORAL_ADDRESS at it"
+        )
 
 
 def new_workflow_id(server_url: str, model: str | None = None, ops: list[str] | None = None) -> str:
     """`campaign-<model>-<ops>-<host>-<port>-<time>`: model, ops and server are readable in
     `temporal workflow list` (model left out when unknown; ops `auto` when the profile picks them)."""
     where = re.sub(r"[^A-Za-z0-9.]+", "-", server_key(server_url).split("://", 1)[1]).strip("-")
-    what = [re.sub(r"[^A-Za-z0-9._]+", "-", part).strip("-")[:60]
-            for part in (model or "", "+".join(ops)[:80] if ops else "auto")]
+    what = [
+        re.sub(r"[^A-Za-z0-9._]+", "-", part).strip("-")[:60]
+        for part in (model or "", "+".join(ops)[:80] if ops else "auto")
+    ]
     prefix = "-".join(part for part in what if part)
     return f"campaign-{prefix}-{where}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 100000:05d}"
 
@@ -58,8 +62,10 @@ def web_ui_link(address: str, workflow_id: str) -> str:
 
 def follow_commands(address: str, workflow_id: str) -> list[str]:
     """The stock CLI lines that show or cancel a campaign."""
-    return [f"temporal workflow show --address {address} --workflow-id {workflow_id}",
-            f"temporal workflow cancel --address {address} --workflow-id {workflow_id}"]
+    return [
+        f"temporal workflow show --address {address} --workflow-id {workflow_id}",
+        f"temporal workflow cancel --address {address} --workflow-id {workflow_id}",
+    ]
 
 
 async def connect(address: str, within_s: float = CONNECT_WITHIN_S) -> Client:
@@ -69,14 +75,15 @@ async def connect(address: str, within_s: float = CONNECT_WITHIN_S) -> Client:
     while True:
         try:
             return await asyncio.wait_for(Client.connect(address), max(deadline - time.monotonic(), 0.5))
-        except (RuntimeError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RuntimeError) as exc:
             if time.monotonic() + 0.5 >= deadline:
                 raise TemporalUnreachable(address) from exc
         await asyncio.sleep(0.5)
 
 
-async def running_campaign(client: Client, server_url: str, workflow_id: str | None = None,
-                           started: datetime | None = None) -> str | None:
+async def running_campaign(
+    client: Client, server_url: str, workflow_id: str | None = None, started: datetime | None = None
+) -> str | None:
     """The id of a running campaign against `server_url` other than `workflow_id`; with `started`,
     only one that started before it (ties by id), so of two racing campaigns the later one yields."""
     key = server_key(server_url)
@@ -86,8 +93,11 @@ async def running_campaign(client: Client, server_url: str, workflow_id: str | N
         if started is not None and (execution.start_time, execution.id) >= (started, workflow_id or ""):
             continue
         other = await _input_of(client, execution.id, execution.run_id)
-        if isinstance(other, dict) and isinstance(other.get("server_url"), str) \
-                and server_key(other["server_url"]) == key:
+        if (
+            isinstance(other, dict)
+            and isinstance(other.get("server_url"), str)
+            and server_key(other["server_url"]) == key
+        ):
             return execution.id
     return None
 
@@ -119,8 +129,10 @@ def unknown_ops(names: list[str]) -> str | None:
 
 
 def refusal(server_url: str, running_id: str) -> str:
-    return (f"campaign refused: workflow {running_id} is already optimizing {server_url}; wait for it "
-            f"or cancel it: temporal workflow cancel --workflow-id {running_id}")
+    return (
+        f"campaign refused: workflow {running_id} is already optimizing {server_url}; wait for it "
+        f"or cancel it: temporal workflow cancel --workflow-id {running_id}"
+    )
 
 
 async def launch(client: Client, params: CampaignInput, workflow_id: str) -> WorkflowHandle:
@@ -128,16 +140,16 @@ async def launch(client: Client, params: CampaignInput, workflow_id: str) -> Wor
     running = await running_campaign(client, params.server_url)
     if running is not None:
         raise CampaignRefused(refusal(params.server_url, running))
-    return await client.start_workflow("OptimizeCampaign", params, id=workflow_id,
-                                       task_queue=config.CONTROL_TASK_QUEUE)
+    return await client.start_workflow("OptimizeCampaign", params, id=workflow_id, task_queue=config.CONTROL_TASK_QUEUE)
 
 
 def started_answer(workflow_id: str, params: CampaignInput) -> dict[str, Any]:
     return {"workflow_id": workflow_id, "status": "started", "input": dataclasses.asdict(params)}
 
 
-async def start_campaign(address: str, params: CampaignInput, wait: bool,
-                         workflow_id: str | None = None) -> dict[str, Any]:
+async def start_campaign(
+    address: str, params: CampaignInput, wait: bool, workflow_id: str | None = None
+) -> dict[str, Any]:
     client = await connect(address)
     workflow_id = workflow_id or new_workflow_id(params.server_url, ops=params.ops)
     handle = await launch(client, params, workflow_id)
@@ -177,6 +189,6 @@ def progress_lines(seen: dict[str, str], progress: Any) -> list[str]:
         now[key] = f"{key}: {target.get('stage')}{iteration}"
     notices = progress.get("notices") or []
     lines = [text for key, text in now.items() if seen.get(key) != text]
-    lines += [f"notice: {notice}" for notice in notices[int(seen.get("notices", 0)):]]
+    lines += [f"notice: {notice}" for notice in notices[int(seen.get("notices", 0)) :]]
     seen.update(now, notices=str(len(notices)))
     return lines

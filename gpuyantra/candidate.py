@@ -48,8 +48,12 @@ def read_op(source: str) -> str | None:
     except (SyntaxError, ValueError, RecursionError):
         return None
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in stmt.targets) \
-                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+        if (
+            isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "OP" for t in stmt.targets)
+            and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str)
+        ):
             return stmt.value.value
     return None
 
@@ -60,7 +64,8 @@ def source_digest(source: str) -> str:
 
 def validate_adapter(adapter: Any) -> list[dict[str, str]]:
     if not isinstance(adapter, list) or not all(
-        isinstance(b, dict) and set(b) == {"kernel_param", "module_attr"}
+        isinstance(b, dict)
+        and set(b) == {"kernel_param", "module_attr"}
         and all(isinstance(v, str) and v.isidentifier() for v in b.values())
         for b in adapter
     ):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 COMMANDS = ["verify", "serve", "optimize", "worker", "up", "demo", "skills", "kernelbench", "report"]
@@ -24,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuyantra",
         description="Profile a served model, write Triton kernels, verify them, hot-swap them in.",
     )
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (also accepted after the command)")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (also accepted after the command)"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         try:
@@ -35,7 +38,24 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # a command not built yet
         module.register(subparsers)
+    for sub in subparsers.choices.values():
+        _add_state_dir(sub)
     return parser
+
+
+def _add_state_dir(parser: argparse.ArgumentParser) -> None:
+    """The same `--state-dir` on every command (and skills subcommand) that touches the state folder."""
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if nested:
+        for child in nested[0].choices.values():
+            _add_state_dir(child)
+        return
+    if not any("--state-dir" in a.option_strings for a in parser._actions):
+        parser.add_argument(
+            "--state-dir",
+            default=None,
+            help="state folder (default: $GPUYANTRA_STATE_DIR, else ~/.local/share/gpuyantra)",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in argv:  # anywhere on the line: moved before the command, where argparse takes it
         argv = ["--debug", *(a for a in argv if a != "--debug")]
     args = parser.parse_args(argv)  # exits 2 with a message on a bad flag
+    if getattr(args, "state_dir", None):  # one resolution for this process and all it starts
+        os.environ["GPUYANTRA_STATE_DIR"] = str(Path(args.state_dir).expanduser().resolve())
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
@@ -52,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "debug", False):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"gpuyantra {args.command}: {type(exc).__name__}: {first} (run again with --debug for the "
-              f"traceback)", file=sys.stderr)
+        print(
+            f"gpuyantra {args.command}: {type(exc).__name__}: {first} (run again with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -11,9 +11,18 @@ GPU_TASK_QUEUE = "gpuyantra-gpu"
 CPU_TASK_QUEUE = "gpuyantra-cpu"
 
 
+def default_state_dir() -> Path:
+    """`$XDG_DATA_HOME/gpuyantra` (`~/.local/share/gpuyantra`): the same folder from any working
+    directory, so `skills list` run elsewhere finds the library the workers wrote."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "gpuyantra"
+
+
 def state_dir() -> Path:
-    """Folder for everything gpuyantra persists: Temporal SQLite, Qdrant folder, candidates, manifests."""
-    path = Path(os.environ.get("GPUYANTRA_STATE_DIR", ".state")).resolve()
+    """Folder for everything gpuyantra persists: Temporal SQLite, Qdrant folder, candidates, manifests,
+    keys. Resolved one way everywhere: `--state-dir` (every command that touches state sets the
+    variable from it), else `$GPUYANTRA_STATE_DIR`, else `default_state_dir()`."""
+    path = Path(os.environ.get("GPUYANTRA_STATE_DIR") or default_state_dir()).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -43,8 +52,13 @@ def candidates_dir() -> Path:
 # Custom search attributes a campaign sets as it learns them, so `temporal workflow list --query
 # 'GpuyantraModel="tiny-qwen2"'` finds it. `gpuyantra up`/`demo` register them on the dev servers
 # they start (`--search-attribute Name=Type`); a campaign sets only those its server has registered.
-SEARCH_ATTRIBUTES = {"GpuyantraModel": "Keyword", "GpuyantraOps": "KeywordList", "GpuyantraHardware": "Keyword",
-                     "GpuyantraDeployed": "Int", "GpuyantraBestSpeedup": "Double"}
+SEARCH_ATTRIBUTES = {
+    "GpuyantraModel": "Keyword",
+    "GpuyantraOps": "KeywordList",
+    "GpuyantraHardware": "Keyword",
+    "GpuyantraDeployed": "Int",
+    "GpuyantraBestSpeedup": "Double",
+}
 
 
 def indexed_value_type(kind: str) -> str:

@@ -131,9 +131,15 @@ def cpu_spec(device: str = "cpu") -> HardwareSpec:
     import platform
 
     return HardwareSpec(
-        name="cpu", device=device, device_name=platform.processor() or platform.machine() or "cpu",
-        copy_bytes_per_s=CPU_COPY_BYTES_PER_S, matmul_flops_per_s=CPU_MATMUL_FLOPS_PER_S,
-        launch_us=CPU_LAUNCH_US, triton_launch_us=None, min_kernel_us=0.0, measured=False,
+        name="cpu",
+        device=device,
+        device_name=platform.processor() or platform.machine() or "cpu",
+        copy_bytes_per_s=CPU_COPY_BYTES_PER_S,
+        matmul_flops_per_s=CPU_MATMUL_FLOPS_PER_S,
+        launch_us=CPU_LAUNCH_US,
+        triton_launch_us=None,
+        min_kernel_us=0.0,
+        measured=False,
         versions=_versions(),
     )
 
@@ -238,11 +244,23 @@ def measure_cuda(device: str = "cuda") -> HardwareSpec:
         torch.cuda.synchronize()
     return HardwareSpec(
         name=class_from_name(name, "amd" if getattr(torch.version, "hip", None) else "nvidia"),
-        device=device, device_name=name, copy_bytes_per_s=copy_rate, matmul_flops_per_s=matmul_rate,
-        launch_us=launch_us, triton_launch_us=triton_us, min_kernel_us=GPU_MIN_KERNEL_US, measured=True,
-        measured_at=datetime.now(UTC).isoformat(timespec="seconds"), versions=_versions(),
-        extra={"sm_count": props.multi_processor_count, "memory_bytes": props.total_memory,
-               "matmul_dtype": str(dtype).replace("torch.", ""), "matmul_n": n, "copy_bytes": copy_bytes},
+        device=device,
+        device_name=name,
+        copy_bytes_per_s=copy_rate,
+        matmul_flops_per_s=matmul_rate,
+        launch_us=launch_us,
+        triton_launch_us=triton_us,
+        min_kernel_us=GPU_MIN_KERNEL_US,
+        measured=True,
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        versions=_versions(),
+        extra={
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+            "matmul_dtype": str(dtype).replace("torch.", ""),
+            "matmul_n": n,
+            "copy_bytes": copy_bytes,
+        },
     )
 
 

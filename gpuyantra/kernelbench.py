@@ -111,8 +111,10 @@ class ProblemResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        ordered = {key: data.pop(key) for key in
-                   ("name", "op", "status", "correct", "speedup", "reward", "model_new", "reason")}
+        ordered = {
+            key: data.pop(key)
+            for key in ("name", "op", "status", "correct", "speedup", "reward", "model_new", "reason")
+        }
         ordered.update(data)
         return ordered
 
@@ -128,9 +130,15 @@ class RunResult:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "problems": [p.to_dict() for p in self.problems],
-                "fast_0": self.fast_0, "fast_1": self.fast_1, "fast_2": self.fast_2,
-                "out": self.out, "note": self.note}
+        return {
+            "device": self.device,
+            "problems": [p.to_dict() for p in self.problems],
+            "fast_0": self.fast_0,
+            "fast_1": self.fast_1,
+            "fast_2": self.fast_2,
+            "out": self.out,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -158,9 +166,13 @@ def find_problems(path: str | Path) -> list[tuple[str, Path]]:
     if not path.is_dir():
         raise KernelBenchError(f"{path} is neither a file nor a folder")
     try:
-        files = sorted(p for p in path.rglob("*.py")
-                       if p.is_file() and p.name != "__init__.py"
-                       and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(path).parts))
+        files = sorted(
+            p
+            for p in path.rglob("*.py")
+            if p.is_file()
+            and p.name != "__init__.py"
+            and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(path).parts)
+        )
     except OSError as exc:
         raise KernelBenchError(f"cannot read {path}: {exc}") from exc
     if not files:
@@ -239,8 +251,14 @@ def _double(value: Any) -> Any:
     return value
 
 
-def _agrees(model: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]], inputs: Sequence[Any],
-            atol: float, rtol: float) -> bool:
+def _agrees(
+    model: torch.nn.Module,
+    family: OpFamily,
+    adapter: list[dict[str, str]],
+    inputs: Sequence[Any],
+    atol: float,
+    rtol: float,
+) -> bool:
     try:
         with torch.no_grad():
             got = model(*inputs)
@@ -249,14 +267,20 @@ def _agrees(model: torch.nn.Module, family: OpFamily, adapter: list[dict[str, st
         return False
     got_t, want_t = as_tuple(got), as_tuple(want)
     if len(got_t) != len(want_t) or any(
-            not isinstance(g, torch.Tensor) or not isinstance(w, torch.Tensor) or g.dtype != w.dtype
-            for g, w in zip(got_t, want_t)):
+        not isinstance(g, torch.Tensor) or not isinstance(w, torch.Tensor) or g.dtype != w.dtype
+        for g, w in zip(got_t, want_t)
+    ):
         return False
     return outputs_close(got, want, atol=atol, rtol=rtol)
 
 
-def family_matches(model: torch.nn.Module, family: OpFamily, adapter: list[dict[str, str]],
-                   inputs: Sequence[torch.Tensor], seed: int = SEED) -> bool:
+def family_matches(
+    model: torch.nn.Module,
+    family: OpFamily,
+    adapter: list[dict[str, str]],
+    inputs: Sequence[torch.Tensor],
+    seed: int = SEED,
+) -> bool:
     """True when `model(*inputs)` computes `family`'s reference with the adapter's attributes."""
     from gpuyantra.binding import randomize_parameters
 
@@ -271,8 +295,10 @@ def family_matches(model: torch.nn.Module, family: OpFamily, adapter: list[dict[
     # (b) float64, randomized parameters (away from 0 and 1), a second input draw scaled differently.
     randomize_parameters(own, torch.Generator().manual_seed(seed + 1))
     generator = torch.Generator().manual_seed(seed + 2)
-    redraw = [torch.randn(x.shape, generator=generator, dtype=torch.float64).mul_(3.0).add_(0.25).to(x.device)
-              for x in inputs64]
+    redraw = [
+        torch.randn(x.shape, generator=generator, dtype=torch.float64).mul_(3.0).add_(0.25).to(x.device)
+        for x in inputs64
+    ]
     if not _agrees(own, family, adapter, redraw, *FP64_TOLERANCE):
         return False
     # (c) the model as it is, at its dtype: output dtype and rounding must match the family's.
@@ -281,8 +307,9 @@ def family_matches(model: torch.nn.Module, family: OpFamily, adapter: list[dict[
     return _agrees(model, family, adapter, inputs, 2 * atol, 2 * rtol)
 
 
-def bind_family(model: torch.nn.Module, inputs: Sequence[Any],
-                families: Sequence[OpFamily] | None = None) -> tuple[OpFamily, list[dict[str, str]]] | None:
+def bind_family(
+    model: torch.nn.Module, inputs: Sequence[Any], families: Sequence[OpFamily] | None = None
+) -> tuple[OpFamily, list[dict[str, str]]] | None:
     """The first registered family the model computes (and its ADAPTER), or None."""
     if not inputs or not all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
         return None
@@ -309,14 +336,22 @@ def _forward_params(model_cls: type[torch.nn.Module], n_inputs: int) -> list[str
     except (TypeError, ValueError):
         return None
     if len(params) != n_inputs or any(
-            p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or not p.name.isidentifier()
-            or p.name.startswith("_gy_") for p in params):
+        p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or not p.name.isidentifier() or p.name.startswith("_gy_")
+        for p in params
+    ):
         return None
     return [p.name for p in params]
 
 
-def model_new_source(problem_source: str, problem_path: Path, candidate_file: Path, op: str,
-                     adapter: list[dict[str, str]], forward_args: list[str] | None, reward: int | None) -> str:
+def model_new_source(
+    problem_source: str,
+    problem_path: Path,
+    candidate_file: Path,
+    op: str,
+    adapter: list[dict[str, str]],
+    forward_args: list[str] | None,
+    reward: int | None,
+) -> str:
     """ModelNew.py: the problem's source verbatim, then ModelNew(Model) calling the kernel's entry."""
     candidate_source = candidate_file.read_bytes()
     digest = hashlib.sha256(candidate_source).hexdigest()[:16]
@@ -408,21 +443,34 @@ def check_model_new(
             got = model_new(*inputs)
         want_t, got_t = as_tuple(want), as_tuple(got)
         if len(want_t) != len(got_t) or any(g.shape != w.shape or g.dtype != w.dtype for g, w in zip(got_t, want_t)):
-            return False, (f"draw {draw}: ModelNew returned {_describe(got)} where Model returns "
-                           f"{_describe(want)}"), None, (model, model_new)
+            return (
+                False,
+                (f"draw {draw}: ModelNew returned {_describe(got)} where Model returns {_describe(want)}"),
+                None,
+                (model, model_new),
+            )
         atol, rtol = family.tolerance(want_t[0].dtype)
         for g, w in zip(got_t, want_t):
             if g.numel():
                 worst = max(worst, float((g.double() - w.double()).abs().nan_to_num(float("inf")).max()))
         if not outputs_close(got, want, atol=atol, rtol=rtol):
-            return False, (f"draw {draw}: ModelNew differs from Model beyond the {family.name} tolerance "
-                           f"(atol {atol:g}, rtol {rtol:g}; max abs err {worst:.3g})"), worst, (model, model_new)
+            return (
+                False,
+                (
+                    f"draw {draw}: ModelNew differs from Model beyond the {family.name} tolerance "
+                    f"(atol {atol:g}, rtol {rtol:g}; max abs err {worst:.3g})"
+                ),
+                worst,
+                (model, model_new),
+            )
     return True, f"ModelNew matches Model on {draws} input draws (max abs err {worst:.3g})", worst, (model, model_new)
 
 
 def _describe(value: Any) -> str:
-    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor)
-                     else type(t).__name__ for t in as_tuple(value))
+    return ", ".join(
+        f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor) else type(t).__name__
+        for t in as_tuple(value)
+    )
 
 
 def time_cuda_us(fn: Callable[[], Any]) -> float:
@@ -467,8 +515,9 @@ def verify_dtypes(dtype: torch.dtype, device: str) -> list[str] | None:
     return [name]
 
 
-def verification_target(family: OpFamily, adapter: list[dict[str, str]], model_cls: type,
-                        dotted: str) -> tuple[str | None, list[dict[str, str]] | None, str]:
+def verification_target(
+    family: OpFamily, adapter: list[dict[str, str]], model_cls: type, dotted: str
+) -> tuple[str | None, list[dict[str, str]] | None, str]:
     """(module_class for verify, ADAPTER for a verification copy or None, a note saying which).
 
     The verifier imports module_class in its own (parent) process and checks the ADAPTER's
@@ -482,14 +531,25 @@ def verification_target(family: OpFamily, adapter: list[dict[str, str]], model_c
     if meta is not None and all(hasattr(meta, b["module_attr"]) for b in adapter):
         return dotted, None, f"verified against the problem's Model ({dotted})"
     verify_adapter = default_module_adapter(family)
-    note = (f"verified against {family.default_module} (the verifier cannot build the problem's Model "
-            f"on the meta device); the Model binding is checked by kernelbench")
+    note = (
+        f"verified against {family.default_module} (the verifier cannot build the problem's Model "
+        f"on the meta device); the Model binding is checked by kernelbench"
+    )
     return None, (verify_adapter if verify_adapter is not None and verify_adapter != adapter else None), note
 
 
-def optimize(family: OpFamily, adapter: list[dict[str, str]], model_cls: type, dotted: str,
-             shapes: list[list[int]], dtype: torch.dtype, device: str, folder: Path, max_iterations: int,
-             log: Callable[[str], None]) -> tuple[list[Attempt], Attempt | None, str, str]:
+def optimize(
+    family: OpFamily,
+    adapter: list[dict[str, str]],
+    model_cls: type,
+    dotted: str,
+    shapes: list[list[int]],
+    dtype: torch.dtype,
+    device: str,
+    folder: Path,
+    max_iterations: int,
+    log: Callable[[str], None],
+) -> tuple[list[Attempt], Attempt | None, str, str]:
     """Write, verify, repeat. Returns (attempts, best accepted attempt or None, why the loop stopped,
     what the candidates were verified against)."""
     from gpuyantra.authors import Attempt as AuthorAttempt
@@ -507,9 +567,16 @@ def optimize(family: OpFamily, adapter: list[dict[str, str]], model_cls: type, d
     best: Attempt | None = None
     stop = f"--max-iterations {max_iterations} reached"
     for iteration in range(1, max_iterations + 1):
-        request = WriteRequest(op=family.name, module_class=model_cls.__name__, adapter=adapter, shapes=shapes,
-                               dtype=str(dtype).replace("torch.", ""), hardware=hardware, history=history,
-                               iteration=iteration)
+        request = WriteRequest(
+            op=family.name,
+            module_class=model_cls.__name__,
+            adapter=adapter,
+            shapes=shapes,
+            dtype=str(dtype).replace("torch.", ""),
+            hardware=hardware,
+            history=history,
+            iteration=iteration,
+        )
         try:
             written = author.write(request)
         except ValueError as exc:
@@ -526,13 +593,26 @@ def optimize(family: OpFamily, adapter: list[dict[str, str]], model_cls: type, d
             verify_path.write_text(_verification_copy(written.source, verify_adapter))
         verdict = verify(verify_path, device=device, module_class=module_class, shapes=shapes, dtypes=dtypes)
         failures = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in verdict.failures]
-        attempt = Attempt(iteration=iteration, candidate=str(path), strategy=dict(written.strategy),
-                          reward=int(verdict.reward), accepted=bool(verdict.accepted), failures=failures,
-                          speedup_vs_eager=verdict.speedup_vs_eager, speedup_vs_compile=verdict.speedup_vs_compile)
+        attempt = Attempt(
+            iteration=iteration,
+            candidate=str(path),
+            strategy=dict(written.strategy),
+            reward=int(verdict.reward),
+            accepted=bool(verdict.accepted),
+            failures=failures,
+            speedup_vs_eager=verdict.speedup_vs_eager,
+            speedup_vs_compile=verdict.speedup_vs_compile,
+        )
         attempts.append(attempt)
-        history.append(AuthorAttempt(strategy=dict(written.strategy), reward=attempt.reward, failures=failures,
-                                     kernel_us=getattr(verdict, "kernel_us", None),
-                                     floor_us=getattr(verdict, "floor_us", None)))
+        history.append(
+            AuthorAttempt(
+                strategy=dict(written.strategy),
+                reward=attempt.reward,
+                failures=failures,
+                kernel_us=getattr(verdict, "kernel_us", None),
+                floor_us=getattr(verdict, "floor_us", None),
+            )
+        )
         first = f" ({failures[0]['layer']}/{failures[0]['rule']}: {failures[0]['message'][:160]})" if failures else ""
         log(f"  candidate {iteration}: reward {attempt.reward:+d}{first}")
         if attempt.accepted and (best is None or _rank(attempt) > _rank(best)):
@@ -551,8 +631,15 @@ def _rank(attempt: Attempt) -> tuple[int, float]:
 # One problem, a whole run
 
 
-def run_problem(name: str, file: Path, device: str, out: Path, max_iterations: int = DEFAULT_MAX_ITERATIONS,
-                max_elements: int | None = None, log: Callable[[str], None] = lambda _: None) -> ProblemResult:
+def run_problem(
+    name: str,
+    file: Path,
+    device: str,
+    out: Path,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    max_elements: int | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> ProblemResult:
     started = time.perf_counter()
     result = ProblemResult(name=name, path=str(file))
     try:
@@ -567,8 +654,15 @@ def run_problem(name: str, file: Path, device: str, out: Path, max_iterations: i
     return result
 
 
-def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_iterations: int,
-                 max_elements: int | None, log: Callable[[str], None]) -> None:
+def _run_problem(
+    result: ProblemResult,
+    file: Path,
+    device: str,
+    out: Path,
+    max_iterations: int,
+    max_elements: int | None,
+    log: Callable[[str], None],
+) -> None:
     # 1. load
     try:
         module = load_module(file)
@@ -588,10 +682,12 @@ def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_
         elements, params = input_elements(module), parameter_elements(module)
         if elements is not None and elements + (params or 0) > max_elements:
             result.status = "skipped"
-            result.reason = (f"skipped for size: inputs hold {elements:,} elements"
-                             + (f" and parameters {params:,}" if params else "")
-                             + f", over the {max_elements:,} cap on {device} (kernels run in Triton's "
-                             "interpreter there); run on --device cuda or raise --max-elements")
+            result.reason = (
+                f"skipped for size: inputs hold {elements:,} elements"
+                + (f" and parameters {params:,}" if params else "")
+                + f", over the {max_elements:,} cap on {device} (kernels run in Triton's "
+                "interpreter there); run on --device cuda or raise --max-elements"
+            )
             return
     try:
         model = build_model(module, module.Model, device)
@@ -604,8 +700,10 @@ def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_
         total += sum(p.numel() for p in model.parameters())
         if total > max_elements:
             result.status = "skipped"
-            result.reason = (f"skipped for size: inputs and parameters hold {total:,} elements, over the "
-                             f"{max_elements:,} cap on {device}; run on --device cuda or raise --max-elements")
+            result.reason = (
+                f"skipped for size: inputs and parameters hold {total:,} elements, over the "
+                f"{max_elements:,} cap on {device}; run on --device cuda or raise --max-elements"
+            )
             return
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     result.shapes = [list(t.shape) for t in tensors]
@@ -635,8 +733,17 @@ def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_
     shapes = [list(inputs[0].shape)]
     try:
         attempts, best, stop, verified_against = optimize(
-            family, adapter, module.Model, f"{module.__name__}.Model", shapes, inputs[0].dtype, device, folder,
-            max_iterations, log)
+            family,
+            adapter,
+            module.Model,
+            f"{module.__name__}.Model",
+            shapes,
+            inputs[0].dtype,
+            device,
+            folder,
+            max_iterations,
+            log,
+        )
     except ImportError as exc:
         result.reason = f"the verifier is not available: {exc}"
         return
@@ -646,16 +753,25 @@ def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_
         result.reward = max((a.reward for a in attempts), default=None)
         last = attempts[-1].failures if attempts else []
         why = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:2])
-        result.reason = (f"no candidate passed verification in {len(attempts)} iteration(s); stopped: {stop}"
-                         + (f" ({why})" if why else ""))
+        result.reason = f"no candidate passed verification in {len(attempts)} iteration(s); stopped: {stop}" + (
+            f" ({why})" if why else ""
+        )
         return
     result.reward = best.reward
 
     # 4. ModelNew.py, checked against Model
     model_new_path = folder / "ModelNew.py"
-    model_new_path.write_text(model_new_source(
-        file.read_text(), file, Path(best.candidate), family.name, adapter,
-        _forward_params(module.Model, len(inputs)), best.reward))
+    model_new_path.write_text(
+        model_new_source(
+            file.read_text(),
+            file,
+            Path(best.candidate),
+            family.name,
+            adapter,
+            _forward_params(module.Model, len(inputs)),
+            best.reward,
+        )
+    )
     result.model_new = str(model_new_path)
     try:
         correct, why, worst, (model, model_new) = check_model_new(module, model_new_path, family, device)
@@ -680,8 +796,9 @@ def _run_problem(result: ProblemResult, file: Path, device: str, out: Path, max_
         result.reason += f"; timing failed: {type(exc).__name__}: {exc}"
         return
     result.speedup = result.model_us / result.model_new_us if result.model_new_us > 0 else None
-    result.reason += (f"; Model {result.model_us:.1f} us, ModelNew {result.model_new_us:.1f} us "
-                      f"(median of triton.testing.do_bench)")
+    result.reason += (
+        f"; Model {result.model_us:.1f} us, ModelNew {result.model_new_us:.1f} us (median of triton.testing.do_bench)"
+    )
 
 
 def fast_p(results: Sequence[ProblemResult], p: float, device: str) -> float | None:
@@ -702,10 +819,15 @@ def default_out() -> Path:
     return state_dir() / "kernelbench"
 
 
-def run(path: str | Path, device: str = "cpu", out: str | Path | None = None,
-        max_iterations: int = DEFAULT_MAX_ITERATIONS, max_elements: int | None = -1,
-        log: Callable[[str], None] = lambda _: None,
-        on_result: Callable[[ProblemResult], None] = lambda _: None) -> RunResult:
+def run(
+    path: str | Path,
+    device: str = "cpu",
+    out: str | Path | None = None,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    max_elements: int | None = -1,
+    log: Callable[[str], None] = lambda _: None,
+    on_result: Callable[[ProblemResult], None] = lambda _: None,
+) -> RunResult:
     """Every problem under PATH. `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
     no cap on CUDA); None means no cap. `out=None`: the state folder's `kernelbench/`.
     Raises KernelBenchError when PATH holds no problems."""
@@ -723,7 +845,14 @@ def run(path: str | Path, device: str = "cpu", out: str | Path | None = None,
     note = "fast_p: share of all problems whose ModelNew is correct and more than p times faster than Model"
     if device != "cuda":
         note += "; speed is not measured on CPU (Triton's interpreter), so fast_1 and fast_2 are null"
-    run_result = RunResult(device=device, out=str(out), problems=results, fast_0=fast_p(results, 0, device),
-                           fast_1=fast_p(results, 1, device), fast_2=fast_p(results, 2, device), note=note)
+    run_result = RunResult(
+        device=device,
+        out=str(out),
+        problems=results,
+        fast_0=fast_p(results, 0, device),
+        fast_1=fast_p(results, 1, device),
+        fast_2=fast_p(results, 2, device),
+        note=note,
+    )
     (out / "kernelbench.json").write_text(json.dumps(run_result.to_dict(), indent=2, default=str) + "\n")
     return run_result

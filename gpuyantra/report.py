@@ -28,10 +28,12 @@ class ReportError(RuntimeError):
 
 # ------------------------------------------------------------------------------- the result
 
+
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Deployed then rejected entries, each with `status` added."""
-    return ([{**entry, "status": "deployed"} for entry in result.get("deployed") or []]
-            + [{**entry, "status": "rejected"} for entry in result.get("rejected") or []])
+    return [{**entry, "status": "deployed"} for entry in result.get("deployed") or []] + [
+        {**entry, "status": "rejected"} for entry in result.get("rejected") or []
+    ]
 
 
 def target_name(entry: dict[str, Any]) -> str:
@@ -70,41 +72,53 @@ def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
 def text_summary(result: dict[str, Any]) -> list[str]:
     """The human summary `optimize --wait` prints at the end."""
     deployed, rejected = result.get("deployed") or [], result.get("rejected") or []
-    lines = [f"Campaign {result.get('workflow_id')} finished: {len(deployed)} deployed, {len(rejected)} rejected "
-             f"(model {result.get('model') or 'unknown'}, hardware {result.get('hardware') or 'unknown'})"]
+    lines = [
+        f"Campaign {result.get('workflow_id')} finished: {len(deployed)} deployed, {len(rejected)} rejected "
+        f"(model {result.get('model') or 'unknown'}, hardware {result.get('hardware') or 'unknown'})"
+    ]
     for entry in targets(result):
         if entry["status"] == "deployed":
-            lines.append(f"  {target_name(entry)}: deployed, reward {entry.get('reward'):+d}, "
-                         f"{entry.get('iterations')} iteration(s), {entry.get('modules')} module(s), "
-                         f"x{fmt(figure(entry, 'speedup_vs_eager'))} vs eager, "
-                         f"x{fmt(figure(entry, 'speedup_vs_compile'))} vs torch.compile")
+            lines.append(
+                f"  {target_name(entry)}: deployed, reward {entry.get('reward'):+d}, "
+                f"{entry.get('iterations')} iteration(s), {entry.get('modules')} module(s), "
+                f"x{fmt(figure(entry, 'speedup_vs_eager'))} vs eager, "
+                f"x{fmt(figure(entry, 'speedup_vs_compile'))} vs torch.compile"
+            )
         else:
             lines.append(f"  {target_name(entry)}: not deployed: {entry.get('reason')}")
     served = result.get("served_speed") or {}
     before, after = served.get("before") or {}, served.get("after") or {}
     if before.get("tokens_per_s") is not None and after.get("tokens_per_s") is not None:
-        lines.append(f"  served decode: {before['tokens_per_s']:.1f} -> {after['tokens_per_s']:.1f} tokens/s "
-                     f"(spread {before.get('relative_spread', 0):.1%} / {after.get('relative_spread', 0):.1%})"
-                     + ("; on CPU speed is not judged" if speed_not_judged(result) else ""))
+        lines.append(
+            f"  served decode: {before['tokens_per_s']:.1f} -> {after['tokens_per_s']:.1f} tokens/s "
+            f"(spread {before.get('relative_spread', 0):.1%} / {after.get('relative_spread', 0):.1%})"
+            + ("; on CPU speed is not judged" if speed_not_judged(result) else "")
+        )
     lines += [f"  warning: {warning}" for warning in result.get("warnings") or []]
     return lines
 
 
 # ------------------------------------------------------------------------------- SVG charts
 
+
 def _svg(title: str, body: list[str], width: int = WIDTH, height: int = HEIGHT) -> str:
-    return (f'<svg role="img" aria-label="{html.escape(title)}" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
-            f'<title>{html.escape(title)}</title>'
-            f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(title)}</text>'
-            + "".join(body) + "</svg>")
+    return (
+        f'<svg role="img" aria-label="{html.escape(title)}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
+        f"<title>{html.escape(title)}</title>"
+        f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(title)}</text>'
+        + "".join(body)
+        + "</svg>"
+    )
 
 
 def _legend(names: list[str], x: float, y: float) -> list[str]:
     out = []
     for i, name in enumerate(names):
-        out.append(f'<rect x="{x}" y="{y + 14 * i}" width="10" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>'
-                   f'<text x="{x + 14}" y="{y + 9 + 14 * i}">{html.escape(name)}</text>')
+        out.append(
+            f'<rect x="{x}" y="{y + 14 * i}" width="10" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>'
+            f'<text x="{x + 14}" y="{y + 9 + 14 * i}">{html.escape(name)}</text>'
+        )
     return out
 
 
@@ -115,15 +129,19 @@ def bar_chart(title: str, series: list[str], groups: list[Bars], ylabel: str, re
     top = max([*values, *highs, reference or 0.0, 1e-9]) * 1.15
     x0, y0, plot_w, plot_h = MARGIN, HEIGHT - MARGIN, WIDTH - MARGIN - 130, HEIGHT - 2 * MARGIN + 10
     scale = lambda v: y0 - plot_h * v / top  # noqa: E731
-    body = [f'<line x1="{x0}" y1="{y0}" x2="{x0 + plot_w}" y2="{y0}" stroke="#333"/>',
-            f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 - plot_h}" stroke="#333"/>',
-            f'<text x="14" y="{y0 - plot_h / 2}" transform="rotate(-90 14 {y0 - plot_h / 2})" '
-            f'text-anchor="middle">{html.escape(ylabel)}</text>']
+    body = [
+        f'<line x1="{x0}" y1="{y0}" x2="{x0 + plot_w}" y2="{y0}" stroke="#333"/>',
+        f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 - plot_h}" stroke="#333"/>',
+        f'<text x="14" y="{y0 - plot_h / 2}" transform="rotate(-90 14 {y0 - plot_h / 2})" '
+        f'text-anchor="middle">{html.escape(ylabel)}</text>',
+    ]
     for k in range(5):
         tick = top * k / 4
-        body.append(f'<text x="{x0 - 4}" y="{scale(tick) + 4:.1f}" text-anchor="end">{tick:.3g}</text>'
-                    f'<line x1="{x0}" y1="{scale(tick):.1f}" x2="{x0 + plot_w}" y2="{scale(tick):.1f}" '
-                    f'stroke="#ddd"/>')
+        body.append(
+            f'<text x="{x0 - 4}" y="{scale(tick) + 4:.1f}" text-anchor="end">{tick:.3g}</text>'
+            f'<line x1="{x0}" y1="{scale(tick):.1f}" x2="{x0 + plot_w}" y2="{scale(tick):.1f}" '
+            f'stroke="#ddd"/>'
+        )
     slot = plot_w / max(len(groups), 1)
     bar = slot * 0.8 / max(len(series), 1)
     for g, (label, vals, errs) in enumerate(groups):
@@ -133,24 +151,35 @@ def bar_chart(title: str, series: list[str], groups: list[Bars], ylabel: str, re
             if value is None:
                 continue
             x = left + s * bar
-            body.append(f'<rect x="{x:.1f}" y="{scale(value):.1f}" width="{bar * 0.9:.1f}" '
-                        f'height="{max(y0 - scale(value), 0):.1f}" fill="{PALETTE[s % len(PALETTE)]}">'
-                        f'<title>{html.escape(f"{label} {series[s]}: {value:.4g}")}</title></rect>'
-                        f'<text x="{x + bar * 0.45:.1f}" y="{scale(value) - 3:.1f}" text-anchor="middle" '
-                        f'font-size="9">{value:.3g}</text>')
+            body.append(
+                f'<rect x="{x:.1f}" y="{scale(value):.1f}" width="{bar * 0.9:.1f}" '
+                f'height="{max(y0 - scale(value), 0):.1f}" fill="{PALETTE[s % len(PALETTE)]}">'
+                f"<title>{html.escape(f'{label} {series[s]}: {value:.4g}')}</title></rect>"
+                f'<text x="{x + bar * 0.45:.1f}" y="{scale(value) - 3:.1f}" text-anchor="middle" '
+                f'font-size="9">{value:.3g}</text>'
+            )
             err = errs[s] if s < len(errs) else None
             if err:
                 cx = x + bar * 0.45
-                body.append(f'<line x1="{cx:.1f}" y1="{scale(err[0]):.1f}" x2="{cx:.1f}" y2="{scale(err[1]):.1f}" '
-                            f'stroke="#000"/>')
+                body.append(
+                    f'<line x1="{cx:.1f}" y1="{scale(err[0]):.1f}" x2="{cx:.1f}" y2="{scale(err[1]):.1f}" '
+                    f'stroke="#000"/>'
+                )
     if reference is not None:
-        body.append(f'<line x1="{x0}" y1="{scale(reference):.1f}" x2="{x0 + plot_w}" y2="{scale(reference):.1f}" '
-                    f'stroke="#c00" stroke-dasharray="4 3"/>')
+        body.append(
+            f'<line x1="{x0}" y1="{scale(reference):.1f}" x2="{x0 + plot_w}" y2="{scale(reference):.1f}" '
+            f'stroke="#c00" stroke-dasharray="4 3"/>'
+        )
     return _svg(title, body + _legend(series, x0 + plot_w + 12, MARGIN))
 
 
-def loglog_chart(title: str, series: list[tuple[str, list[tuple[float, float]]]], xlabel: str, ylabel: str,
-                 links: Sequence[tuple[tuple[float, float], tuple[float, float]]] = ()) -> str:
+def loglog_chart(
+    title: str,
+    series: list[tuple[str, list[tuple[float, float]]]],
+    xlabel: str,
+    ylabel: str,
+    links: Sequence[tuple[tuple[float, float], tuple[float, float]]] = (),
+) -> str:
     """Points on log-log axes, one colour per series; `links` join pairs of points (kernel to floor)."""
     points = [p for _, pts in series for p in pts if p[0] > 0 and p[1] > 0]
     lx = [math.log10(x) for x, _ in points] or [0.0]
@@ -161,43 +190,61 @@ def loglog_chart(title: str, series: list[tuple[str, list[tuple[float, float]]]]
     x0, y0, plot_w, plot_h = MARGIN + 10, HEIGHT - MARGIN, WIDTH - MARGIN - 160, HEIGHT - 2 * MARGIN + 10
     sx = lambda v: x0 + plot_w * (math.log10(v) - xmin) / (xmax - xmin)  # noqa: E731
     sy = lambda v: y0 - plot_h * (math.log10(v) - ymin) / (ymax - ymin)  # noqa: E731
-    body = [f'<rect x="{x0}" y="{y0 - plot_h}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>',
-            f'<text x="{x0 + plot_w / 2}" y="{HEIGHT - 12}" text-anchor="middle">{html.escape(xlabel)}</text>',
-            f'<text x="14" y="{y0 - plot_h / 2}" transform="rotate(-90 14 {y0 - plot_h / 2})" '
-            f'text-anchor="middle">{html.escape(ylabel)}</text>']
+    body = [
+        f'<rect x="{x0}" y="{y0 - plot_h}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>',
+        f'<text x="{x0 + plot_w / 2}" y="{HEIGHT - 12}" text-anchor="middle">{html.escape(xlabel)}</text>',
+        f'<text x="14" y="{y0 - plot_h / 2}" transform="rotate(-90 14 {y0 - plot_h / 2})" '
+        f'text-anchor="middle">{html.escape(ylabel)}</text>',
+    ]
     for e in range(xmin, xmax + 1):
-        body.append(f'<text x="{sx(10 ** e):.1f}" y="{y0 + 14}" text-anchor="middle">1e{e}</text>')
+        body.append(f'<text x="{sx(10**e):.1f}" y="{y0 + 14}" text-anchor="middle">1e{e}</text>')
     for e in range(ymin, ymax + 1):
-        body.append(f'<text x="{x0 - 4}" y="{sy(10 ** e) + 4:.1f}" text-anchor="end">1e{e}</text>'
-                    f'<line x1="{x0}" y1="{sy(10 ** e):.1f}" x2="{x0 + plot_w}" y2="{sy(10 ** e):.1f}" stroke="#eee"/>')
+        body.append(
+            f'<text x="{x0 - 4}" y="{sy(10**e) + 4:.1f}" text-anchor="end">1e{e}</text>'
+            f'<line x1="{x0}" y1="{sy(10**e):.1f}" x2="{x0 + plot_w}" y2="{sy(10**e):.1f}" stroke="#eee"/>'
+        )
     for a, b in links:
         if min(*a, *b) > 0:
-            body.append(f'<line x1="{sx(a[0]):.1f}" y1="{sy(a[1]):.1f}" x2="{sx(b[0]):.1f}" y2="{sy(b[1]):.1f}" '
-                        f'stroke="#999" stroke-dasharray="2 2"/>')
+            body.append(
+                f'<line x1="{sx(a[0]):.1f}" y1="{sy(a[1]):.1f}" x2="{sx(b[0]):.1f}" y2="{sy(b[1]):.1f}" '
+                f'stroke="#999" stroke-dasharray="2 2"/>'
+            )
     for i, (name, pts) in enumerate(series):
         for x, y in pts:
             if x > 0 and y > 0:
-                body.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{PALETTE[i % len(PALETTE)]}">'
-                            f'<title>{html.escape(f"{name}: {x:.4g} bytes, {y:.4g} us")}</title></circle>')
+                body.append(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{PALETTE[i % len(PALETTE)]}">'
+                    f"<title>{html.escape(f'{name}: {x:.4g} bytes, {y:.4g} us')}</title></circle>"
+                )
     return _svg(title, body + _legend([name for name, _ in series], x0 + plot_w + 12, MARGIN))
 
 
 # ------------------------------------------------------------------------------- figures
+
 
 def absent(what: str, why: str) -> str:
     return f'<p class="absent"><strong>{html.escape(what)}: absent.</strong> {html.escape(why)}</p>'
 
 
 def speedup_figure(result: dict[str, Any]) -> str:
-    groups: list[Bars] = [(str(e["op"]), [figure(e, "speedup_vs_eager"), figure(e, "speedup_vs_compile")], [])
-                          for e in targets(result)]
+    groups: list[Bars] = [
+        (str(e["op"]), [figure(e, "speedup_vs_eager"), figure(e, "speedup_vs_compile")], []) for e in targets(result)
+    ]
     groups = [g for g in groups if any(v is not None for v in g[1])]
     if not groups:
-        why = ("The verdicts ran on a CPU, where speed is not judged (Triton's interpreter): no kernel was timed."
-               if speed_not_judged(result) else "No verdict reached the benchmark layer.")
+        why = (
+            "The verdicts ran on a CPU, where speed is not judged (Triton's interpreter): no kernel was timed."
+            if speed_not_judged(result)
+            else "No verdict reached the benchmark layer."
+        )
         return absent("Speedup chart", why)
-    return bar_chart("Kernel speedup (x, higher is better; dashed: 1x)", ["vs eager", "vs torch.compile"], groups,
-                     "speedup (x)", reference=1.0)
+    return bar_chart(
+        "Kernel speedup (x, higher is better; dashed: 1x)",
+        ["vs eager", "vs torch.compile"],
+        groups,
+        "speedup (x)",
+        reference=1.0,
+    )
 
 
 def _speed_bar(label: str, figures: dict[str, Any] | None) -> Bars | None:
@@ -212,16 +259,24 @@ def served_figure(result: dict[str, Any]) -> str:
     bars = [_speed_bar("campaign before", served.get("before"))]
     for entry in targets(result):
         around = entry.get("served_speed") or {}
-        bars += [_speed_bar(f"{entry['op']} before", around.get("before")),
-                 _speed_bar(f"{entry['op']} after", around.get("after"))]
+        bars += [
+            _speed_bar(f"{entry['op']} before", around.get("before")),
+            _speed_bar(f"{entry['op']} after", around.get("after")),
+        ]
     bars.append(_speed_bar("campaign after", served.get("after")))
     kept = [b for b in bars if b is not None]
     if not kept:
         return absent("Served-speed chart", "The result holds no served-speed measurement.")
-    note = ('<p class="note">On a CPU the served model runs swapped kernels in Triton\'s interpreter: these '
-            'tokens/s are measured but speed is not judged.</p>' if speed_not_judged(result) else "")
-    return bar_chart("Served decode tokens/s (median; bar: min..max of the repeats)", ["tokens/s"], kept,
-                     "tokens/s") + note
+    note = (
+        '<p class="note">On a CPU the served model runs swapped kernels in Triton\'s interpreter: these '
+        "tokens/s are measured but speed is not judged.</p>"
+        if speed_not_judged(result)
+        else ""
+    )
+    return (
+        bar_chart("Served decode tokens/s (median; bar: min..max of the repeats)", ["tokens/s"], kept, "tokens/s")
+        + note
+    )
 
 
 def roofline_figure(result: dict[str, Any]) -> str:
@@ -239,11 +294,19 @@ def roofline_figure(result: dict[str, Any]) -> str:
         if eager:
             series.append((f"{entry['op']} eager", eager))
     if not series:
-        why = ("The verdicts ran on a CPU: nothing was timed, so there are no bytes/time points."
-               if speed_not_judged(result) else "No verdict holds benchmark rows with bytes and kernel time.")
+        why = (
+            "The verdicts ran on a CPU: nothing was timed, so there are no bytes/time points."
+            if speed_not_judged(result)
+            else "No verdict holds benchmark rows with bytes and kernel time."
+        )
         return absent("Roofline plot", why)
-    return loglog_chart("Time vs bytes moved (copy floor = bytes / measured copy bandwidth)", series,
-                        "bytes moved per call", "microseconds", links)
+    return loglog_chart(
+        "Time vs bytes moved (copy floor = bytes / measured copy bandwidth)",
+        series,
+        "bytes moved per call",
+        "microseconds",
+        links,
+    )
 
 
 # ------------------------------------------------------------------------------- HTML
@@ -257,8 +320,12 @@ overflow:auto;font-size:12px;max-height:40em}.warn{color:#a00}"""
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell if isinstance(cell, Markup) else html.escape(str(cell))}</td>"
-                                    for cell in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{cell if isinstance(cell, Markup) else html.escape(str(cell))}</td>" for cell in row)
+        + "</tr>"
+        for row in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -284,36 +351,69 @@ def _source(path: Any) -> str:
 def _target_section(entry: dict[str, Any]) -> str:
     verdict = entry.get("verdict") or {}
     status = entry["status"]
-    parts = [f'<h3 id="{html.escape(str(entry["op"]))}">{html.escape(target_name(entry))}: '
-             f'<span class="{status}">{status}</span></h3>']
+    parts = [
+        f'<h3 id="{html.escape(str(entry["op"]))}">{html.escape(target_name(entry))}: '
+        f'<span class="{status}">{status}</span></h3>'
+    ]
     if entry.get("reason"):
         parts.append(f"<p>{html.escape(str(entry['reason']))}</p>")
     served = entry.get("served_speed") or {}
     if served:
         before, after = served.get("before") or {}, served.get("after") or {}
         drop, noise = fmt(_pct(served.get("drop")), "%", 1), fmt(_pct(served.get("noise")), "%", 1)
-        parts.append(f"<p>Served decode around this swap: {fmt(before.get('tokens_per_s'), digits=1)} → "
-                     f"{fmt(after.get('tokens_per_s'), digits=1)} tokens/s; drop {drop} vs noise {noise}; "
-                     f"judged: {html.escape(str(served.get('judged')))}.</p>")
+        parts.append(
+            f"<p>Served decode around this swap: {fmt(before.get('tokens_per_s'), digits=1)} → "
+            f"{fmt(after.get('tokens_per_s'), digits=1)} tokens/s; drop {drop} vs noise {noise}; "
+            f"judged: {html.escape(str(served.get('judged')))}.</p>"
+        )
     failures = verdict.get("failures") or []
     if failures:
-        parts.append("<p>Failures of the reported verdict:</p>" + _table(
-            ["layer", "rule", "message"], [[f.get("layer"), f.get("rule"), f.get("message")] for f in failures]))
+        parts.append(
+            "<p>Failures of the reported verdict:</p>"
+            + _table(
+                ["layer", "rule", "message"], [[f.get("layer"), f.get("rule"), f.get("message")] for f in failures]
+            )
+        )
     bench = verdict.get("bench") or []
     if bench:
-        parts.append("<p>Benchmark rows:</p>" + _table(
-            ["shape", "kernel µs", "eager µs", "compile µs", "floor µs", "bytes", "% of copy bandwidth"],
-            [[r.get("shape"), fmt(r.get("kernel_us")), fmt(r.get("eager_us")), fmt(r.get("compile_us")),
-              fmt(r.get("floor_us")), fmt(r.get("bytes")),
-              fmt(_pct(copy_bandwidth_share(r.get("kernel_us"), r.get("floor_us"))), "%", 1)] for r in bench]))
+        parts.append(
+            "<p>Benchmark rows:</p>"
+            + _table(
+                ["shape", "kernel µs", "eager µs", "compile µs", "floor µs", "bytes", "% of copy bandwidth"],
+                [
+                    [
+                        r.get("shape"),
+                        fmt(r.get("kernel_us")),
+                        fmt(r.get("eager_us")),
+                        fmt(r.get("compile_us")),
+                        fmt(r.get("floor_us")),
+                        fmt(r.get("bytes")),
+                        fmt(_pct(copy_bandwidth_share(r.get("kernel_us"), r.get("floor_us"))), "%", 1),
+                    ]
+                    for r in bench
+                ],
+            )
+        )
     attempts = entry.get("attempts") or []
     if attempts:
-        parts.append("<p>Attempts:</p>" + _table(
-            ["iteration", "author", "strategy", "reward", "kernel µs", "floor µs", "failures"],
-            [[a.get("iteration"), a.get("author", ""), json.dumps(a.get("strategy"), sort_keys=True), a.get("reward"),
-              fmt(a.get("kernel_us")), fmt(a.get("floor_us")),
-              "; ".join(f"{f.get('layer')}/{f.get('rule')}" for f in a.get("failures") or []) or "none"]
-             for a in attempts]))
+        parts.append(
+            "<p>Attempts:</p>"
+            + _table(
+                ["iteration", "author", "strategy", "reward", "kernel µs", "floor µs", "failures"],
+                [
+                    [
+                        a.get("iteration"),
+                        a.get("author", ""),
+                        json.dumps(a.get("strategy"), sort_keys=True),
+                        a.get("reward"),
+                        fmt(a.get("kernel_us")),
+                        fmt(a.get("floor_us")),
+                        "; ".join(f"{f.get('layer')}/{f.get('rule')}" for f in a.get("failures") or []) or "none",
+                    ]
+                    for a in attempts
+                ],
+            )
+        )
     if verdict or entry["status"] == "deployed":
         parts.append("<h4>Kernel source</h4>" + _source(verdict.get("candidate_path")))
     return "".join(parts)
@@ -330,46 +430,97 @@ def render_html(result: dict[str, Any]) -> str:
         kernel, floor = figure(entry, "kernel_us"), figure(entry, "floor_us")
         verdict = entry.get("verdict") or {}
         layers = sorted({f.get("layer") for f in verdict.get("failures") or []})
-        rows.append([Markup(f'<a href="#{html.escape(str(entry["op"]))}">{html.escape(target_name(entry))}</a>'),
-                     Markup(f'<span class="{entry["status"]}">{entry["status"]}</span>'),
-                     "accepted" if verdict.get("accepted") else ("rejected: " + ", ".join(layers) if layers else "–"),
-                     fmt(figure(entry, "reward")), fmt(figure(entry, "speedup_vs_eager")),
-                     fmt(figure(entry, "speedup_vs_compile")), fmt(kernel), fmt(floor),
-                     fmt(_pct(copy_bandwidth_share(kernel, floor)), "%", 1), fmt(entry.get("iterations")),
-                     verdict.get("device", "–")])
+        rows.append(
+            [
+                Markup(f'<a href="#{html.escape(str(entry["op"]))}">{html.escape(target_name(entry))}</a>'),
+                Markup(f'<span class="{entry["status"]}">{entry["status"]}</span>'),
+                "accepted" if verdict.get("accepted") else ("rejected: " + ", ".join(layers) if layers else "–"),
+                fmt(figure(entry, "reward")),
+                fmt(figure(entry, "speedup_vs_eager")),
+                fmt(figure(entry, "speedup_vs_compile")),
+                fmt(kernel),
+                fmt(floor),
+                fmt(_pct(copy_bandwidth_share(kernel, floor)), "%", 1),
+                fmt(entry.get("iterations")),
+                verdict.get("device", "–"),
+            ]
+        )
     served = result.get("served_speed") or {}
     e2e = result.get("e2e") or {}
-    speed_rows = [[label, fmt((served.get(key) or {}).get("tokens_per_s"), digits=1),
-                   fmt((served.get(key) or {}).get("min"), digits=1), fmt((served.get(key) or {}).get("max"), digits=1),
-                   fmt(_pct((served.get(key) or {}).get("relative_spread")), "%", 1),
-                   fmt((served.get(key) or {}).get("repeats"))] for label, key in (("before", "before"),
-                                                                                   ("after", "after"))]
+    speed_rows = [
+        [
+            label,
+            fmt((served.get(key) or {}).get("tokens_per_s"), digits=1),
+            fmt((served.get(key) or {}).get("min"), digits=1),
+            fmt((served.get(key) or {}).get("max"), digits=1),
+            fmt(_pct((served.get(key) or {}).get("relative_spread")), "%", 1),
+            fmt((served.get(key) or {}).get("repeats")),
+        ]
+        for label, key in (("before", "before"), ("after", "after"))
+    ]
     warnings = result.get("warnings") or []
-    judged = ("<p class=\"note\">Verified on a CPU: speed is not judged (Triton's interpreter times nothing "
-              "meaningful); rewards stop at +1 and kernel/floor times are absent.</p>"
-              if speed_not_judged(result) else "")
+    judged = (
+        '<p class="note">Verified on a CPU: speed is not judged (Triton\'s interpreter times nothing '
+        "meaningful); rewards stop at +1 and kernel/floor times are absent.</p>"
+        if speed_not_judged(result)
+        else ""
+    )
     title = f"gpuyantra campaign {result.get('workflow_id', '')}"
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
-        f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
-        _table(["model", "hardware", "server", "deployed", "rejected"],
-               [[result.get("model") or "unknown", result.get("hardware") or "unknown",
-                 _strip_scheme(result.get("server")), len(result.get("deployed") or []),
-                 len(result.get("rejected") or [])]]),
-        judged, "<h2>Targets</h2>",
-        _table(["target", "status", "verdict", "reward", "x vs eager", "x vs compile", "kernel µs", "floor µs",
-                "% of copy bandwidth", "iterations", "device"], rows) if rows else "<p>No targets.</p>",
-        speedup_figure(result), roofline_figure(result),
-        "<h2>Served speed</h2>",
-        _table(["", "tokens/s (median)", "min", "max", "spread", "repeats"], speed_rows),
-        f"<p>e2e tokens/s: {fmt(e2e.get('tokens_per_s_before'), digits=1)} → "
-        f"{fmt(e2e.get('tokens_per_s_after'), digits=1)}</p>",
-        served_figure(result),
-        "<h2>Warnings</h2>",
-        ("<ul>" + "".join(f'<li class="warn">{html.escape(str(w))}</li>' for w in warnings) + "</ul>")
-        if warnings else "<p>None.</p>",
-        "<h2>Per target</h2>", *(_target_section(entry) for entry in targets(result)),
-        "</body></html>"])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>{html.escape(title)}</title>",
+            f"<style>{CSS}</style></head><body>",
+            f"<h1>{html.escape(title)}</h1>",
+            _table(
+                ["model", "hardware", "server", "deployed", "rejected"],
+                [
+                    [
+                        result.get("model") or "unknown",
+                        result.get("hardware") or "unknown",
+                        _strip_scheme(result.get("server")),
+                        len(result.get("deployed") or []),
+                        len(result.get("rejected") or []),
+                    ]
+                ],
+            ),
+            judged,
+            "<h2>Targets</h2>",
+            _table(
+                [
+                    "target",
+                    "status",
+                    "verdict",
+                    "reward",
+                    "x vs eager",
+                    "x vs compile",
+                    "kernel µs",
+                    "floor µs",
+                    "% of copy bandwidth",
+                    "iterations",
+                    "device",
+                ],
+                rows,
+            )
+            if rows
+            else "<p>No targets.</p>",
+            speedup_figure(result),
+            roofline_figure(result),
+            "<h2>Served speed</h2>",
+            _table(["", "tokens/s (median)", "min", "max", "spread", "repeats"], speed_rows),
+            f"<p>e2e tokens/s: {fmt(e2e.get('tokens_per_s_before'), digits=1)} → "
+            f"{fmt(e2e.get('tokens_per_s_after'), digits=1)}</p>",
+            served_figure(result),
+            "<h2>Warnings</h2>",
+            ("<ul>" + "".join(f'<li class="warn">{html.escape(str(w))}</li>' for w in warnings) + "</ul>")
+            if warnings
+            else "<p>None.</p>",
+            "<h2>Per target</h2>",
+            *(_target_section(entry) for entry in targets(result)),
+            "</body></html>",
+        ]
+    )
 
 
 def write_report(result: dict[str, Any], path: Path) -> Path:

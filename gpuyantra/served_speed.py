@@ -16,14 +16,24 @@ MAD_TO_SIGMA = 1.4826  # scales a median absolute deviation to a normal standard
 def repeat_spread(samples: list[float]) -> dict[str, Any]:
     """Median tokens/s of the repeats and how far they spread, absolute and relative to the median."""
     if not samples:
-        return {"tokens_per_s": 0.0, "tokens_per_s_min": 0.0, "tokens_per_s_max": 0.0, "tokens_per_s_samples": [],
-                "relative_spread": 0.0, "relative_mad": 0.0}
+        return {
+            "tokens_per_s": 0.0,
+            "tokens_per_s_min": 0.0,
+            "tokens_per_s_max": 0.0,
+            "tokens_per_s_samples": [],
+            "relative_spread": 0.0,
+            "relative_mad": 0.0,
+        }
     median = statistics.median(samples)
     mad = statistics.median(abs(x - median) for x in samples)
-    return {"tokens_per_s": median, "tokens_per_s_min": min(samples), "tokens_per_s_max": max(samples),
-            "tokens_per_s_samples": list(samples),
-            "relative_spread": (max(samples) - min(samples)) / median if median > 0 else 0.0,
-            "relative_mad": MAD_TO_SIGMA * mad / median if median > 0 else 0.0}
+    return {
+        "tokens_per_s": median,
+        "tokens_per_s_min": min(samples),
+        "tokens_per_s_max": max(samples),
+        "tokens_per_s_samples": list(samples),
+        "relative_spread": (max(samples) - min(samples)) / median if median > 0 else 0.0,
+        "relative_mad": MAD_TO_SIGMA * mad / median if median > 0 else 0.0,
+    }
 
 
 def figures(measurement: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -31,14 +41,19 @@ def figures(measurement: dict[str, Any] | None) -> dict[str, Any] | None:
     if not measurement:
         return None
     tokens = measurement.get("tokens_per_s")
-    return {"tokens_per_s": tokens,
-            "min": measurement.get("tokens_per_s_min", tokens), "max": measurement.get("tokens_per_s_max", tokens),
-            "relative_spread": measurement.get("relative_spread", 0.0), "repeats": measurement.get("repeats", 1),
-            "measured": measurement.get("measured", "benchmark")}
+    return {
+        "tokens_per_s": tokens,
+        "min": measurement.get("tokens_per_s_min", tokens),
+        "max": measurement.get("tokens_per_s_max", tokens),
+        "relative_spread": measurement.get("relative_spread", 0.0),
+        "repeats": measurement.get("repeats", 1),
+        "measured": measurement.get("measured", "benchmark"),
+    }
 
 
-def judge_swap(before: dict[str, Any] | None, after: dict[str, Any] | None,
-               floor: float = NOISE_FLOOR, use_spread: bool = True) -> dict[str, Any]:
+def judge_swap(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, floor: float = NOISE_FLOOR, use_spread: bool = True
+) -> dict[str, Any]:
     """Keep or roll back a swap by served tokens/s: roll back only when the drop from `before` to
     `after` is larger than the spread measured in both (and than `floor`); anything smaller is noise.
     `use_spread=False` judges by `floor` alone (campaigns started before the spread was measured)."""
@@ -53,8 +68,7 @@ def judge_swap(before: dict[str, Any] | None, after: dict[str, Any] | None,
     return {"decision": "rollback" if drop > noise else "keep", "drop": drop, "noise": noise}
 
 
-def slowdown_warning(what: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
-                     note: str) -> str | None:
+def slowdown_warning(what: str, before: dict[str, Any] | None, after: dict[str, Any] | None, note: str) -> str | None:
     """A warning when served tokens/s went down by any amount, even one too small to roll back."""
     b = (before or {}).get("tokens_per_s")
     a = (after or {}).get("tokens_per_s")

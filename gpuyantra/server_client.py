@@ -37,8 +37,11 @@ class AdminClient:
         except httpx.TransportError as exc:
             raise ServerError("ServerUnreachable", f"server not reachable at {self.server_url}: {exc}") from exc
         if response.status_code == 401:
-            raise ServerError("Unauthorized", f"{url} rejected the admin token (401): set GPUYANTRA_ADMIN_TOKEN "
-                                              "to the token the server was started with")
+            raise ServerError(
+                "Unauthorized",
+                f"{url} rejected the admin token (401): set GPUYANTRA_ADMIN_TOKEN "
+                "to the token the server was started with",
+            )
         if response.status_code == 409:
             raise ServerError("Conflict", f"{url}: {_detail(response)}")
         if 400 <= response.status_code < 500:

@@ -210,12 +210,12 @@ class SwapEngine:
         self.after_restore = after_restore
         self.on_event = on_event
         self.seed = seed
-        self._op_lock = threading.RLock()     # serializes swap / rollback / reapply
-        self._state_lock = threading.Lock()   # short: guards the lists snapshots read
+        self._op_lock = threading.RLock()  # serializes swap / rollback / reapply
+        self._state_lock = threading.Lock()  # short: guards the lists snapshots read
         self._history: list[SwapRecord] = []
-        self._live: dict[str, _LiveSwap] = {}           # swap_id -> live swap (committed)
-        self._owner: dict[str, str] = {}                # module name -> swap_id bound there
-        self._originals: dict[str, Any] = {}            # module name -> pre-swap instance forward
+        self._live: dict[str, _LiveSwap] = {}  # swap_id -> live swap (committed)
+        self._owner: dict[str, str] = {}  # module name -> swap_id bound there
+        self._originals: dict[str, Any] = {}  # module name -> pre-swap instance forward
         self._faults: deque[_LiveSwap] = deque()
         self._groups_cache: dict[str, list[ModuleGroup]] = {}
         self._staged: list[tuple[torch.nn.Module, Any]] | None = None
@@ -223,8 +223,8 @@ class SwapEngine:
         # Function-level binding (families with known_functions, e.g. rope's apply_rotary_pos_emb).
         self.probe_forward = probe_forward
         self._sites_cache: dict[str, list[FunctionSite]] = {}
-        self._fn_owner: dict[str, str] = {}          # dotted global -> swap_id bound there
-        self._fn_originals: dict[str, Any] = {}      # dotted global -> the function before any swap
+        self._fn_owner: dict[str, str] = {}  # dotted global -> swap_id bound there
+        self._fn_originals: dict[str, Any] = {}  # dotted global -> the function before any swap
         self._staged_functions: list[tuple[FunctionSite, Any]] | None = None
         self._load_manifest()
 
@@ -322,17 +322,34 @@ class SwapEngine:
                 if _reapply_record is None:
                     kept.unlink(missing_ok=True)
                 raise CandidateLoadError(
-                    f"ADAPTER binds kernel parameters {bound}, but {family.name} entry takes {wanted}")
+                    f"ADAPTER binds kernel parameters {bound}, but {family.name} entry takes {wanted}"
+                )
 
             groups = self._select_groups(family, module_class)
             if not groups and family.known_functions:
                 sites = [s for s in self.function_sites(family.name) if site_matches(s, family, module_class)]
                 if sites:
-                    return self._swap_functions(family, candidate, sites, swap_id, kept, origin, source_path,
-                                                module_class, live_shapes, _reapply_record)
+                    return self._swap_functions(
+                        family,
+                        candidate,
+                        sites,
+                        swap_id,
+                        kept,
+                        origin,
+                        source_path,
+                        module_class,
+                        live_shapes,
+                        _reapply_record,
+                    )
             record = SwapRecord(
-                swap_id=swap_id, op=family.name, model=self.model_id, file=str(kept), digest=candidate.digest,
-                requested_module_class=module_class, adapter=candidate.adapter, origin=origin,
+                swap_id=swap_id,
+                op=family.name,
+                model=self.model_id,
+                file=str(kept),
+                digest=candidate.digest,
+                requested_module_class=module_class,
+                adapter=candidate.adapter,
+                origin=origin,
                 source_path=source_path,
             )
             if _reapply_record is not None:
@@ -348,12 +365,15 @@ class SwapEngine:
             targets = [(name, self._modules[name]) for g in groups for name in g.names]
             record.module_names = [n for n, _ in targets]
             record.modules = len(targets)
-            missing = [(n, b["module_attr"]) for n, m in targets for b in candidate.adapter
-                       if not hasattr(m, b["module_attr"])]
+            missing = [
+                (n, b["module_attr"]) for n, m in targets for b in candidate.adapter if not hasattr(m, b["module_attr"])
+            ]
             if missing:
                 name, attr = missing[0]
-                reason = (f"ADAPTER reads module attribute {attr!r}, which {type(self._modules[name]).__name__} "
-                          f"({name or 'root'}) does not have")
+                reason = (
+                    f"ADAPTER reads module attribute {attr!r}, which {type(self._modules[name]).__name__} "
+                    f"({name or 'root'}) does not have"
+                )
                 self._finish_failed(record, reason, kept_file=_reapply_record is None)
                 raise SwapRejected(reason, record)
 
@@ -373,6 +393,7 @@ class SwapEngine:
                     if extra:
                         record.parity.update(dict(extra))
             except Exception as exc:  # noqa: BLE001 - any failure restores every module
+
                 def restore() -> None:
                     for name, module in targets:
                         _set_forward(module, before[name])
@@ -392,8 +413,9 @@ class SwapEngine:
             return record
 
     # ------------------------------------------------------------------ public: rollback
-    def rollback(self, swap_id: str | None = None, *, all: bool = False, reason: str = "admin rollback",
-                 cause: str = "admin") -> list[SwapRecord]:
+    def rollback(
+        self, swap_id: str | None = None, *, all: bool = False, reason: str = "admin rollback", cause: str = "admin"
+    ) -> list[SwapRecord]:
         """Restore the original forward of one swap's modules, or of every active swap."""
         with self._op_lock:
             if all:
@@ -465,8 +487,14 @@ class SwapEngine:
             live = self._faults.popleft()
             sid = live.record.swap_id
             if sid in self._live:
-                out.extend(self.rollback(sid, reason=f"kernel raised while serving, fell back to the original "
-                                                     f"forward: {live.record.last_error}", cause="fallback"))
+                out.extend(
+                    self.rollback(
+                        sid,
+                        reason=f"kernel raised while serving, fell back to the original "
+                        f"forward: {live.record.last_error}",
+                        cause="fallback",
+                    )
+                )
         return out
 
     # ------------------------------------------------------------------ public: restart
@@ -474,13 +502,17 @@ class SwapEngine:
         """Re-bind this model's committed records from the manifest, each after a fresh parity check."""
         results = []
         with self._op_lock:
-            pending = [r for r in self._history
-                       if r.status == "committed" and r.model == self.model_id and r.swap_id not in self._live]
+            pending = [
+                r
+                for r in self._history
+                if r.status == "committed" and r.model == self.model_id and r.swap_id not in self._live
+            ]
             pending.sort(key=lambda r: r.committed_at or 0)
             for old in pending:
                 try:
-                    record = self.swap(module_class=old.requested_module_class, live_shapes=live_shapes,
-                                       _reapply_record=old)
+                    record = self.swap(
+                        module_class=old.requested_module_class, live_shapes=live_shapes, _reapply_record=old
+                    )
                     results.append({"swap_id": record.swap_id, "status": "committed", "reapplied": True})
                 except SwapError as exc:
                     with self._state_lock:
@@ -572,8 +604,11 @@ class SwapEngine:
         with torch.no_grad():
             for index, (name, module) in enumerate(targets):
                 # The reference is the module's original forward, even when another swap holds it now.
-                original = self._originals.get(name, _CLASS_FORWARD) if name in self._owner else \
-                    module.__dict__.get("forward", _CLASS_FORWARD)
+                original = (
+                    self._originals.get(name, _CLASS_FORWARD)
+                    if name in self._owner
+                    else module.__dict__.get("forward", _CLASS_FORWARD)
+                )
                 _set_forward(module, original)
                 wants = []
                 for k, rows in enumerate(rows_by_group[group_of[name].qualified_class]):
@@ -594,19 +629,44 @@ class SwapEngine:
                     max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
                     checked += 1
                     used_shapes.add(shape)
-        return {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
-                "shapes": sorted([list(s) for s in used_shapes]), "dtype": str(dtype).replace("torch.", ""),
-                "atol": atol, "rtol": rtol, "modules": len(targets), "perturbed_scalar_checks": perturbed}
+        return {
+            "max_abs_err": max_abs,
+            "max_rel_err": max_rel,
+            "checked": checked,
+            "shapes": sorted([list(s) for s in used_shapes]),
+            "dtype": str(dtype).replace("torch.", ""),
+            "atol": atol,
+            "rtol": rtol,
+            "modules": len(targets),
+            "perturbed_scalar_checks": perturbed,
+        }
 
     # -- function-level swaps ------------------------------------------------------------------------
-    def _swap_functions(self, family: OpFamily, candidate: Candidate, sites: list[FunctionSite], swap_id: str,
-                        kept: Path, origin: str, source_path: str | None, module_class: str | None,
-                        live_shapes, reapply_record: SwapRecord | None) -> SwapRecord:
+    def _swap_functions(
+        self,
+        family: OpFamily,
+        candidate: Candidate,
+        sites: list[FunctionSite],
+        swap_id: str,
+        kept: Path,
+        origin: str,
+        source_path: str | None,
+        module_class: str | None,
+        live_shapes,
+        reapply_record: SwapRecord | None,
+    ) -> SwapRecord:
         """`swap` for a family bound at module globals: replace every site, check parity, commit or restore."""
         record = SwapRecord(
-            swap_id=swap_id, op=family.name, model=self.model_id, file=str(kept), digest=candidate.digest,
-            requested_module_class=module_class, adapter=candidate.adapter, origin=origin,
-            source_path=source_path, binding="function",
+            swap_id=swap_id,
+            op=family.name,
+            model=self.model_id,
+            file=str(kept),
+            digest=candidate.digest,
+            requested_module_class=module_class,
+            adapter=candidate.adapter,
+            origin=origin,
+            source_path=source_path,
+            binding="function",
         )
         if reapply_record is not None:
             record.created_at = reapply_record.created_at
@@ -631,6 +691,7 @@ class SwapEngine:
                 if extra:
                     record.parity.update(dict(extra))
         except Exception as exc:  # noqa: BLE001 - any failure restores every function
+
             def restore() -> None:
                 for site in sites:
                     site.set(before[site.dotted])
@@ -641,16 +702,25 @@ class SwapEngine:
         now = time.time()
         with self._state_lock:
             for site in sites:
-                self._take_over(self._fn_owner, self._fn_originals, site.dotted, before[site.dotted], swap_id, now,
-                                "functions")
+                self._take_over(
+                    self._fn_owner, self._fn_originals, site.dotted, before[site.dotted], swap_id, now, "functions"
+                )
                 live.functions[site.dotted] = site
             self._mark_committed(record, live, reapply_record, now)
         self._save_manifest()
         self._emit("committed", record)
         return record
 
-    def _take_over(self, owners: dict[str, str], originals: dict[str, Any], key: str, original: Any,
-                   swap_id: str, now: float, kind: str) -> None:
+    def _take_over(
+        self,
+        owners: dict[str, str],
+        originals: dict[str, Any],
+        key: str,
+        original: Any,
+        swap_id: str,
+        now: float,
+        kind: str,
+    ) -> None:
         """Give `key` (a module name or a function's dotted path) to `swap_id`; an older swap that
         loses its last binding is superseded. Caller holds _state_lock."""
         previous = owners.get(key)
@@ -755,10 +825,18 @@ class SwapEngine:
                     max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
                     checked += 1
                     used_shapes.add(shape)
-        out = {"max_abs_err": max_abs, "max_rel_err": max_rel, "checked": checked,
-               "shapes": sorted([list(s) for s in used_shapes]), "dtype": str(dtype).replace("torch.", ""),
-               "atol": atol, "rtol": rtol, "modules": live.record.modules, "functions": [s.dotted for s in sites],
-               "live_calls": sum(len(v) for v in captured.values())}
+        out = {
+            "max_abs_err": max_abs,
+            "max_rel_err": max_rel,
+            "checked": checked,
+            "shapes": sorted([list(s) for s in used_shapes]),
+            "dtype": str(dtype).replace("torch.", ""),
+            "atol": atol,
+            "rtol": rtol,
+            "modules": live.record.modules,
+            "functions": [s.dotted for s in sites],
+            "live_calls": sum(len(v) for v in captured.values()),
+        }
         # The whole model on the probe prompt, through the bound wrappers (reported; the per-call
         # check above is the gate, a non-finite output where the original was finite also fails).
         logits_before = getattr(probe_before, "logits", probe_before)
@@ -773,8 +851,15 @@ class SwapEngine:
                     raise ParityError("the model's probe forward produced non-finite logits through the kernel")
         return out
 
-    def _fail_parity(self, record: SwapRecord, live: _LiveSwap, exc: BaseException, restore: Callable[[], None],
-                     kept_file: bool, hook_called: bool) -> NoReturn:
+    def _fail_parity(
+        self,
+        record: SwapRecord,
+        live: _LiveSwap,
+        exc: BaseException,
+        restore: Callable[[], None],
+        kept_file: bool,
+        hook_called: bool,
+    ) -> NoReturn:
         """A swap that failed between binding and commit: put every original back, record why,
         let the engine re-capture (if it was told about the binding), raise ParityError."""
         live.faulted = True
@@ -823,8 +908,11 @@ class SwapEngine:
                 for r in pruned:
                     self._history.remove(r)
                     Path(r.file).unlink(missing_ok=True)
-            data = {"version": MANIFEST_VERSION, "updated_at": time.time(),
-                    "swaps": [r.to_dict() for r in self._history]}
+            data = {
+                "version": MANIFEST_VERSION,
+                "updated_at": time.time(),
+                "swaps": [r.to_dict() for r in self._history],
+            }
         tmp = self.manifest_path.with_suffix(f".tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, self.manifest_path)
@@ -884,13 +972,13 @@ def swapped_id(module: torch.nn.Module) -> str | None:
     return getattr(getattr(fwd, "__func__", None), "gpuyantra_swap_id", None)
 
 
-
 # ---------------------------------------------------------------------- function-level binding
 # Families that no module computes (rope: attention modules call the module-level function
 # `apply_rotary_pos_emb` of their modeling file) declare `known_functions`. A function site is one
 # python module's global of that name, used by the live model's modules and checked numerically
 # against the family reference; a swap replaces the global with a guarded wrapper around `entry`.
 # The calling convention implemented here is rope's: `fn(q, k, cos, sin[, position_ids], unsqueeze_dim=1)`.
+
 
 @dataclass
 class FunctionSite:
@@ -899,10 +987,10 @@ class FunctionSite:
     op: str
     py_module: str
     attr: str
-    callers: list[str] = field(default_factory=list)     # model module names whose class forward calls it
+    callers: list[str] = field(default_factory=list)  # model module names whose class forward calls it
     caller_classes: list[str] = field(default_factory=list)
-    partial_ok: bool = False        # R < D (Phi-3 partial rotary) matches the reference too
-    mixed_ok: bool = False          # 16-bit q/k with float32 cos/sin (OLMo2) matches the reference too
+    partial_ok: bool = False  # R < D (Phi-3 partial rotary) matches the reference too
+    mixed_ok: bool = False  # 16-bit q/k with float32 cos/sin (OLMo2) matches the reference too
     ignores_position_ids: bool = True
 
     @property
@@ -915,10 +1003,12 @@ class FunctionSite:
 
     def current(self) -> Any:
         import sys
+
         return getattr(sys.modules[self.py_module], self.attr)
 
     def set(self, fn: Any) -> None:
         import sys
+
         setattr(sys.modules[self.py_module], self.attr, fn)
 
 
@@ -931,6 +1021,7 @@ _function_verdicts: dict[tuple[str, int], tuple[Any, tuple[bool, bool, bool, boo
 def _function_call_matches(fn, family: OpFamily, acts, atol: float, rtol: float, **kwargs) -> bool | None:
     """True/False: fn(*acts) equals the reference (dtypes included); None: fn raised."""
     from gpuyantra.ops.base import outputs_close
+
     try:
         with torch.no_grad():
             got = fn(*acts, **kwargs)
@@ -938,8 +1029,9 @@ def _function_call_matches(fn, family: OpFamily, acts, atol: float, rtol: float,
     except Exception:  # noqa: BLE001
         return None
     got_t, want_t = as_tuple(got), as_tuple(want)
-    if len(got_t) != len(want_t) or any(not isinstance(g, torch.Tensor) or g.dtype != w.dtype or g.shape != w.shape
-                                        for g, w in zip(got_t, want_t)):
+    if len(got_t) != len(want_t) or any(
+        not isinstance(g, torch.Tensor) or g.dtype != w.dtype or g.shape != w.shape for g, w in zip(got_t, want_t)
+    ):
         return False
     return outputs_close(got, want, atol=atol, rtol=rtol)
 
@@ -953,6 +1045,7 @@ def function_computes(fn: Any, family: OpFamily) -> tuple[bool, bool, bool, bool
     if key in _function_verdicts:
         return _function_verdicts[key][1]
     from gpuyantra.binding import FP64_TOLERANCE
+
     verdict = None
     params: Mapping[str, inspect.Parameter]
     try:
@@ -967,10 +1060,14 @@ def function_computes(fn: Any, family: OpFamily) -> tuple[bool, bool, bool, bool
         if _function_call_matches(fn, family, low, 2 * atol, 2 * rtol) is not False:
             q, k, cos, sin = acts
             rot = FUNCTION_PROBE_HIDDEN // 2
-            partial = bool(_function_call_matches(fn, family, (q, k, cos[..., :rot].contiguous(),
-                                                              sin[..., :rot].contiguous()), *FP64_TOLERANCE))
-            mixed = bool(_function_call_matches(fn, family, (low[0], low[1], cos.float(), sin.float()),
-                                                2 * atol, 2 * rtol))
+            partial = bool(
+                _function_call_matches(
+                    fn, family, (q, k, cos[..., :rot].contiguous(), sin[..., :rot].contiguous()), *FP64_TOLERANCE
+                )
+            )
+            mixed = bool(
+                _function_call_matches(fn, family, (low[0], low[1], cos.float(), sin.float()), 2 * atol, 2 * rtol)
+            )
             ignores = True
             if "position_ids" in params:
                 pos = torch.arange(FUNCTION_PROBE_ROWS[-1])[None].expand(FUNCTION_PROBE_ROWS[0], -1) + 3
@@ -982,6 +1079,7 @@ def function_computes(fn: Any, family: OpFamily) -> tuple[bool, bool, bool, bool
 
 def _forward_names(cls: type) -> set[str]:
     import inspect
+
     fwd: Any = getattr(cls, "forward", None)
     try:
         fwd = inspect.unwrap(fwd)
@@ -1018,9 +1116,17 @@ def find_function_sites(model: torch.nn.Module, ops: Sequence[str] | None = None
                 verdict = function_computes(original, family)
                 if verdict is None:
                     continue
-                site = sites.setdefault((family.name, cls.__module__, attr), FunctionSite(
-                    op=family.name, py_module=cls.__module__, attr=attr, partial_ok=verdict[1], mixed_ok=verdict[2],
-                    ignores_position_ids=verdict[3]))
+                site = sites.setdefault(
+                    (family.name, cls.__module__, attr),
+                    FunctionSite(
+                        op=family.name,
+                        py_module=cls.__module__,
+                        attr=attr,
+                        partial_ok=verdict[1],
+                        mixed_ok=verdict[2],
+                        ignores_position_ids=verdict[3],
+                    ),
+                )
                 site.callers.append(name)
                 if cls.__name__ not in site.caller_classes:
                     site.caller_classes.append(cls.__name__)
@@ -1032,8 +1138,14 @@ def site_matches(site: FunctionSite, family: OpFamily, module_class: str | None)
     if not module_class:
         return True
     default = family.default_module
-    return module_class in (site.attr, site.dotted, site.py_module, default, default.rsplit(".", 1)[-1],
-                            *site.caller_classes)
+    return module_class in (
+        site.attr,
+        site.dotted,
+        site.py_module,
+        default,
+        default.rsplit(".", 1)[-1],
+        *site.caller_classes,
+    )
 
 
 def _function_wrapper(site: FunctionSite, live: _LiveSwap, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1143,9 +1255,9 @@ def probe_model_forward(model: torch.nn.Module, tokens: int = 8) -> Callable[[],
     return run
 
 
-
-def perturbed_scalars(module: torch.nn.Module, adapter: Sequence[Mapping[str, str]],
-                      generator: torch.Generator) -> dict[str, float]:
+def perturbed_scalars(
+    module: torch.nn.Module, adapter: Sequence[Mapping[str, str]], generator: torch.Generator
+) -> dict[str, float]:
     """A value far from the live one for every float attribute the ADAPTER binds. Small ones (eps)
     move by 0.5 to 2, comparable to the probe rows' mean square, so ignoring them shows in any dtype;
     others scale by 0.5x to 2x (never exactly 1x)."""
@@ -1154,8 +1266,11 @@ def perturbed_scalars(module: torch.nn.Module, adapter: Sequence[Mapping[str, st
         value = getattr(module, binding["module_attr"], None)
         if isinstance(value, float) and not isinstance(value, bool):
             u = float(torch.rand((), generator=generator))
-            out[binding["module_attr"]] = value + 0.5 + 1.5 * u if abs(value) < 0.01 else \
-                value * (0.5 + 0.4 * u if u < 0.5 else 1.25 + 1.5 * (u - 0.5))
+            out[binding["module_attr"]] = (
+                value + 0.5 + 1.5 * u
+                if abs(value) < 0.01
+                else value * (0.5 + 0.4 * u if u < 0.5 else 1.25 + 1.5 * (u - 0.5))
+            )
     return out
 
 
@@ -1172,8 +1287,9 @@ def attributes_set(module: torch.nn.Module, values: Mapping[str, Any]):
             setattr(module, name, value)
 
 
-def compare_outputs(where: str, got: tuple, want: tuple, shape: tuple, atol: float, rtol: float,
-                    dtype: torch.dtype) -> tuple[float, float]:
+def compare_outputs(
+    where: str, got: tuple, want: tuple, shape: tuple, atol: float, rtol: float, dtype: torch.dtype
+) -> tuple[float, float]:
     """Parity of a kernel's outputs with the original's: same count, tensors, shapes and dtypes,
     no new non-finite values, within (atol, rtol). Returns (max abs err, max rel err)."""
     if len(got) != len(want):
@@ -1183,8 +1299,10 @@ def compare_outputs(where: str, got: tuple, want: tuple, shape: tuple, atol: flo
         if not isinstance(g, torch.Tensor):
             raise ParityError(f"{where}: the kernel returned {type(g).__name__}, not a tensor")
         if g.shape != w.shape or g.dtype != w.dtype:
-            raise ParityError(f"{where}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
-                              f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}")
+            raise ParityError(
+                f"{where}: kernel output {tuple(g.shape)} {g.dtype} differs from the original's "
+                f"{tuple(w.shape)} {w.dtype} at input shape {list(shape)}"
+            )
         gd, wd = g.double(), w.double()
         if not torch.isfinite(gd).all() and torch.isfinite(wd).all():
             raise ParityError(f"{where}: the kernel produced non-finite values at input shape {list(shape)}")
@@ -1193,10 +1311,25 @@ def compare_outputs(where: str, got: tuple, want: tuple, shape: tuple, atol: flo
         rel_err = float((diff / wd.abs().clamp_min(atol)).max()) if diff.numel() else 0.0
         max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
         if not torch.allclose(gd, wd, atol=atol, rtol=rtol):
-            raise ParityError(f"parity failed on {where} at input shape {list(shape)}: max abs err {abs_err:.3g} "
-                              f"(atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})")
+            raise ParityError(
+                f"parity failed on {where} at input shape {list(shape)}: max abs err {abs_err:.3g} "
+                f"(atol {atol:g}, rtol {rtol:g}, {str(dtype).replace('torch.', '')})"
+            )
     return max_abs, max_rel
 
-__all__ = ["CandidateLoadError", "FunctionSite", "NotActiveError", "ParityError", "SwapEngine", "SwapError",
-           "SwapRecord", "SwapRejected", "UnknownSwapError", "find_function_sites", "function_computes",
-           "swapped_function_id", "swapped_id"]
+
+__all__ = [
+    "CandidateLoadError",
+    "FunctionSite",
+    "NotActiveError",
+    "ParityError",
+    "SwapEngine",
+    "SwapError",
+    "SwapRecord",
+    "SwapRejected",
+    "UnknownSwapError",
+    "find_function_sites",
+    "function_computes",
+    "swapped_function_id",
+    "swapped_id",
+]

@@ -103,14 +103,18 @@ class Attestation(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: JSON true or "5" is no integer
 
-    digest: str = Field(..., pattern="^[0-9a-f]{64}$",
-                        description="SHA-256 (hex) of the candidate file's bytes the verifier read")
+    digest: str = Field(
+        ..., pattern="^[0-9a-f]{64}$", description="SHA-256 (hex) of the candidate file's bytes the verifier read"
+    )
     op: str = Field(..., description="the candidate's OP, as the verifier read it")
     reward: int = Field(..., description="the verdict's reward; only +1 and above are swapped")
     device: str = Field(..., description="where it was verified (cpu or cuda); must be the server's device")
-    signature: str = Field(..., pattern="^[0-9a-f]{64}$",
-                           description="HMAC-SHA256 (hex), under the key shared by workers and server, of "
-                                       "the canonical JSON of {digest, op, reward, device}")
+    signature: str = Field(
+        ...,
+        pattern="^[0-9a-f]{64}$",
+        description="HMAC-SHA256 (hex), under the key shared by workers and server, of "
+        "the canonical JSON of {digest, op, reward, device}",
+    )
 
 
 class SwapBody(BaseModel):
@@ -120,16 +124,21 @@ class SwapBody(BaseModel):
     path: str | None = Field(None, description="absolute path of a candidate .py file")
     module_class: str | None = Field(None, description="restrict the swap to this class (name or dotted)")
     shapes: list[list[int]] | None = Field(
-        None, description="input shapes to check parity on, instead of the shapes seen in live traffic")
+        None, description="input shapes to check parity on, instead of the shapes seen in live traffic"
+    )
     attestation: Attestation | None = Field(
-        None, description="the verdict's attestation of exactly these bytes; required unless the server runs "
-                          "with --allow-unverified-swaps")
+        None,
+        description="the verdict's attestation of exactly these bytes; required unless the server runs "
+        "with --allow-unverified-swaps",
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
         if (self.source is None) == (self.path is None):
-            raise ValueError("give exactly one of 'source' (the candidate file's text) or 'path' "
-                             "(an absolute path to a candidate .py file)")
+            raise ValueError(
+                "give exactly one of 'source' (the candidate file's text) or 'path' "
+                "(an absolute path to a candidate .py file)"
+            )
         if self.source is not None and not self.source.strip():
             raise ValueError("'source' is empty")
         if self.path is not None and not os.path.isabs(self.path):
@@ -203,16 +212,30 @@ class LogitsBody(BaseModel):
 class BenchmarkBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_tokens: int = Field(default=16, ge=1, le=4096, description="tokens generated per generation; "
-                            "prompt_tokens + max_tokens must fit the context")
+    max_tokens: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="tokens generated per generation; prompt_tokens + max_tokens must fit the context",
+    )
     prompt_tokens: int = Field(default=8, ge=1, le=32768, description="prompt length of each generation")
     batch: int = Field(default=1, ge=1, le=1024, description="rows decoded together, at most the server's max_batch")
-    repeats: int = Field(default=5, ge=1, le=20, description="timed repeats; the answer gives their median "
-                         "tokens/s and spread (tokens_per_s_min/_max, relative_spread = (max - min) / median, "
-                         "relative_mad)")
-    min_repeat_s: float = Field(default=0.25, ge=0.0, le=5.0, description="each repeat generates again until it "
-                                "has run this many seconds, so a repeat is not mostly timer and launch noise; the "
-                                "server serves nothing else for about repeats x min_repeat_s")
+    repeats: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="timed repeats; the answer gives their median "
+        "tokens/s and spread (tokens_per_s_min/_max, relative_spread = (max - min) / median, "
+        "relative_mad)",
+    )
+    min_repeat_s: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=5.0,
+        description="each repeat generates again until it "
+        "has run this many seconds, so a repeat is not mostly timer and launch noise; the "
+        "server serves nothing else for about repeats x min_repeat_s",
+    )
 
 
 # ====================================================================== helpers
@@ -235,24 +258,44 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     # Loaded (or created) now: a key problem stops the server at startup, not at the first swap.
     attestation_key = attestation.load_key(config.resolved_state_dir())
     if config.allow_unverified_swaps:
-        log.warning("UNVERIFIED SWAPS ALLOWED (--allow-unverified-swaps): /admin/swap will swap kernels the "
-                    "verifier did not attest; use only for development")
+        log.warning(
+            "UNVERIFIED SWAPS ALLOWED (--allow-unverified-swaps): /admin/swap will swap kernels the "
+            "verifier did not attest; use only for development"
+        )
 
     def build() -> None:
         try:
-            loaded = load_model(config.model, random_weights=config.random_weights, device=config.device,
-                                dtype=config.dtype, seed=config.seed, byte_tokenizer=config.byte_tokenizer)
+            loaded = load_model(
+                config.model,
+                random_weights=config.random_weights,
+                device=config.device,
+                dtype=config.dtype,
+                seed=config.seed,
+                byte_tokenizer=config.byte_tokenizer,
+            )
             state.description = describe(loaded)
-            engine = Engine(loaded, state_dir=config.resolved_state_dir(), max_batch=config.max_batch,
-                            max_seq_len=config.max_seq_len, cuda_graphs=config.cuda_graphs,
-                            decode_attention=config.decode_attention, fuse_projections=config.fuse_projections,
-                            graph_buckets=config.graph_buckets, observer=metrics,
-                            max_parity_shapes=config.max_parity_shapes)
+            engine = Engine(
+                loaded,
+                state_dir=config.resolved_state_dir(),
+                max_batch=config.max_batch,
+                max_seq_len=config.max_seq_len,
+                cuda_graphs=config.cuda_graphs,
+                decode_attention=config.decode_attention,
+                fuse_projections=config.fuse_projections,
+                graph_buckets=config.graph_buckets,
+                observer=metrics,
+                max_parity_shapes=config.max_parity_shapes,
+            )
             metrics.bind_active_swaps(engine.swaps.active_ids)
             state.reapplied = engine.start(reapply=True)
             state.engine = engine
-            log.info("gpuyantra serve: %s ready on %s (%s), re-applied %s", loaded.name, loaded.device,
-                     state.description.get("dtype"), state.reapplied)
+            log.info(
+                "gpuyantra serve: %s ready on %s (%s), re-applied %s",
+                loaded.name,
+                loaded.device,
+                state.description.get("dtype"),
+                state.reapplied,
+            )
         except Exception as exc:  # noqa: BLE001 - reported by /healthz and /readyz
             log.exception("loading the model failed")
             state.error = f"{type(exc).__name__}: {exc}"
@@ -285,8 +328,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         # the validation shape every route declares, not FastAPI's undeclared 400.
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
             issue = {"loc": ["body"], "msg": "the body is not valid JSON", "type": "json_invalid"}
-            return JSONResponse(status_code=422, content={"detail": [issue], "message": "body: the body is not "
-                                                                                      "valid JSON"})
+            return JSONResponse(
+                status_code=422, content={"detail": [issue], "message": "body: the body is not valid JSON"}
+            )
         return await http_exception_handler(request, exc)
 
     def engine_or_503() -> Engine:
@@ -329,8 +373,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                         break
                 reason = admin_denial(auth)
                 if reason:
-                    response = JSONResponse(status_code=401, content={"detail": reason},
-                                            headers={"WWW-Authenticate": "Bearer"})
+                    response = JSONResponse(
+                        status_code=401, content={"detail": reason}, headers={"WWW-Authenticate": "Bearer"}
+                    )
                     await response(scope, receive, send)
                     return
             await self.app(scope, receive, send)
@@ -341,8 +386,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     @app.get("/healthz")
     async def healthz():
         if state.error or (state.engine is not None and not state.engine.alive):
-            return JSONResponse(status_code=503, content={"status": "error", "error": state.error or
-                                                          "the model thread stopped"})
+            return JSONResponse(
+                status_code=503, content={"status": "error", "error": state.error or "the model thread stopped"}
+            )
         return {"status": "ok", "loading": state.loading}
 
     @app.get("/readyz")
@@ -350,13 +396,21 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         engine = state.engine
         if engine is None or not engine.ready or not engine.alive:
             status = "error" if state.error else "loading"
-            return JSONResponse(status_code=503, content={"status": status, "error": state.error},
-                                headers={"Retry-After": RETRY_AFTER_S} if status == "loading" else None)
-        return {"status": "ready", "model": engine.model_name, "device": str(engine.device),
-                "active_swaps": engine.swaps.active_ids(), "reapplied": state.reapplied,
-                "cuda_graphs": engine.graphs is not None,
-                "decode_attention": "triton" if engine.decode_attention is not None else "sdpa",
-                "fused_projection_groups": engine.fused_projections}
+            return JSONResponse(
+                status_code=503,
+                content={"status": status, "error": state.error},
+                headers={"Retry-After": RETRY_AFTER_S} if status == "loading" else None,
+            )
+        return {
+            "status": "ready",
+            "model": engine.model_name,
+            "device": str(engine.device),
+            "active_swaps": engine.swaps.active_ids(),
+            "reapplied": state.reapplied,
+            "cuda_graphs": engine.graphs is not None,
+            "decode_attention": "triton" if engine.decode_attention is not None else "sdpa",
+            "fused_projection_groups": engine.fused_projections,
+        }
 
     @app.get("/metrics")
     async def metrics_route():
@@ -365,10 +419,19 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         engine = engine_or_503()
-        return {"object": "list", "data": [{
-            "id": engine.model_name, "object": "model", "created": int(state.started_at), "owned_by": "gpuyantra",
-            "max_model_len": engine.usable_len, **{k: v for k, v in state.description.items() if k != "name"},
-        }]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "created": int(state.started_at),
+                    "owned_by": "gpuyantra",
+                    "max_model_len": engine.usable_len,
+                    **{k: v for k, v in state.description.items() if k != "name"},
+                }
+            ],
+        }
 
     # ------------------------------------------------------------------ completions
     @app.post("/v1/completions", responses=ERROR_RESPONSES)
@@ -385,13 +448,19 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         engine = engine_or_503()
         active = engine.swaps.active()
         history = engine.swaps.history()
-        return {"model": engine.model_name, "active": active, "history": history,
-                "fallbacks": sum(r.get("fallbacks", 0) for r in history),
-                "graphs": engine.graphs.info() if engine.graphs is not None else None,
-                "state_dir": str(engine.swaps.state_dir), "manifest": str(engine.swaps.manifest_path)}
+        return {
+            "model": engine.model_name,
+            "active": active,
+            "history": history,
+            "fallbacks": sum(r.get("fallbacks", 0) for r in history),
+            "graphs": engine.graphs.info() if engine.graphs is not None else None,
+            "state_dir": str(engine.swaps.state_dir),
+            "manifest": str(engine.swaps.manifest_path),
+        }
 
     def admission(body: SwapBody, device: str) -> Callable[[bytes], str | None]:
         """The swap engine's check of the bytes it is about to import (see SwapEngine.swap)."""
+
         def admit(source: bytes) -> str | None:
             reason: str | None
             if body.attestation is None:
@@ -402,17 +471,27 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                 log.warning("UNVERIFIED SWAP (--allow-unverified-swaps): %s", reason)
                 return None
             return reason
+
         return admit
 
-    @app.post("/admin/swap", dependencies=[Depends(require_admin)], responses={
-        403: {"model": SwapRefusal, "description": "no valid attestation of these bytes: nothing swapped"},
-        422: {"model": SwapUnprocessable, "description": "invalid body, or a candidate that does not load"},
-        409: {"model": SwapRefusal, "description": "parity failed or no module fits: nothing swapped"}})
+    @app.post(
+        "/admin/swap",
+        dependencies=[Depends(require_admin)],
+        responses={
+            403: {"model": SwapRefusal, "description": "no valid attestation of these bytes: nothing swapped"},
+            422: {"model": SwapUnprocessable, "description": "invalid body, or a candidate that does not load"},
+            409: {"model": SwapRefusal, "description": "parity failed or no module fits: nothing swapped"},
+        },
+    )
     async def swap(body: SwapBody):
         engine = engine_or_503()
         admit = admission(body, engine.device.type)
-        fut = engine.call(lambda: engine.swaps.swap(body.path, source=body.source, module_class=body.module_class,
-                                                    live_shapes=body.shapes, admit=admit), name="swap")
+        fut = engine.call(
+            lambda: engine.swaps.swap(
+                body.path, source=body.source, module_class=body.module_class, live_shapes=body.shapes, admit=admit
+            ),
+            name="swap",
+        )
         try:
             record = await asyncio.wrap_future(fut)
         except SwapError as exc:
@@ -423,9 +502,17 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             elif exc.status == "rejected":
                 metrics.swaps.labels(result="rejected").inc()
             return JSONResponse(status_code=exc.http_status, content={"detail": exc.detail()})
-        return {"swap_id": record.swap_id, "op": record.op, "module_class": record.module_class,
-                "qualified_class": record.qualified_class, "modules": record.modules, "parity": record.parity,
-                "status": record.status, "file": record.file, "digest": record.digest}
+        return {
+            "swap_id": record.swap_id,
+            "op": record.op,
+            "module_class": record.module_class,
+            "qualified_class": record.qualified_class,
+            "modules": record.modules,
+            "parity": record.parity,
+            "status": record.status,
+            "file": record.file,
+            "digest": record.digest,
+        }
 
     @app.post("/admin/rollback", dependencies=[Depends(require_admin)])
     async def rollback(body: RollbackBody):
@@ -450,8 +537,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         if not ids or any(not 0 <= i < engine.vocab_size for i in ids):
             message = f"prompt must encode to token ids in [0, {engine.vocab_size})"
             return JSONResponse(status_code=422, content={"detail": message, "message": message})
-        values = await asyncio.wrap_future(engine.call(lambda: engine.last_logits(ids), exclusive=True,
-                                                       name="logits"))
+        values = await asyncio.wrap_future(engine.call(lambda: engine.last_logits(ids), exclusive=True, name="logits"))
         return {"model": engine.model_name, "tokens": len(ids), "logits": values}
 
     @app.post("/admin/benchmark", dependencies=[Depends(require_admin)], responses=UNPROCESSABLE)
@@ -460,9 +546,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         median tokens/s of the repeats with their spread."""
         engine = engine_or_503()
         body = body or BenchmarkBody()
-        fut = engine.call(lambda: engine.benchmark(body.max_tokens, body.prompt_tokens, body.batch, body.repeats,
-                                                   body.min_repeat_s),
-                          exclusive=True, name="benchmark")
+        fut = engine.call(
+            lambda: engine.benchmark(body.max_tokens, body.prompt_tokens, body.batch, body.repeats, body.min_repeat_s),
+            exclusive=True,
+            name="benchmark",
+        )
         try:
             return await asyncio.wrap_future(fut)
         except RequestError as exc:

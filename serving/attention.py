@@ -34,12 +34,41 @@ KEYS_PER_SPLIT = 512  # past this many cache slots, keys are split over programs
 
 @triton.jit
 def _decode_attention(
-    Q, K, V, O, POS, PART_M, PART_L, PART_ACC, K_NEW, V_NEW,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
-    scale, scratch, keys_per_split,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, WRITE_NEW: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    POS,
+    PART_M,
+    PART_L,
+    PART_ACC,
+    K_NEW,
+    V_NEW,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
+    scale,
+    scratch,
+    keys_per_split,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+    WRITE_NEW: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -56,8 +85,9 @@ def _decode_attention(
     heads = kv_head * GROUP + g
     g_ok = g < GROUP
     d_ok = d < HEAD_DIM
-    q = tl.load(Q + row * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0
+    )
     k_base = K + row * stride_kb + kv_head * stride_kh
     v_base = V + row * stride_vb + kv_head * stride_vh
 
@@ -101,8 +131,11 @@ def _decode_attention(
 
     if SPLITS == 1:
         out = acc / l_i[:, None]
-        tl.store(O + row * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(
+            O + row * stride_ob + heads[:, None] * stride_oh + d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
     else:
         n_heads = tl.num_programs(1) * GROUP
         part = (row * n_heads + heads) * SPLITS + split
@@ -113,8 +146,16 @@ def _decode_attention(
 
 @triton.jit
 def _merge_splits(
-    PART_M, PART_L, PART_ACC, O, stride_ob, stride_oh, n_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+    PART_M,
+    PART_L,
+    PART_ACC,
+    O,
+    stride_ob,
+    stride_oh,
+    n_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -137,9 +178,15 @@ def _splits_for(keys: int) -> int:
     return 1 << math.ceil(math.log2(math.ceil(keys / KEYS_PER_SPLIT)))
 
 
-def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
-                     scale: float, scratch: int | None = None,
-                     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    scratch: int | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Attention of one query token per row over cache slots `0..positions[r]`.
 
     query `[B, Hq, 1, D]`; key/value `[B', Hkv, L, D]` (B' >= B, positions[r] < L) or views of a
@@ -163,23 +210,68 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         part_m = part_l = part_acc = out  # unused when SPLITS == 1
     k_new, v_new = new_kv if new_kv is not None else (key, value)  # unused without new_kv
     _decode_attention[(batch, kv_heads, splits)](
-        query, key, value, out, positions, part_m, part_l, part_acc, k_new, v_new,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(2),
-        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        scale, scratch if scratch is not None else 2**31 - 1, KEYS_PER_SPLIT,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_N=64, SPLITS=splits, IEEE=query.dtype == torch.float32, WRITE_NEW=new_kv is not None,
+        query,
+        key,
+        value,
+        out,
+        positions,
+        part_m,
+        part_l,
+        part_acc,
+        k_new,
+        v_new,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        key.stride(2),
+        value.stride(0),
+        value.stride(1),
+        value.stride(2),
+        out.stride(0),
+        out.stride(2),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
+        scale,
+        scratch if scratch is not None else 2**31 - 1,
+        KEYS_PER_SPLIT,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=64,
+        SPLITS=splits,
+        IEEE=query.dtype == torch.float32,
+        WRITE_NEW=new_kv is not None,
         num_warps=4,
     )
     if splits > 1:
-        _merge_splits[(batch, q_heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(2), q_heads,
-                                        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=splits, num_warps=4)
+        _merge_splits[(batch, q_heads)](
+            part_m,
+            part_l,
+            part_acc,
+            out,
+            out.stride(0),
+            out.stride(2),
+            q_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            SPLITS=splits,
+            num_warps=4,
+        )
     return out
 
 
-def reference_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                               positions: torch.Tensor, scale: float, scratch: int | None = None) -> torch.Tensor:
+def reference_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    scratch: int | None = None,
+) -> torch.Tensor:
     """The same contract in plain torch (fp32 math): the kernel's test oracle."""
     batch, q_heads, _, head_dim = query.shape
     group = q_heads // key.shape[1]
@@ -190,8 +282,8 @@ def reference_decode_attention(query: torch.Tensor, key: torch.Tensor, value: to
     for r in range(batch):
         pos = int(positions[r])
         lo = pos if scratch is not None and pos >= scratch else 0
-        k = full_k[r, :, lo:pos + 1].float().repeat_interleave(group, dim=0)
-        v = full_v[r, :, lo:pos + 1].float().repeat_interleave(group, dim=0)
+        k = full_k[r, :, lo : pos + 1].float().repeat_interleave(group, dim=0)
+        v = full_v[r, :, lo : pos + 1].float().repeat_interleave(group, dim=0)
         weights = torch.softmax((query[r, :, 0].float()[:, None, :] @ k.transpose(1, 2)) * scale, dim=-1)
         out[r, 0] = (weights @ v)[:, 0].to(query.dtype)
     return out

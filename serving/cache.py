@@ -86,10 +86,12 @@ class SlotCache:
             self.values.append(None)
         if self.keys[layer_idx] is None:
             heads, k_dim, v_dim = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
-            self.keys[layer_idx] = torch.zeros((self.max_batch, heads, self.max_len, k_dim),
-                                               dtype=key_states.dtype, device=key_states.device)
-            self.values[layer_idx] = torch.zeros((self.max_batch, heads, self.max_len, v_dim),
-                                                 dtype=value_states.dtype, device=value_states.device)
+            self.keys[layer_idx] = torch.zeros(
+                (self.max_batch, heads, self.max_len, k_dim), dtype=key_states.dtype, device=key_states.device
+            )
+            self.values[layer_idx] = torch.zeros(
+                (self.max_batch, heads, self.max_len, v_dim), dtype=value_states.dtype, device=value_states.device
+            )
         return self.keys[layer_idx], self.values[layer_idx]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -103,22 +105,22 @@ class SlotCache:
         if isinstance(mode, _Prefill):
             length = key_states.shape[-2]
             end = mode.start + length
-            keys[mode.row, :, mode.start:end] = key_states[0]
-            values[mode.row, :, mode.start:end] = value_states[0]
-            return keys[mode.row:mode.row + 1, :, :end], values[mode.row:mode.row + 1, :, :end]
+            keys[mode.row, :, mode.start : end] = key_states[0]
+            values[mode.row, :, mode.start : end] = value_states[0]
+            return keys[mode.row : mode.row + 1, :, :end], values[mode.row : mode.row + 1, :, :end]
         if isinstance(mode, _Decode):
             if self.defer_decode_writes:
                 self._pending[layer_idx] = (key_states, value_states)
             else:
                 self.write_decode(layer_idx, key_states, value_states)
-            return keys[:mode.rows, :, :mode.kv_len], values[:mode.rows, :, :mode.kv_len]
+            return keys[: mode.rows, :, : mode.kv_len], values[: mode.rows, :, : mode.kv_len]
         raise RuntimeError("SlotCache.update called before set_prefill/set_decode")
 
     def write_decode(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write one decode step's key/value `[rows, heads, 1, dim]` at each row's position."""
         mode = self.mode
         assert isinstance(mode, _Decode)
-        rows = self.rows[:mode.rows]
+        rows = self.rows[: mode.rows]
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         assert keys is not None and values is not None  # update() allocated the layer before any write
         keys[rows, :, mode.positions] = key_states[:, :, 0]

@@ -113,7 +113,7 @@ class GenRequest:
 @dataclass
 class _Slot:
     request: GenRequest
-    pos: int                 # position the next fed token is written at
+    pos: int  # position the next fed token is written at
     last_token: int
     generator: torch.Generator | None = None
 
@@ -142,8 +142,9 @@ class ShapeRecorder:
                 if id(module) in self._live_ids:
                     continue
                 self._live_ids.add(id(module))
-                self._handles.append(module.register_forward_pre_hook(self._hook(group.qualified_class),
-                                                                      with_kwargs=True))
+                self._handles.append(
+                    module.register_forward_pre_hook(self._hook(group.qualified_class), with_kwargs=True)
+                )
         self.enabled = True
 
     def _hook(self, key: str):
@@ -161,6 +162,7 @@ class ShapeRecorder:
                     while len(od) > self.keep:
                         od.popitem(last=True)
             return None
+
         return hook
 
     def shapes_for(self, qualified_class: str) -> list[tuple[int, ...]]:
@@ -241,7 +243,9 @@ class Engine:
 
             self.graphs = GraphDecoder(self, graph_buckets)
         self.swaps = SwapEngine(
-            self.model, state_dir, model_id=self.model_name,
+            self.model,
+            state_dir,
+            model_id=self.model_name,
             shapes_provider=self.shapes.shapes_for,
             default_rows=[(1, 1), (min(max_batch, 8), 1), (1, 16)],
             max_parity_shapes=max_parity_shapes,
@@ -337,7 +341,8 @@ class Engine:
         if needed > self.usable_len:
             raise RequestError(
                 f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) exceeds the served "
-                f"context of {self.usable_len} tokens")
+                f"context of {self.usable_len} tokens"
+            )
 
     def generate(self, prompt_ids: Sequence[int], max_tokens: int, timeout: float | None = None, **kw) -> GenRequest:
         """Blocking helper: submit and wait (worker thread must be running)."""
@@ -385,8 +390,9 @@ class Engine:
                 time.sleep(0.01)
 
     def _has_work(self) -> bool:
-        return bool(self._admin or self.active_count or self.swaps.pending_faults()
-                    or (self._pending and self._can_admit()))
+        return bool(
+            self._admin or self.active_count or self.swaps.pending_faults() or (self._pending and self._can_admit())
+        )
 
     def _exclusive_waiting(self) -> bool:
         return any(op.exclusive for op in self._admin)
@@ -464,8 +470,13 @@ class Engine:
             self.observer.on_queue(len(self._pending), self.active_count)
 
     # ================================================================== forward passes
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                 keep: int | torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        keep: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits `[rows, positions, V]`: at every position, or only at `keep` (the last `keep`
         positions, or these position indices) when the model takes `logits_to_keep`."""
         kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
@@ -492,8 +503,7 @@ class Engine:
         if len(rows) == 1:
             return self.prefill_row(rows[0], prompts[0])
         length = max(len(p) for p in prompts)
-        ids = torch.tensor([list(p) + [0] * (length - len(p)) for p in prompts], dtype=torch.long,
-                           device=self.device)
+        ids = torch.tensor([list(p) + [0] * (length - len(p)) for p in prompts], dtype=torch.long, device=self.device)
         positions = self._arange[:length][None].expand(len(rows), length)
         mask = prefill_mask(length, 0, self.dtype, self.device)
         last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
@@ -594,8 +604,9 @@ class Engine:
             out[r] = int(torch.multinomial(probs, 1, generator=slot.generator))
         return out
 
-    def _accept(self, index: int, slot: _Slot, token: int, logprob: tuple[float, list[tuple[int, float]]] | None = None
-                ) -> None:
+    def _accept(
+        self, index: int, slot: _Slot, token: int, logprob: tuple[float, list[tuple[int, float]]] | None = None
+    ) -> None:
         req = slot.request
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
@@ -658,7 +669,7 @@ class Engine:
                 got.append(logits[0].float())
             ids = torch.tensor([seq], dtype=torch.long, device=self.device)
             full = self.model(input_ids=ids, use_cache=False).logits[0].float()
-        want = full[prompt_len - 1:]
+        want = full[prompt_len - 1 :]
         have = torch.stack(got)
         diff = float((have - want).abs().max())
         scale = float(want.abs().max()) or 1.0
@@ -668,7 +679,8 @@ class Engine:
         if not ok:
             raise RuntimeError(
                 f"{type(self.model).__name__} does not run correctly on the engine's slot cache "
-                f"(max logit difference {diff:.3g} vs a full forward); this architecture is not supported")
+                f"(max logit difference {diff:.3g} vs a full forward); this architecture is not supported"
+            )
         return report
 
     # ================================================================== swaps (model thread)
@@ -688,15 +700,17 @@ class Engine:
         """Function-level swap sites of the served model (rope's `apply_rotary_pos_emb` globals)."""
         from gpuyantra.ops import all_ops
 
-        return [site for family in all_ops() if family.known_functions
-                for site in self.swaps.function_sites(family.name)]
+        return [
+            site for family in all_ops() if family.known_functions for site in self.swaps.function_sites(family.name)
+        ]
 
     def live_shapes(self) -> dict[str, list[list[int]]]:
         return {g.qualified_class: [list(s) for s in self.shapes.shapes_for(g.qualified_class)] for g in self.groups}
 
     # ================================================================== benchmark / profile (model thread, exclusive)
-    def benchmark(self, max_tokens: int = 16, prompt_tokens: int = 8, batch: int = 1, repeats: int = 1,
-                  min_repeat_s: float = 0.0) -> dict[str, Any]:
+    def benchmark(
+        self, max_tokens: int = 16, prompt_tokens: int = 8, batch: int = 1, repeats: int = 1, min_repeat_s: float = 0.0
+    ) -> dict[str, Any]:
         """Served decode speed on the live path (graphs when enabled), measured in this process.
 
         `repeats` timed repeats, each generating again until it has run `min_repeat_s` (a single
@@ -759,15 +773,24 @@ class Engine:
         spread = repeat_spread(samples)
         return {
             **spread,
-            "measured": "benchmark", "min_repeat_s": min_repeat_s,
+            "measured": "benchmark",
+            "min_repeat_s": min_repeat_s,
             "e2e_tokens_per_s": e2e_tps,
             "ms_per_step": 1000 * decode_s / steps if steps else None,
-            "prefill_s": prefill_s, "decode_s": decode_s, "ttft_s": prefill_s / batch,
-            "batch": batch, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "repeats": len(results),
-            "path": "cuda-graphs" if (self.graphs is not None and self.graphs.capture_enabled) else
-                    ("static-eager" if self.graphs is not None else "eager"),
-            "active_swaps": self.swaps.active_ids(), "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""), "model": self.model_name,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "ttft_s": prefill_s / batch,
+            "batch": batch,
+            "max_tokens": max_tokens,
+            "prompt_tokens": prompt_tokens,
+            "repeats": len(results),
+            "path": "cuda-graphs"
+            if (self.graphs is not None and self.graphs.capture_enabled)
+            else ("static-eager" if self.graphs is not None else "eager"),
+            "active_swaps": self.swaps.active_ids(),
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "model": self.model_name,
             "output_ids": results[-1][2][0][:8],
         }
 
@@ -802,8 +825,9 @@ class Engine:
         probes = self.probes()
         source, error, result = "fallback", None, None
         try:
-            result = run_profiler(self.model, probes, str(self.device), self.groups,
-                                  function_sites=self.function_sites())
+            result = run_profiler(
+                self.model, probes, str(self.device), self.groups, function_sites=self.function_sites()
+            )
             if result is not None:
                 source = "profiler"
         except Exception as exc:  # noqa: BLE001 - the fallback always answers
@@ -815,8 +839,14 @@ class Engine:
         targets = []
         for t in result.get("targets", []):
             t = dict(t)
-            group = next((g for g in self.groups if g.op == t.get("op") and
-                          t.get("module_class") in (g.module_class, g.qualified_class)), None)
+            group = next(
+                (
+                    g
+                    for g in self.groups
+                    if g.op == t.get("op") and t.get("module_class") in (g.module_class, g.qualified_class)
+                ),
+                None,
+            )
             if group is not None:
                 t.setdefault("qualified_class", group.qualified_class)
                 t.setdefault("adapter", group.adapter)
@@ -878,17 +908,28 @@ class Engine:
             if not shapes:
                 shapes = [tuple(a.shape) for a in acts[:1]] if per_call else []
             share = min(1.0, per_call * group.count / step_s) if step_s > 0 else 0.0
-            targets.append({
-                "op": group.op, "module_class": group.module_class, "qualified_class": group.qualified_class,
-                "modules": group.count, "adapter": group.adapter, "shapes": [list(s) for s in shapes],
-                "dtype": str(self.dtype).replace("torch.", ""), "regime": "unknown", "share": round(share, 4),
-                "est_us_per_step": round(per_call * group.count * 1e6, 2),
-            })
+            targets.append(
+                {
+                    "op": group.op,
+                    "module_class": group.module_class,
+                    "qualified_class": group.qualified_class,
+                    "modules": group.count,
+                    "adapter": group.adapter,
+                    "shapes": [list(s) for s in shapes],
+                    "dtype": str(self.dtype).replace("torch.", ""),
+                    "regime": "unknown",
+                    "share": round(share, 4),
+                    "est_us_per_step": round(per_call * group.count * 1e6, 2),
+                }
+            )
         targets.extend(self._fallback_function_targets(probes["decode"], step_s))
         targets.sort(key=lambda t: t["share"], reverse=True)
-        return {"targets": targets, "device": str(self.device), "hardware": _hardware_name(self.device),
-                "step_ms": round(step_s * 1000, 3)}
-
+        return {
+            "targets": targets,
+            "device": str(self.device),
+            "hardware": _hardware_name(self.device),
+            "step_ms": round(step_s * 1000, 3),
+        }
 
     def _fallback_function_targets(self, decode: Callable[[], Any], step_s: float) -> list[dict[str, Any]]:
         """Function-level targets (rope) for the fallback profile: one decode step with each site's
@@ -909,6 +950,7 @@ class Engine:
                     return current(*args, **kwargs)
                 finally:
                     spent[site.op] += time.perf_counter() - t0
+
             return timed
 
         try:
@@ -926,20 +968,28 @@ class Engine:
                 continue
             from gpuyantra.ops import get_op
 
-            out.append({
-                "op": op, "module_class": ",".join(dict.fromkeys(s.attr for s in mine)),
-                "qualified_class": get_op(op).default_module, "modules": sum(s.count for s in mine), "adapter": [],
-                "binding": "function", "functions": [s.dotted for s in mine],
-                "shapes": [list(sh) for sh, _ in seen[op].most_common()],
-                "dtype": str(self.dtype).replace("torch.", ""), "regime": "unknown",
-                "share": round(min(1.0, spent[op] / step_s), 4) if step_s > 0 else 0.0,
-                "est_us_per_step": round(spent[op] * 1e6, 2),
-            })
+            out.append(
+                {
+                    "op": op,
+                    "module_class": ",".join(dict.fromkeys(s.attr for s in mine)),
+                    "qualified_class": get_op(op).default_module,
+                    "modules": sum(s.count for s in mine),
+                    "adapter": [],
+                    "binding": "function",
+                    "functions": [s.dotted for s in mine],
+                    "shapes": [list(sh) for sh, _ in seen[op].most_common()],
+                    "dtype": str(self.dtype).replace("torch.", ""),
+                    "regime": "unknown",
+                    "share": round(min(1.0, spent[op] / step_s), 4) if step_s > 0 else 0.0,
+                    "est_us_per_step": round(spent[op] * 1e6, 2),
+                }
+            )
         return out
 
 
-def token_logprobs(logits: torch.Tensor, wanted: Sequence[int | None], chosen: Sequence[int]
-                   ) -> list[tuple[float, list[tuple[int, float]]] | None]:
+def token_logprobs(
+    logits: torch.Tensor, wanted: Sequence[int | None], chosen: Sequence[int]
+) -> list[tuple[float, list[tuple[int, float]]] | None]:
     """Per row r of `logits` [rows, V]: None when wanted[r] is None, else (log-probability of
     chosen[r], the wanted[r] most likely (token id, log-probability), most likely first), from
     log_softmax of the logits in float32."""
@@ -951,7 +1001,7 @@ def token_logprobs(logits: torch.Tensor, wanted: Sequence[int | None], chosen: S
     logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
     picked = logp.gather(1, torch.tensor([[int(chosen[r])] for r in rows], device=logits.device))[:, 0].tolist()
     k = min(max(int(wanted[r]) for r in rows), logp.shape[-1])  # type: ignore[arg-type]
-    top_values, top_ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
     values, ids = top_values.tolist(), top_ids.tolist()
     for j, r in enumerate(rows):
         want = int(wanted[r])  # type: ignore[arg-type]
@@ -959,9 +1009,13 @@ def token_logprobs(logits: torch.Tensor, wanted: Sequence[int | None], chosen: S
     return out
 
 
-def run_profiler(model: torch.nn.Module, probes: Mapping[str, Callable[[], Any]], device: str,
-                 groups: Sequence[ModuleGroup] | None = None, function_sites: Sequence[Any] | None = None
-                 ) -> dict[str, Any] | None:
+def run_profiler(
+    model: torch.nn.Module,
+    probes: Mapping[str, Callable[[], Any]],
+    device: str,
+    groups: Sequence[ModuleGroup] | None = None,
+    function_sites: Sequence[Any] | None = None,
+) -> dict[str, Any] | None:
     """`gpuyantra.profiler.profile_model(model, run_probe, device)` when that module exists, else None."""
     try:
         from gpuyantra.profiler import profile_model

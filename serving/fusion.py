@@ -40,8 +40,10 @@ def _siblings(parent: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.
     if len(mods) != len(found):
         return None
     first = mods[0].weight
-    if any(m.weight.shape[1] != first.shape[1] or m.weight.dtype != first.dtype or m.weight.device != first.device
-           for m in mods):
+    if any(
+        m.weight.shape[1] != first.shape[1] or m.weight.dtype != first.dtype or m.weight.device != first.device
+        for m in mods
+    ):
         return None
     if len({m.bias is None for m in mods}) != 1:
         return None
@@ -58,9 +60,9 @@ def _fuse_one(parent: torch.nn.Module, names: tuple[str, ...], mods: list[torch.
     fused = _Fused(parent, names, weight, bias, splits)
     offset = 0
     for m, rows in zip(mods, splits):
-        m.weight = torch.nn.Parameter(weight[offset:offset + rows], requires_grad=m.weight.requires_grad)
+        m.weight = torch.nn.Parameter(weight[offset : offset + rows], requires_grad=m.weight.requires_grad)
         if bias is not None:
-            m.bias = torch.nn.Parameter(bias[offset:offset + rows], requires_grad=m.bias.requires_grad)
+            m.bias = torch.nn.Parameter(bias[offset : offset + rows], requires_grad=m.bias.requires_grad)
         offset += rows
     lead, rest = mods[0], list(zip(names[1:], mods[1:]))
 
@@ -75,6 +77,7 @@ def _fuse_one(parent: torch.nn.Module, names: tuple[str, ...], mods: list[torch.
             if fused.stash.get("input") is x and name in fused.stash:
                 return fused.stash.pop(name)
             return F.linear(x, self.weight, self.bias)
+
         return follower_forward
 
     # Instance-level forward overrides are the point here (mypy forbids assigning to a method).

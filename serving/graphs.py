@@ -45,8 +45,10 @@ class GraphDecoder:
         self.engine = engine
         self.device = engine.device
         self.capture_enabled = self.device.type == "cuda"
-        wanted = sorted({int(b) for b in (buckets or default_buckets(engine.max_batch))
-                         if 1 <= int(b) <= engine.max_batch} | {engine.max_batch})
+        wanted = sorted(
+            {int(b) for b in (buckets or default_buckets(engine.max_batch)) if 1 <= int(b) <= engine.max_batch}
+            | {engine.max_batch}
+        )
         self.buckets = wanted
         self.warmup = warmup
         self.static: dict[int, dict[str, Any]] = {}
@@ -56,7 +58,8 @@ class GraphDecoder:
                 "pos": torch.full((b,), engine.cache.scratch_position, dtype=torch.long, device=self.device),
                 "host_ids": torch.zeros((b, 1), dtype=torch.long, pin_memory=self.capture_enabled),
                 "host_pos": torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled),
-                "graph": None, "logits": None,
+                "graph": None,
+                "logits": None,
             }
         self.pool: Any = None  # torch.cuda.graph_pool_handle() of the current graphs
         self.captures = 0
@@ -159,8 +162,9 @@ class GraphDecoder:
             self._reset_inputs(b)
         return out
 
-    def verify(self, buckets: Sequence[int] | None = None,
-               previous: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
+    def verify(
+        self, buckets: Sequence[int] | None = None, previous: dict[int, torch.Tensor] | None = None
+    ) -> dict[str, Any]:
         """Every bucket's graph replay equals the same step run eagerly with the current forwards
         (strict), and stays close to `previous` (the step before the swap; loose: a sanity bound)."""
         buckets = list(buckets or self.buckets)
@@ -181,7 +185,8 @@ class GraphDecoder:
             if not torch.isfinite(got).all() or diff > tol * scale:
                 raise GraphParityError(
                     f"graph path differs from the eager step at bucket {b}: max abs diff {diff:.3g} "
-                    f"(tolerance {tol * scale:.3g})")
+                    f"(tolerance {tol * scale:.3g})"
+                )
             if previous is not None and b in previous:
                 prev = previous[b]
                 pdiff = float((got - prev).abs().max())
@@ -189,17 +194,28 @@ class GraphDecoder:
                 if pdiff > loose * max(1.0, float(prev.abs().max())):
                     raise GraphParityError(
                         f"graph path with the new kernels moved the logits at bucket {b} by {pdiff:.3g} "
-                        f"from the step before the swap (bound {loose:g} x scale)")
+                        f"from the step before the swap (bound {loose:g} x scale)"
+                    )
             self._reset_inputs(b)
-        out = {"buckets": buckets, "max_rel_diff": worst, "captured": self.capture_enabled,
-               "capture_s": self.last_capture_s}
+        out = {
+            "buckets": buckets,
+            "max_rel_diff": worst,
+            "captured": self.capture_enabled,
+            "capture_s": self.last_capture_s,
+        }
         if previous is not None:
             out["max_rel_diff_vs_previous"] = worst_prev
         return out
 
     def info(self) -> dict[str, Any]:
-        return {"enabled": True, "captured": self.capture_enabled, "buckets": self.buckets,
-                "captures": self.captures, "last_capture_s": self.last_capture_s, "replays": self.replays}
+        return {
+            "enabled": True,
+            "captured": self.capture_enabled,
+            "buckets": self.buckets,
+            "captures": self.captures,
+            "last_capture_s": self.last_capture_s,
+            "replays": self.replays,
+        }
 
 
 class GraphParityError(RuntimeError):

@@ -22,27 +22,52 @@ class Metrics(EngineObserver):
         self.requests = Counter("gpuyantra_requests", "Completion requests by outcome", ["status"], registry=r)
         self.prompt_tokens = Counter("gpuyantra_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generated_tokens = Counter("gpuyantra_generated_tokens", "Tokens generated", registry=r)
-        self.request_latency = Histogram("gpuyantra_request_latency_seconds", "Request latency, submit to last token",
-                                         buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("gpuyantra_time_to_first_token_seconds", "Submit to first token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.forward_latency = Histogram("gpuyantra_forward_seconds", "One forward pass (prefill or decode step)",
-                                         ["phase"], buckets=STEP_BUCKETS, registry=r)
-        self.decode_batch = Histogram("gpuyantra_decode_batch_size", "Active requests per decode step",
-                                      buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
-        self.tokens_per_s = Gauge("gpuyantra_tokens_per_second",
-                                  f"Tokens generated per second over the last {TOKENS_WINDOW_S:g} s", registry=r)
+        self.request_latency = Histogram(
+            "gpuyantra_request_latency_seconds",
+            "Request latency, submit to last token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gpuyantra_time_to_first_token_seconds", "Submit to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.forward_latency = Histogram(
+            "gpuyantra_forward_seconds",
+            "One forward pass (prefill or decode step)",
+            ["phase"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.decode_batch = Histogram(
+            "gpuyantra_decode_batch_size",
+            "Active requests per decode step",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.tokens_per_s = Gauge(
+            "gpuyantra_tokens_per_second",
+            f"Tokens generated per second over the last {TOKENS_WINDOW_S:g} s",
+            registry=r,
+        )
         self.waiting = Gauge("gpuyantra_requests_waiting", "Requests queued for a batch slot", registry=r)
         self.active = Gauge("gpuyantra_requests_active", "Requests in a batch slot", registry=r)
-        self.swaps = Counter("gpuyantra_swaps",
-                             "Swap attempts by result (committed, rolled_back, rejected, invalid, forbidden)",
-                             ["result"], registry=r)
-        self.rollbacks = Counter("gpuyantra_rollbacks", "Rollbacks by cause (admin, fallback, parity, reapply)",
-                                 ["cause"], registry=r)
-        self.parity_failures = Counter("gpuyantra_parity_failures", "Swaps refused because parity failed or raised",
-                                       registry=r)
-        self.fallbacks = Counter("gpuyantra_kernel_fallbacks",
-                                 "Swapped-kernel calls that raised and fell back to the original forward", registry=r)
+        self.swaps = Counter(
+            "gpuyantra_swaps",
+            "Swap attempts by result (committed, rolled_back, rejected, invalid, forbidden)",
+            ["result"],
+            registry=r,
+        )
+        self.rollbacks = Counter(
+            "gpuyantra_rollbacks", "Rollbacks by cause (admin, fallback, parity, reapply)", ["cause"], registry=r
+        )
+        self.parity_failures = Counter(
+            "gpuyantra_parity_failures", "Swaps refused because parity failed or raised", registry=r
+        )
+        self.fallbacks = Counter(
+            "gpuyantra_kernel_fallbacks",
+            "Swapped-kernel calls that raised and fell back to the original forward",
+            registry=r,
+        )
         self.active_swaps = Gauge("gpuyantra_active_swaps", "Swaps bound in the live model now", registry=r)
         for status in ("ok", "error", "cancelled"):
             self.requests.labels(status=status)

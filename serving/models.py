@@ -29,9 +29,13 @@ from typing import Any
 import torch
 
 DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 
 
@@ -39,9 +43,18 @@ def _tiny_qwen2():
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False, hidden_act="silu",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        hidden_act="silu",
         initializer_range=0.2,
     )
 
@@ -50,17 +63,35 @@ def _tiny_llama():
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu", initializer_range=0.2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        initializer_range=0.2,
     )
 
 
 def _tiny_gpt2():
     from transformers import GPT2Config
 
-    return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_inner=128, vocab_size=512, n_positions=1024,
-                      initializer_range=0.2, bos_token_id=None, eos_token_id=None)
+    return GPT2Config(
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_inner=128,
+        vocab_size=512,
+        n_positions=1024,
+        initializer_range=0.2,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
 
 
 def _qwen25_15b():
@@ -68,11 +99,24 @@ def _qwen25_15b():
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
-        rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768,
-        max_window_layers=21, hidden_act="silu", bos_token_id=151643, eos_token_id=151643,
-        attention_dropout=0.0, initializer_range=0.02,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        sliding_window=32768,
+        max_window_layers=21,
+        hidden_act="silu",
+        bos_token_id=151643,
+        eos_token_id=151643,
+        attention_dropout=0.0,
+        initializer_range=0.02,
     )
 
 
@@ -172,11 +216,11 @@ class HFTokenizer:
 class LoadedModel:
     model: torch.nn.Module
     tokenizer: Any
-    name: str              # what /v1/models reports and what the swap manifest keys on
+    name: str  # what /v1/models reports and what the swap manifest keys on
     device: str
     dtype: torch.dtype
     seed: int
-    source: str            # "preset" | "folder" | "hf-cache"
+    source: str  # "preset" | "folder" | "hf-cache"
     random_weights: bool
 
     @property
@@ -240,9 +284,11 @@ def resolve_model(spec: str) -> tuple[str, Path | None, str]:
     snapshot, why = _cached_snapshot(spec)
     if snapshot is not None:
         return "hf-cache", snapshot, spec
-    raise ModelLoadError(f"--model {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}), a local folder "
-                         f"nor a Hugging Face model id in the local cache ({why}); nothing is downloaded: "
-                         f"fetch it first, e.g. `hf download {spec}`")
+    raise ModelLoadError(
+        f"--model {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}), a local folder "
+        f"nor a Hugging Face model id in the local cache ({why}); nothing is downloaded: "
+        f"fetch it first, e.g. `hf download {spec}`"
+    )
 
 
 def _cached_snapshot(repo_id: str) -> tuple[Path | None, str]:
@@ -266,20 +312,31 @@ def load_tokenizer(folder: Path, config: Any, byte_tokenizer: bool = False) -> A
     if byte_tokenizer:
         return ByteTokenizer(int(config.vocab_size))
     if not _has_tokenizer(folder):
-        raise ModelLoadError(f"{folder} has no tokenizer (tokenizer.json, tokenizer_config.json, ...); "
-                             "pass --byte-tokenizer to serve it with the byte-level tokenizer")
+        raise ModelLoadError(
+            f"{folder} has no tokenizer (tokenizer.json, tokenizer_config.json, ...); "
+            "pass --byte-tokenizer to serve it with the byte-level tokenizer"
+        )
     from transformers import AutoTokenizer
 
     try:
         return HFTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True), config)
     except Exception as exc:  # noqa: BLE001 - reported as one line
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ModelLoadError(f"the tokenizer of {folder} does not load ({type(exc).__name__}: {first}); "
-                             "pass --byte-tokenizer to serve it with the byte-level tokenizer") from exc
+        raise ModelLoadError(
+            f"the tokenizer of {folder} does not load ({type(exc).__name__}: {first}); "
+            "pass --byte-tokenizer to serve it with the byte-level tokenizer"
+        ) from exc
 
 
-def load_model(spec: str, *, random_weights: bool = False, device: str | None = None,
-               dtype: str | torch.dtype | None = None, seed: int = 0, byte_tokenizer: bool = False) -> LoadedModel:
+def load_model(
+    spec: str,
+    *,
+    random_weights: bool = False,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    seed: int = 0,
+    byte_tokenizer: bool = False,
+) -> LoadedModel:
     """Load a preset (always random weights), a local folder or a cached Hugging Face model id
     (weights, or config + random weights)."""
     problem = model_problem(spec, random_weights)
@@ -302,14 +359,23 @@ def load_model(spec: str, *, random_weights: bool = False, device: str | None = 
         if random_weights:
             model = _from_config(config, device, torch_dtype, seed)
         else:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
-                                                         local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
+            )
             # transformers types `to` through a wrapper that loses the bound self
             model = model.to(device)  # type: ignore[arg-type]
     model.eval()
     model.requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=device, dtype=torch_dtype,
-                       seed=seed, source=source, random_weights=random_weights)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        device=device,
+        dtype=torch_dtype,
+        seed=seed,
+        source=source,
+        random_weights=random_weights,
+    )
 
 
 def model_problem(spec: str, random_weights: bool = False, byte_tokenizer: bool | None = None) -> str | None:
@@ -341,8 +407,12 @@ def model_problem(spec: str, random_weights: bool = False, byte_tokenizer: bool 
 def describe(loaded: LoadedModel) -> dict[str, Any]:
     cfg = loaded.config
     return {
-        "name": loaded.name, "source": loaded.source, "architecture": type(loaded.model).__name__,
-        "device": loaded.device, "dtype": str(loaded.dtype).replace("torch.", ""), "seed": loaded.seed,
+        "name": loaded.name,
+        "source": loaded.source,
+        "architecture": type(loaded.model).__name__,
+        "device": loaded.device,
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "seed": loaded.seed,
         "random_weights": loaded.random_weights,
         "tokenizer": "byte-level" if getattr(loaded.tokenizer, "is_byte_level", False) else "folder",
         "chat_template": bool(getattr(loaded.tokenizer, "chat_template", None)),
@@ -359,6 +429,19 @@ def write_preset_folder(preset: str, folder: str | Path) -> Path:
     return folder
 
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "ModelLoadError", "PRESETS", "PRESET_TOKENIZERS",
-           "describe", "load_model", "load_tokenizer", "model_problem", "resolve_device", "resolve_dtype",
-           "resolve_model", "write_preset_folder"]
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "LoadedModel",
+    "ModelLoadError",
+    "PRESETS",
+    "PRESET_TOKENIZERS",
+    "describe",
+    "load_model",
+    "load_tokenizer",
+    "model_problem",
+    "resolve_device",
+    "resolve_dtype",
+    "resolve_model",
+    "write_preset_folder",
+]

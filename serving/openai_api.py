@@ -76,12 +76,18 @@ class ValidationErrorBody(BaseModel):
 
 
 # One server-sent event of a stream (schemathesis and OpenAPI 3.2 read a text/event-stream schema per event).
-SSE_EVENT = {"type": "object", "required": ["data"],
-             "properties": {"data": {"type": "string", "description": "a JSON chunk; the last event is [DONE]"}}}
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON chunk; the last event is [DONE]"}},
+}
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "the completion; with `stream: true`, server-sent events (`data: {chunk}` lines, the "
-                         "last `data: [DONE]`)", "content": {"text/event-stream": {"schema": SSE_EVENT}}},
+    200: {
+        "description": "the completion; with `stream: true`, server-sent events (`data: {chunk}` lines, the "
+        "last `data: [DONE]`)",
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    },
     400: {"model": ErrorBody, "description": "the engine cannot run it (context, token ids, chat template)"},
     404: {"model": ErrorBody, "description": "`model` names another model than the one served"},
     422: {"model": ValidationErrorBody, "description": "malformed body"},
@@ -90,11 +96,19 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status},
-                                                     "detail": message})
+    return JSONResponse(
+        status_code=status, content={"error": {"message": message, "type": kind, "code": status}, "detail": message}
+    )
 
 
 # ====================================================================== request bodies
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str] | None:
+    """`stop` as a list (the request validator already turns one string into a list of one)."""
+    return [stop] if isinstance(stop, str) else stop
+
+
 class _SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -121,8 +135,9 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int = Field(16, ge=1, le=1_000_000)
     echo: bool = False
-    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS,
-                                       description="log-probabilities of each token and of the k most likely")
+    logprobs: StrictInt | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="log-probabilities of each token and of the k most likely"
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -151,8 +166,7 @@ class ChatMessage(BaseModel):
     @classmethod
     def _text_parts(cls, v):
         if isinstance(v, list):
-            if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str)
-                   for p in v):
+            if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str) for p in v):
                 raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
             v = "\n".join(p["text"] for p in v)
         return v
@@ -185,7 +199,7 @@ class IncrementalText:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
         if text.startswith(self.emitted) and len(text) > len(self.emitted):
-            delta = text[len(self.emitted):]
+            delta = text[len(self.emitted) :]
             self.emitted = text
             return delta
         return ""
@@ -221,17 +235,26 @@ def completion_logprobs(tok, ids: list[int], entries: list[LogprobEntry], offset
         for alt, lp in [*alternatives, (token, chosen)]:
             best.setdefault(tok.token_text(alt), lp)  # two ids with one text: the likelier one's
         top.append(best)
-    return {"tokens": [tok.token_text(i) for i in ids], "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": top, "text_offset": list(offsets)}
+    return {
+        "tokens": [tok.token_text(i) for i in ids],
+        "token_logprobs": [e[0] for e in entries],
+        "top_logprobs": top,
+        "text_offset": list(offsets),
+    }
 
 
 def chat_logprobs(tok, ids: list[int], entries: list[LogprobEntry]) -> dict[str, Any]:
     """The chat `logprobs` object (`{"content": [...]}`) of these tokens."""
+
     def item(token: int, lp: float) -> dict[str, Any]:
         return {"token": tok.token_text(token), "logprob": lp, "bytes": list(tok.token_bytes(token))}
 
-    return {"content": [{**item(token, chosen), "top_logprobs": [item(a, lp) for a, lp in alternatives]}
-                        for token, (chosen, alternatives) in zip(ids, entries)]}
+    return {
+        "content": [
+            {**item(token, chosen), "top_logprobs": [item(a, lp) for a, lp in alternatives]}
+            for token, (chosen, alternatives) in zip(ids, entries)
+        ]
+    }
 
 
 # ====================================================================== the generation core
@@ -254,8 +277,8 @@ class _Choice:
     req: GenRequest
     decoder: IncrementalText
     sent: str = ""
-    count: int = 0             # tokens kept: up to the one that completed a stop string
-    reported: int = 0          # tokens already in a Delta
+    count: int = 0  # tokens kept: up to the one that completed a stop string
+    reported: int = 0  # tokens already in a Delta
     offsets: list[int] = field(default_factory=list)
     stopped: bool = False
     finished: bool = False
@@ -264,9 +287,19 @@ class _Choice:
 class Generation:
     """`n` samples of each prompt on the engine; choice index = prompt index * n + sample."""
 
-    def __init__(self, engine: Engine, prompts: list[list[int]], *, n: int, max_tokens: int | None,
-                 temperature: float, top_p: float, seed: int | None, stops: list[str] | None,
-                 logprobs: int | None):
+    def __init__(
+        self,
+        engine: Engine,
+        prompts: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stops: list[str] | None,
+        logprobs: int | None,
+    ):
         self.engine = engine
         self.tok = engine.tokenizer
         self.prompts = prompts
@@ -279,11 +312,17 @@ class Generation:
             for j in range(n):
                 index = len(self.choices)
                 budget = max_tokens if max_tokens is not None else max(1, engine.usable_len - len(ids) + 1)
-                req = GenRequest(prompt_ids=ids, max_tokens=budget, temperature=temperature, top_p=top_p,
-                                 seed=_sample_seed(seed, j), logprobs=logprobs,
-                                 stop_token_ids=frozenset(self.tok.eos_token_ids),
-                                 on_token=partial(self._post, index, "token"),
-                                 on_finish=partial(self._post, index, "finish"))
+                req = GenRequest(
+                    prompt_ids=ids,
+                    max_tokens=budget,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=_sample_seed(seed, j),
+                    logprobs=logprobs,
+                    stop_token_ids=frozenset(self.tok.eos_token_ids),
+                    on_token=partial(self._post, index, "token"),
+                    on_finish=partial(self._post, index, "finish"),
+                )
                 engine.validate(req)  # RequestError: 400, before anything runs
                 self.choices.append(_Choice(req, IncrementalText(self.tok)))
 
@@ -307,8 +346,14 @@ class Generation:
     def _delta(self, index: int, c: _Choice, text: str, **extra: Any) -> Delta:
         lo, hi = c.reported, c.count
         c.reported = hi
-        return Delta(index, text, c.req.output_ids[lo:hi],
-                     c.req.output_logprobs[lo:hi] if self.logprobs is not None else None, c.offsets[lo:hi], **extra)
+        return Delta(
+            index,
+            text,
+            c.req.output_ids[lo:hi],
+            c.req.output_logprobs[lo:hi] if self.logprobs is not None else None,
+            c.offsets[lo:hi],
+            **extra,
+        )
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Deltas until every choice finished; cancels what is left when the consumer goes away."""
@@ -332,7 +377,7 @@ class Generation:
                     else:
                         safe = len(text) - stop_overlap(text, stops)
                     if safe > len(c.sent):
-                        delta = text[len(c.sent):safe]
+                        delta = text[len(c.sent) : safe]
                         c.sent += delta
                         yield self._delta(index, c, delta)
                     continue
@@ -342,8 +387,8 @@ class Generation:
                 if req.finish_reason == "error":
                     yield self._delta(index, c, "", error=f"generation failed: {req.error}")
                     continue
-                full, hit = truncate_at_stop(self.tok.decode(req.output_ids[:c.count]), stops)
-                tail = full[len(c.sent):] if full.startswith(c.sent) else ""
+                full, hit = truncate_at_stop(self.tok.decode(req.output_ids[: c.count]), stops)
+                tail = full[len(c.sent) :] if full.startswith(c.sent) else ""
                 c.sent += tail
                 reason = "stop" if (c.stopped or hit or req.finish_reason != "length") else "length"
                 yield self._delta(index, c, tail, finish_reason=reason)
@@ -361,8 +406,9 @@ def _sample_seed(seed: int | None, sample: int) -> int | None:
 
 def _check_model(engine: Engine, model: str | None) -> JSONResponse | None:
     if model not in (None, "", engine.model_name):
-        return openai_error(404, f"model {model!r} is not served here (serving {engine.model_name!r})",
-                            "model_not_found")
+        return openai_error(
+            404, f"model {model!r} is not served here (serving {engine.model_name!r})", "model_not_found"
+        )
     return None
 
 
@@ -371,8 +417,9 @@ def _sse(payload: Any) -> str:
 
 
 def _streaming(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 async def _collect(gen: Generation) -> tuple[dict[int, dict[str, Any]], str | None]:
@@ -416,8 +463,17 @@ async def create_completion(engine: Engine, body: CompletionRequest):
     bos = getattr(tok, "bos_token_id", None)
     prompts = [ids if ids else ([bos] if bos is not None else []) for ids in prompts]
     try:
-        gen = Generation(engine, prompts, n=body.n, max_tokens=body.max_tokens, temperature=body.temperature,
-                         top_p=body.top_p, seed=body.seed, stops=body.stop, logprobs=body.logprobs)  # type: ignore[arg-type]
+        gen = Generation(
+            engine,
+            prompts,
+            n=body.n,
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stops=stop_strings(body.stop),
+            logprobs=body.logprobs,
+        )
     except RequestError as exc:
         return openai_error(400, str(exc))
     gen.start()
@@ -430,22 +486,46 @@ async def create_completion(engine: Engine, body: CompletionRequest):
         out, error = await _collect(gen)
         if error:
             return openai_error(500, error, "server_error")
-        choices = [{"index": i, "text": c["text"], "logprobs": logprobs(c["token_ids"], c["logprobs"], c["offsets"]),
-                    "finish_reason": c["finish_reason"], "token_ids": c["token_ids"]} for i, c in out.items()]
-        return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices,
-                "usage": gen.usage()}
+        choices = [
+            {
+                "index": i,
+                "text": c["text"],
+                "logprobs": logprobs(c["token_ids"], c["logprobs"], c["offsets"]),
+                "finish_reason": c["finish_reason"],
+                "token_ids": c["token_ids"],
+            }
+            for i, c in out.items()
+        ]
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": gen.usage(),
+        }
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-        return _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                     "choices": choices, **extra})
+        return _sse(
+            {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices, **extra}
+        )
 
     async def events() -> AsyncIterator[str]:
         async for d in gen.deltas():
             if d.error:
                 yield _sse({"error": {"message": d.error, "type": "server_error"}})
                 continue
-            yield chunk([{"index": d.index, "text": d.text, "finish_reason": d.finish_reason,
-                          "logprobs": logprobs(d.token_ids, d.logprobs, d.offsets), "token_ids": d.token_ids}])
+            yield chunk(
+                [
+                    {
+                        "index": d.index,
+                        "text": d.text,
+                        "finish_reason": d.finish_reason,
+                        "logprobs": logprobs(d.token_ids, d.logprobs, d.offsets),
+                        "token_ids": d.token_ids,
+                    }
+                ]
+            )
         if _usage_wanted(body):
             yield chunk([], usage=gen.usage())
         yield "data: [DONE]\n\n"
@@ -461,9 +541,12 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
     tok = engine.tokenizer
     if not getattr(tok, "chat_template", None):
         kind = "the byte-level tokenizer" if getattr(tok, "is_byte_level", False) else "its tokenizer"
-        return openai_error(400, f"model {engine.model_name!r} has no chat template ({kind} defines none): use "
-                                 "/v1/completions, or serve a model whose tokenizer_config.json / "
-                                 "chat_template.jinja defines one")
+        return openai_error(
+            400,
+            f"model {engine.model_name!r} has no chat template ({kind} defines none): use "
+            "/v1/completions, or serve a model whose tokenizer_config.json / "
+            "chat_template.jinja defines one",
+        )
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
         prompt = tok.apply_chat_template(messages)
@@ -471,9 +554,17 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
         return openai_error(400, f"the chat template refused the messages: {type(exc).__name__}: {exc}")
     top = (body.top_logprobs or 0) if body.logprobs else None
     try:
-        gen = Generation(engine, [prompt], n=body.n, max_tokens=body.max_completion_tokens or body.max_tokens,
-                         temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                         stops=body.stop, logprobs=top)  # type: ignore[arg-type]
+        gen = Generation(
+            engine,
+            [prompt],
+            n=body.n,
+            max_tokens=body.max_completion_tokens or body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stops=stop_strings(body.stop),
+            logprobs=top,
+        )
     except RequestError as exc:
         return openai_error(400, str(exc))
     gen.start()
@@ -486,26 +577,55 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
         out, error = await _collect(gen)
         if error:
             return openai_error(500, error, "server_error")
-        choices = [{"index": i, "message": {"role": "assistant", "content": c["text"]},
-                    "logprobs": logprobs(c["token_ids"], c["logprobs"]), "finish_reason": c["finish_reason"]}
-                   for i, c in out.items()]
-        return {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-                "usage": gen.usage()}
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": c["text"]},
+                "logprobs": logprobs(c["token_ids"], c["logprobs"]),
+                "finish_reason": c["finish_reason"],
+            }
+            for i, c in out.items()
+        ]
+        return {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": gen.usage(),
+        }
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-        return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "choices": choices, **extra})
+        return _sse(
+            {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
+        )
 
     async def events() -> AsyncIterator[str]:
         for i in range(len(gen.choices)):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
+            yield chunk(
+                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+            )
         async for d in gen.deltas():
             if d.error:
                 yield _sse({"error": {"message": d.error, "type": "server_error"}})
                 continue
-            yield chunk([{"index": d.index, "delta": {"content": d.text} if d.text else {},
-                          "logprobs": logprobs(d.token_ids, d.logprobs), "finish_reason": d.finish_reason}])
+            yield chunk(
+                [
+                    {
+                        "index": d.index,
+                        "delta": {"content": d.text} if d.text else {},
+                        "logprobs": logprobs(d.token_ids, d.logprobs),
+                        "finish_reason": d.finish_reason,
+                    }
+                ]
+            )
         if _usage_wanted(body):
             yield chunk([], usage=gen.usage())
         yield "data: [DONE]\n\n"

@@ -11,7 +11,7 @@ def rows(section: str) -> list[list[str]]:
     """The body rows of the first table under `## <section>`, each cell unwrapped from its code span."""
     lines = ERRORS_MD.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"## {section}"))
-    table = [line for line in _until_next_section(lines[start + 1:]) if line.startswith("|")]
+    table = [line for line in _until_next_section(lines[start + 1 :]) if line.startswith("|")]
     return [[_cell(c) for c in line.strip("|").split(" | ")] for line in table[2:]]  # header, rule
 
 
@@ -30,5 +30,5 @@ def _cell(text: str) -> str:
     for fence in ("`` ", "`"):  # a double-backtick span holds messages that contain backticks
         closing = fence[::-1]
         if text.startswith(fence) and text.endswith(closing):
-            return text[len(fence):-len(closing)]
+            return text[len(fence) : -len(closing)]
     return text

@@ -9,8 +9,9 @@ from gpuyantra.processes import free_port
 
 
 def gpuyantra(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuyantra.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_every_command_has_help():

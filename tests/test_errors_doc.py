@@ -55,8 +55,13 @@ def test_every_command_line_row(server: str, tmp_path: Path) -> None:
     def run(row: list[str]) -> tuple[list[str], subprocess.CompletedProcess]:
         argv = shlex.split(fill(row[0]))
         assert argv[0] == "gpuyantra"
-        return row, subprocess.run([sys.executable, "-m", "gpuyantra.cli", *argv[1:]], capture_output=True,
-                                   text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
+        return row, subprocess.run(
+            [sys.executable, "-m", "gpuyantra.cli", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+            stdin=subprocess.DEVNULL,
+        )
 
     with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:  # in parallel: wall time of the slowest
         results = list(pool.map(run, cases))
@@ -68,6 +73,10 @@ def test_every_command_line_row(server: str, tmp_path: Path) -> None:
 
 
 def test_debug_anywhere_on_the_line_shows_the_traceback() -> None:
-    result = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "skills", "list", "--qdrant-url",
-                             "http://127.0.0.1:1", "--debug"], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", "skills", "list", "--qdrant-url", "http://127.0.0.1:1", "--debug"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert result.returncode == 1 and "Traceback" in result.stderr

@@ -23,12 +23,26 @@ def build_workers(client: Client, role: str, executor: concurrent.futures.Execut
     workers: list[Worker] = []
     if role in ("cpu", "all"):
         workers.append(Worker(client, task_queue=config.CONTROL_TASK_QUEUE, workflows=[OptimizeCampaign]))
-        workers.append(Worker(client, task_queue=config.CPU_TASK_QUEUE, activities=cpu.ACTIVITIES,
-                              activity_executor=executor, max_concurrent_activities=4))
+        workers.append(
+            Worker(
+                client,
+                task_queue=config.CPU_TASK_QUEUE,
+                activities=cpu.ACTIVITIES,
+                activity_executor=executor,
+                max_concurrent_activities=4,
+            )
+        )
     if role in ("gpu", "all"):
         # One verification at a time: timings must not share the device with each other.
-        workers.append(Worker(client, task_queue=config.GPU_TASK_QUEUE, activities=gpu.ACTIVITIES,
-                              activity_executor=executor, max_concurrent_activities=1))
+        workers.append(
+            Worker(
+                client,
+                task_queue=config.GPU_TASK_QUEUE,
+                activities=gpu.ACTIVITIES,
+                activity_executor=executor,
+                max_concurrent_activities=1,
+            )
+        )
     return workers
 
 
@@ -43,8 +57,11 @@ async def run_workers(role: str, address: str, ready: asyncio.Event | None = Non
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as executor:
         workers = build_workers(client, role, executor)
         log.info("worker %s polling %s on %s (device %s)", role, [w.task_queue for w in workers], address, device)
-        print(f"gpuyantra worker {role}: polling {', '.join(w.task_queue for w in workers)} at {address} "
-              f"(kernels on {device})", flush=True)
+        print(
+            f"gpuyantra worker {role}: polling {', '.join(w.task_queue for w in workers)} at {address} "
+            f"(kernels on {device})",
+            flush=True,
+        )
         if ready is not None:
             ready.set()
         await asyncio.gather(*(worker.run() for worker in workers))

@@ -22,12 +22,20 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
     from gpuyantra.served_speed import figures, judge_swap, slowdown_warning  # stdlib only
-    from workflows.types import (
-        CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult, RollbackInput,
-        ServerCall,
-        VerifyInput, WriteInput, WriteResult,
-    )
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
+    from workflows.types import (
+        CampaignInput,
+        DeployInput,
+        LearnInput,
+        OutcomeInput,
+        RetrieveInput,
+        RetrieveResult,
+        RollbackInput,
+        ServerCall,
+        VerifyInput,
+        WriteInput,
+        WriteResult,
+    )
 
 # GPU activities heartbeat every few seconds: a crashed GPU worker's task moves to another worker
 # after this long, not after the whole start-to-close timeout.
@@ -35,8 +43,12 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MAX_NOTICES = 20  # rejected signals kept for the progress query; bounded so a flood cannot grow state
 MAX_REWARD = 3
 CPU_MAX_REWARD = 1  # the interpreter judges correctness only
-RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                    non_retryable_error_types=["BadRequest", "Unauthorized", "ServerUnreachable"])
+RETRY = RetryPolicy(
+    maximum_attempts=3,
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    non_retryable_error_types=["BadRequest", "Unauthorized", "ServerUnreachable"],
+)
 
 # config.SEARCH_ATTRIBUTES, typed. Set only when preflight_campaign reports them registered, so a
 # server without them runs campaigns exactly as before (an unregistered one fails every workflow task).
@@ -47,8 +59,22 @@ DEPLOYED_KEY = SearchAttributeKey.for_int("GpuyantraDeployed")
 BEST_SPEEDUP_KEY = SearchAttributeKey.for_float("GpuyantraBestSpeedup")
 SEARCH_KEYS = (MODEL_KEY, OPS_KEY, HARDWARE_KEY, DEPLOYED_KEY, BEST_SPEEDUP_KEY)
 # What each target's result keeps of its best (or last) verdict: what `gpuyantra report` shows.
-VERDICT_KEYS = ("accepted", "reward", "device", "failures", "speedup_vs_eager", "speedup_vs_compile", "kernel_us",
-                "eager_us", "compile_us", "compile_ro_us", "floor_us", "shapes", "dtypes", "candidate_path")
+VERDICT_KEYS = (
+    "accepted",
+    "reward",
+    "device",
+    "failures",
+    "speedup_vs_eager",
+    "speedup_vs_compile",
+    "kernel_us",
+    "eager_us",
+    "compile_us",
+    "compile_ro_us",
+    "floor_us",
+    "shapes",
+    "dtypes",
+    "candidate_path",
+)
 BENCH_KEYS = ("shape", "kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "bytes")
 
 __all__ = ["OptimizeCampaign", "CONTROL_TASK_QUEUE"]
@@ -115,22 +141,28 @@ class OptimizeCampaign:
         hardware = profile.get("hardware", "unknown")
         targets = select_targets(profile.get("targets", []), params.ops, params.max_targets)
         self._target_ops = {t["op"] for t in targets}
-        self._search(HARDWARE_KEY.value_set(str(hardware)),
-                     *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
-                     *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]))
+        self._search(
+            HARDWARE_KEY.value_set(str(hardware)),
+            *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
+            *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]),
+        )
         self._stage("e2e-before")
         before = self._served = await self._gpu("benchmark_server", server, timedelta(minutes=10))
 
         self._stage("targets")
         if workflow.patched("concurrent-targets"):
-            outcomes = await asyncio.gather(*(self._optimize_target(campaign_id, params, target, hardware)
-                                              for target in targets))
+            outcomes = await asyncio.gather(
+                *(self._optimize_target(campaign_id, params, target, hardware) for target in targets)
+            )
         else:
             self._sequential = True
             outcomes = [await self._optimize_target(campaign_id, params, target, hardware) for target in targets]
         deployed = [outcome["entry"] for outcome in outcomes if outcome.get("deployed")]
-        rejected = [{"op": op, "reason": f"the served model has no module computing {op}"}
-                    for op in (params.ops or []) if not any(t["op"] == op for t in targets)]
+        rejected = [
+            {"op": op, "reason": f"the served model has no module computing {op}"}
+            for op in (params.ops or [])
+            if not any(t["op"] == op for t in targets)
+        ]
         rejected += [outcome["entry"] for outcome in outcomes if not outcome.get("deployed")]
 
         self._stage("e2e-after")
@@ -145,21 +177,26 @@ class OptimizeCampaign:
             "hardware": hardware,
             "deployed": deployed,
             "rejected": rejected,
-            "e2e": {"tokens_per_s_before": before.get("tokens_per_s"),
-                    "tokens_per_s_after": after.get("tokens_per_s")},
+            "e2e": {"tokens_per_s_before": before.get("tokens_per_s"), "tokens_per_s_after": after.get("tokens_per_s")},
             "served_speed": {"before": figures(before), "after": figures(after)},
             "warnings": self._warnings,
         }
 
-    async def _optimize_target(self, campaign_id: str, params: CampaignInput, target: dict[str, Any],
-                               hardware: str) -> dict[str, Any]:
+    async def _optimize_target(
+        self, campaign_id: str, params: CampaignInput, target: dict[str, Any], hardware: str
+    ) -> dict[str, Any]:
         op = target["op"]
         key = f"{op}:{target['module_class']}"
         progress = self._progress["targets"].setdefault(key, {})
         progress["stage"] = "retrieve"
         retrieved: RetrieveResult = await workflow.execute_activity(
-            "retrieve_skills", RetrieveInput(target=target, hardware=hardware), result_type=RetrieveResult,
-            task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=2), retry_policy=RETRY)
+            "retrieve_skills",
+            RetrieveInput(target=target, hardware=hardware),
+            result_type=RetrieveResult,
+            task_queue=CPU_TASK_QUEUE,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RETRY,
+        )
         seed = retrieved.seed
         history: list[dict[str, Any]] = []  # what the author sees of earlier attempts
         attempts: list[dict[str, Any]] = []  # what the result reports of them
@@ -168,27 +205,57 @@ class OptimizeCampaign:
         for iteration in range(1, params.max_iterations + 1):
             progress.update(stage="write", iteration=iteration)
             written: WriteResult = await workflow.execute_activity(
-                "write_candidate", WriteInput(target=target, hardware=hardware, iteration=iteration, seed=seed,
-                                              history=history),
-                result_type=WriteResult, task_queue=CPU_TASK_QUEUE,
-                start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY,
-                summary=f"write {op} iteration {iteration}")
+                "write_candidate",
+                WriteInput(target=target, hardware=hardware, iteration=iteration, seed=seed, history=history),
+                result_type=WriteResult,
+                task_queue=CPU_TASK_QUEUE,
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=RETRY,
+                summary=f"write {op} iteration {iteration}",
+            )
             progress["stage"] = "verify"
-            verdict = await self._gpu("verify_candidate", VerifyInput(
-                campaign_id=campaign_id, target=target, iteration=iteration, source=written.source,
-                device=params.device), timedelta(minutes=20),
-                summary=f"verify {key} iteration {iteration}: {strategy_text(written.strategy)}")
+            verdict = await self._gpu(
+                "verify_candidate",
+                VerifyInput(
+                    campaign_id=campaign_id,
+                    target=target,
+                    iteration=iteration,
+                    source=written.source,
+                    device=params.device,
+                ),
+                timedelta(minutes=20),
+                summary=f"verify {key} iteration {iteration}: {strategy_text(written.strategy)}",
+            )
             reward = int(verdict.get("reward", -1))
-            history.append({"strategy": written.strategy, "reward": reward, "failures": verdict.get("failures", []),
-                            "kernel_us": verdict.get("kernel_us"), "floor_us": verdict.get("floor_us")})
-            attempts.append({"iteration": iteration, "strategy": written.strategy, "author": written.author,
-                             "reward": reward, "failures": verdict.get("failures", [])[:5],
-                             "kernel_us": verdict.get("kernel_us"), "floor_us": verdict.get("floor_us"),
-                             "candidate_path": verdict.get("candidate_path")})
+            history.append(
+                {
+                    "strategy": written.strategy,
+                    "reward": reward,
+                    "failures": verdict.get("failures", []),
+                    "kernel_us": verdict.get("kernel_us"),
+                    "floor_us": verdict.get("floor_us"),
+                }
+            )
+            attempts.append(
+                {
+                    "iteration": iteration,
+                    "strategy": written.strategy,
+                    "author": written.author,
+                    "reward": reward,
+                    "failures": verdict.get("failures", [])[:5],
+                    "kernel_us": verdict.get("kernel_us"),
+                    "floor_us": verdict.get("floor_us"),
+                    "candidate_path": verdict.get("candidate_path"),
+                }
+            )
             if seed is not None and iteration == 1:
                 await workflow.execute_activity(
-                    "record_outcome", OutcomeInput(skill_id=seed["id"], reward=float(reward)),
-                    task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=1), retry_policy=RETRY)
+                    "record_outcome",
+                    OutcomeInput(skill_id=seed["id"], reward=float(reward)),
+                    task_queue=CPU_TASK_QUEUE,
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=RETRY,
+                )
             if verdict.get("accepted") and (best is None or reward > best["verdict"]["reward"]):
                 best = {"verdict": verdict, "written": written, "iteration": iteration}
             if reward >= ceiling_reward(verdict):
@@ -197,28 +264,64 @@ class OptimizeCampaign:
         if best is None:
             last = history[-1]["failures"] if history else []
             reason = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:3]) or "no candidate"
-            return {"entry": {"op": op, "module_class": target["module_class"],
-                              "reason": f"no candidate passed verification in {len(history)} iterations ({reason})",
-                              "iterations": len(history), "verdict": verdict_digest(verdict), "attempts": attempts}}
+            return {
+                "entry": {
+                    "op": op,
+                    "module_class": target["module_class"],
+                    "reason": f"no candidate passed verification in {len(history)} iterations ({reason})",
+                    "iterations": len(history),
+                    "verdict": verdict_digest(verdict),
+                    "attempts": attempts,
+                }
+            }
 
         progress["stage"] = "learn"
         verdict, written = best["verdict"], best["written"]
         skill_id = await workflow.execute_activity(
-            "learn_skill", LearnInput(campaign_id=campaign_id, target=target, hardware=hardware,
-                                      iteration=best["iteration"], source=written.source,
-                                      strategy=written.strategy, verdict=verdict, author=written.author),
-            result_type=str, task_queue=CPU_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=RETRY)
-        summary = {"op": op, "module_class": target["module_class"], "modules": target.get("modules", 0),
-                   "reward": verdict["reward"], "speedup_vs_eager": verdict.get("speedup_vs_eager"),
-                   "speedup_vs_compile": verdict.get("speedup_vs_compile"), "skill_id": skill_id,
-                   "iterations": len(history), "seed_skill_id": seed["id"] if seed else None,
-                   "verdict": verdict_digest(verdict), "best_iteration": best["iteration"], "attempts": attempts}
+            "learn_skill",
+            LearnInput(
+                campaign_id=campaign_id,
+                target=target,
+                hardware=hardware,
+                iteration=best["iteration"],
+                source=written.source,
+                strategy=written.strategy,
+                verdict=verdict,
+                author=written.author,
+            ),
+            result_type=str,
+            task_queue=CPU_TASK_QUEUE,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RETRY,
+        )
+        summary = {
+            "op": op,
+            "module_class": target["module_class"],
+            "modules": target.get("modules", 0),
+            "reward": verdict["reward"],
+            "speedup_vs_eager": verdict.get("speedup_vs_eager"),
+            "speedup_vs_compile": verdict.get("speedup_vs_compile"),
+            "skill_id": skill_id,
+            "iterations": len(history),
+            "seed_skill_id": seed["id"] if seed else None,
+            "verdict": verdict_digest(verdict),
+            "best_iteration": best["iteration"],
+            "attempts": attempts,
+        }
         if verdict["reward"] < params.min_reward:
-            return {"entry": {**summary, "reason": (
-                f"best reward {verdict['reward']} is below min_reward {params.min_reward}"
-                + (" (on CPU speed is not judged: +1 is the most a kernel can score)"
-                   if verdict.get("device") == "cpu" else ""))}}
+            return {
+                "entry": {
+                    **summary,
+                    "reason": (
+                        f"best reward {verdict['reward']} is below min_reward {params.min_reward}"
+                        + (
+                            " (on CPU speed is not judged: +1 is the most a kernel can score)"
+                            if verdict.get("device") == "cpu"
+                            else ""
+                        )
+                    ),
+                }
+            }
         if params.require_approval and not await self._wait_for_approval(op, progress):
             return {"entry": {**summary, "reason": "deployment not approved"}}
 
@@ -234,19 +337,35 @@ class OptimizeCampaign:
                 speedup = verdict.get("speedup_vs_eager")
                 if isinstance(speedup, (int, float)) and (self._best_speedup is None or speedup > self._best_speedup):
                     self._best_speedup = float(speedup)
-                self._search(DEPLOYED_KEY.value_set(self._deployed_count),
-                             *([BEST_SPEEDUP_KEY.value_set(self._best_speedup)] if self._best_speedup else []))
+                self._search(
+                    DEPLOYED_KEY.value_set(self._deployed_count),
+                    *([BEST_SPEEDUP_KEY.value_set(self._best_speedup)] if self._best_speedup else []),
+                )
             return outcome
 
-    async def _deploy(self, params: CampaignInput, target: dict[str, Any], summary: dict[str, Any],
-                      written: WriteResult, verdict: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
+    async def _deploy(
+        self,
+        params: CampaignInput,
+        target: dict[str, Any],
+        summary: dict[str, Any],
+        written: WriteResult,
+        verdict: dict[str, Any],
+        progress: dict[str, Any],
+    ) -> dict[str, Any]:
         """Swap, measure served speed, keep or roll back. Called with the deploy lock held."""
         progress["stage"] = "deploy"
         try:
-            swap = await self._gpu("deploy_kernel", DeployInput(server_url=params.server_url, target=target,
-                                                                 source=written.source,
-                                                                 attestation=verdict.get("attestation")),
-                                   timedelta(minutes=10), summary=f"deploy {target['op']}")
+            swap = await self._gpu(
+                "deploy_kernel",
+                DeployInput(
+                    server_url=params.server_url,
+                    target=target,
+                    source=written.source,
+                    attestation=verdict.get("attestation"),
+                ),
+                timedelta(minutes=10),
+                summary=f"deploy {target['op']}",
+            )
         except ActivityError as exc:
             return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
         summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
@@ -258,24 +377,44 @@ class OptimizeCampaign:
         # launch-bound decode step. Roll back only a drop larger than the measurements' own spread.
         progress["stage"] = "e2e-check"
         before = self._served
-        after = await self._gpu("benchmark_server", ServerCall(params.server_url), timedelta(minutes=10),
-                                summary=f"served speed after deploying {target['op']}")
+        after = await self._gpu(
+            "benchmark_server",
+            ServerCall(params.server_url),
+            timedelta(minutes=10),
+            summary=f"served speed after deploying {target['op']}",
+        )
         judgement = judge_swap(before, after, use_spread=not self._sequential)
-        summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"),
-                                       "after": after.get("tokens_per_s")}
-        summary["served_speed"] = {"before": figures(before), "after": figures(after), "judged": judged,
-                                   "drop": judgement["drop"], "noise": judgement["noise"]}
+        summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"), "after": after.get("tokens_per_s")}
+        summary["served_speed"] = {
+            "before": figures(before),
+            "after": figures(after),
+            "judged": judged,
+            "drop": judgement["drop"],
+            "noise": judgement["noise"],
+        }
         if judged and judgement["decision"] == "rollback":
-            await self._gpu("rollback_swap", RollbackInput(server_url=params.server_url,
-                                                           swap_id=str(swap.get("swap_id"))),
-                            timedelta(minutes=5), summary=f"roll back {target['op']}")
+            await self._gpu(
+                "rollback_swap",
+                RollbackInput(server_url=params.server_url, swap_id=str(swap.get("swap_id"))),
+                timedelta(minutes=5),
+                summary=f"roll back {target['op']}",
+            )
             e2e = summary["e2e_tokens_per_s"]
-            return {"entry": {**summary, "reason": (
-                f"rolled back: served decode went from {e2e['before']:.1f} to {e2e['after']:.1f} tokens/s "
-                f"({judgement['drop']:.1%} slower, beyond the measured noise of {judgement['noise']:.1%}; "
-                f"{target.get('regime', 'unknown')} regime)")}}
-        note = (f"within the measured noise of {judgement['noise']:.1%}, so kept" if judged
-                else f"kept: speed is not judged on a {verdict.get('device')} verdict")
+            return {
+                "entry": {
+                    **summary,
+                    "reason": (
+                        f"rolled back: served decode went from {e2e['before']:.1f} to {e2e['after']:.1f} tokens/s "
+                        f"({judgement['drop']:.1%} slower, beyond the measured noise of {judgement['noise']:.1%}; "
+                        f"{target.get('regime', 'unknown')} regime)"
+                    ),
+                }
+            }
+        note = (
+            f"within the measured noise of {judgement['noise']:.1%}, so kept"
+            if judged
+            else f"kept: speed is not judged on a {verdict.get('device')} verdict"
+        )
         self._warn(slowdown_warning(f"{target['op']} deployed", before, after, note))
         self._served = after
         progress["stage"] = "deployed"
@@ -291,8 +430,13 @@ class OptimizeCampaign:
         """Op names (the registry needs torch) and one campaign per server (needs the Temporal
         client) are checked by an activity; its refusal ends the campaign with the same message."""
         try:
-            answer = await workflow.execute_activity("preflight_campaign", params, task_queue=CPU_TASK_QUEUE,
-                                                     start_to_close_timeout=timedelta(minutes=1), retry_policy=RETRY)
+            answer = await workflow.execute_activity(
+                "preflight_campaign",
+                params,
+                task_queue=CPU_TASK_QUEUE,
+                start_to_close_timeout=timedelta(minutes=1),
+                retry_policy=RETRY,
+            )
             # Campaigns preflighted before it answered (None) replay without search attributes.
             if isinstance(answer, dict):
                 self._searchable = set(answer.get("search_attributes") or [])
@@ -300,14 +444,22 @@ class OptimizeCampaign:
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.type in ("InvalidInput", "CampaignConflict"):
                 raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from exc
-            raise ApplicationError(f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed",
-                                   non_retryable=True) from exc
+            raise ApplicationError(
+                f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed", non_retryable=True
+            ) from exc
 
     async def _gpu(self, activity: str, arg: Any, timeout: timedelta, summary: str | None = None) -> dict[str, Any]:
         try:
-            return await workflow.execute_activity(activity, arg, result_type=dict, task_queue=GPU_TASK_QUEUE,
-                                                   start_to_close_timeout=timeout, retry_policy=RETRY,
-                                                   heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
+            return await workflow.execute_activity(
+                activity,
+                arg,
+                result_type=dict,
+                task_queue=GPU_TASK_QUEUE,
+                start_to_close_timeout=timeout,
+                retry_policy=RETRY,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                summary=summary,
+            )
         except ActivityError as exc:
             if activity in ("profile_server", "benchmark_server"):
                 raise ApplicationError(f"{activity} failed: {root_message(exc)}", non_retryable=True) from exc
@@ -341,7 +493,7 @@ def ceiling_reward(verdict: dict[str, Any]) -> int:
 def strategy_text(strategy: dict[str, Any] | None, limit: int = 120) -> str:
     """`BLOCK=1024 num_warps=4`: an author's strategy in an activity summary."""
     text = " ".join(f"{key}={value}" for key, value in (strategy or {}).items()) or "default strategy"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def verdict_digest(verdict: dict[str, Any]) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def signal_op(signal: str, args: tuple[Any, ...]) -> tuple[str | None, str | Non
     if len(args) == 1 and isinstance(args[0], str) and args[0].strip():
         return args[0].strip(), None
     shown = ", ".join(_show(a) for a in args)
-    return None, f"{signal} ignored: expected no argument or one op name such as \"rms_norm\" or \"*\", got {shown}"
+    return None, f'{signal} ignored: expected no argument or one op name such as "rms_norm" or "*", got {shown}'
 
 
 def server_key(url: str) -> str:
@@ -125,8 +125,7 @@ def _describe(hint: Any) -> str:
 
 
 def _kind(value: Any) -> str:
-    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
-             type(None): "null"}
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list", type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
 

@@ -32,8 +32,9 @@ _BODY_EXCERPT = 300
 class BackendError(Exception):
     """A call that produced no usable reply text. `retryable`: the same call may succeed later."""
 
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status = status
@@ -109,8 +110,15 @@ class OpenAICompatibleBackend:
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *,
-                 max_tokens: int | None = None, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        *,
+        max_tokens: int | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
         if not base_url:
             raise ValueError("OpenAICompatibleBackend needs a base_url")
         self.base_url = base_url.rstrip("/")
@@ -140,21 +148,29 @@ class OpenAICompatibleBackend:
             with httpx.Client(timeout=self._timeout(timeout), follow_redirects=True) as client:
                 response = client.request(method, url, headers=self._headers(), json=body)
         except httpx.TimeoutException as exc:
-            raise BackendError(f"{method} {url} timed out after {timeout:.0f} s ({type(exc).__name__})",
-                               retryable=True) from None
+            raise BackendError(
+                f"{method} {url} timed out after {timeout:.0f} s ({type(exc).__name__})", retryable=True
+            ) from None
         except httpx.HTTPError as exc:
-            raise BackendError(f"{method} {url} failed: {type(exc).__name__}: "
-                               f"{_redact(str(exc), self._api_key)}", retryable=True) from None
+            raise BackendError(
+                f"{method} {url} failed: {type(exc).__name__}: {_redact(str(exc), self._api_key)}", retryable=True
+            ) from None
         if response.status_code >= 400:
             excerpt = _redact(response.text[:_BODY_EXCERPT], self._api_key)
-            raise BackendError(f"{method} {url} answered HTTP {response.status_code}: {excerpt}",
-                               retryable=response.status_code in RETRYABLE_STATUS,
-                               status=response.status_code, retry_after=_retry_after(response.headers))
+            raise BackendError(
+                f"{method} {url} answered HTTP {response.status_code}: {excerpt}",
+                retryable=response.status_code in RETRYABLE_STATUS,
+                status=response.status_code,
+                retry_after=_retry_after(response.headers),
+            )
         try:
             return response.json()
         except ValueError:
-            raise BackendError(f"{method} {url} answered non-JSON: {response.text[:_BODY_EXCERPT]!r}",
-                               retryable=False, status=response.status_code) from None
+            raise BackendError(
+                f"{method} {url} answered non-JSON: {response.text[:_BODY_EXCERPT]!r}",
+                retryable=False,
+                status=response.status_code,
+            ) from None
 
     def resolve_model(self, timeout: float) -> str:
         if self.model is None:
@@ -162,8 +178,9 @@ class OpenAICompatibleBackend:
             try:
                 self.model = str(data["data"][0]["id"])
             except (KeyError, IndexError, TypeError):
-                raise BackendError(f"GET {self.base_url}/models listed no model; set GPUYANTRA_LLM_MODEL",
-                                   retryable=False) from None
+                raise BackendError(
+                    f"GET {self.base_url}/models listed no model; set GPUYANTRA_LLM_MODEL", retryable=False
+                ) from None
             log.info("openai backend: using model %s listed by %s/models", self.model, self.base_url)
         return self.model
 
@@ -175,8 +192,11 @@ class OpenAICompatibleBackend:
             "seed": SEED,
             "response_format": {
                 "type": "json_schema",
-                "json_schema": {"name": reply_model.__name__, "strict": True,
-                                "schema": strict_json_schema(reply_model)},
+                "json_schema": {
+                    "name": reply_model.__name__,
+                    "strict": True,
+                    "schema": strict_json_schema(reply_model),
+                },
             },
         }
         if self.max_tokens is not None:
@@ -191,15 +211,17 @@ class OpenAICompatibleBackend:
             choice = data["choices"][0]
             message = choice["message"]
         except (KeyError, IndexError, TypeError):
-            raise BackendError(f"chat completion has no choices[0].message: {str(data)[:_BODY_EXCERPT]}",
-                               retryable=False) from None
+            raise BackendError(
+                f"chat completion has no choices[0].message: {str(data)[:_BODY_EXCERPT]}", retryable=False
+            ) from None
         content = message.get("content") if isinstance(message, dict) else None
         if choice.get("finish_reason") == "length":
             raise BackendError("the reply was cut off at the token limit (finish_reason=length)", retryable=False)
         if not isinstance(content, str) or not content.strip():
             refusal = message.get("refusal") if isinstance(message, dict) else None
-            raise BackendError(f"the reply has no content{f' (refusal: {refusal})' if refusal else ''}",
-                               retryable=False)
+            raise BackendError(
+                f"the reply has no content{f' (refusal: {refusal})' if refusal else ''}", retryable=False
+            )
         return content
 
 
@@ -212,8 +234,14 @@ class GeminiBackend:
 
     name = "gemini"
 
-    def __init__(self, model: str = "gemini-2.5-flash", api_key: str | None = None, base_url: str | None = None,
-                 *, api_version: str = "v1beta") -> None:
+    def __init__(
+        self,
+        model: str = "gemini-2.5-flash",
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        api_version: str = "v1beta",
+    ) -> None:
         if not api_key:
             raise ValueError("GeminiBackend needs an api_key")
         from google import genai
@@ -223,10 +251,14 @@ class GeminiBackend:
         self.base_url = base_url or None
         self._types = types
         # Retries are the author's (bounded, with a deadline): one attempt per SDK call.
-        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(
-            base_url=self.base_url, api_version=api_version,
-            retry_options=types.HttpRetryOptions(attempts=1),
-        ))
+        self._client = genai.Client(
+            api_key=api_key,
+            http_options=types.HttpOptions(
+                base_url=self.base_url,
+                api_version=api_version,
+                retry_options=types.HttpRetryOptions(attempts=1),
+            ),
+        )
         self._api_key = api_key
 
     def __repr__(self) -> str:
@@ -245,32 +277,38 @@ class GeminiBackend:
             seed=SEED,
             response_mime_type="application/json",
             response_schema=reply_model,
-            http_options=types.HttpOptions(timeout=max(1, int(timeout * 1000)),
-                                           retry_options=types.HttpRetryOptions(attempts=1)),
+            http_options=types.HttpOptions(
+                timeout=max(1, int(timeout * 1000)), retry_options=types.HttpRetryOptions(attempts=1)
+            ),
         )
         log.info("gemini backend: generate_content model=%s", self.model)
         try:
             response = self._client.models.generate_content(model=self.model, contents=user, config=config)
         except errors.APIError as exc:
             message = _redact(f"{exc.code} {exc.status or ''} {exc.message or ''}".strip(), self._api_key)
-            raise BackendError(f"Gemini answered HTTP {message}"[:_BODY_EXCERPT + 60],
-                               retryable=exc.code in RETRYABLE_STATUS, status=exc.code) from None
+            raise BackendError(
+                f"Gemini answered HTTP {message}"[: _BODY_EXCERPT + 60],
+                retryable=exc.code in RETRYABLE_STATUS,
+                status=exc.code,
+            ) from None
         except httpx.TimeoutException as exc:
-            raise BackendError(f"Gemini timed out after {timeout:.0f} s ({type(exc).__name__})",
-                               retryable=True) from None
+            raise BackendError(
+                f"Gemini timed out after {timeout:.0f} s ({type(exc).__name__})", retryable=True
+            ) from None
         except httpx.HTTPError as exc:
-            raise BackendError(f"Gemini request failed: {type(exc).__name__}: {_redact(str(exc), self._api_key)}",
-                               retryable=True) from None
+            raise BackendError(
+                f"Gemini request failed: {type(exc).__name__}: {_redact(str(exc), self._api_key)}", retryable=True
+            ) from None
         text = response.text
         if not text or not text.strip():
             finish = None
             if response.candidates:
                 finish = response.candidates[0].finish_reason
             feedback = response.prompt_feedback
-            raise BackendError(f"Gemini returned no text (finish reason {finish}, prompt feedback {feedback})",
-                               retryable=False)
+            raise BackendError(
+                f"Gemini returned no text (finish reason {finish}, prompt feedback {feedback})", retryable=False
+            )
         candidate = response.candidates[0] if response.candidates else None
         if candidate is not None and str(candidate.finish_reason or "").endswith("MAX_TOKENS"):
-            raise BackendError("the reply was cut off at the token limit (finish reason MAX_TOKENS)",
-                               retryable=False)
+            raise BackendError("the reply was cut off at the token limit (finish reason MAX_TOKENS)", retryable=False)
         return text

@@ -43,6 +43,7 @@ _MESSAGE_CHARS = 1500
 
 # --- the structured reply ------------------------------------------------------------------------
 
+
 class AdapterBinding(BaseModel):
     kernel_param: str = Field(description="keyword parameter of entry, e.g. 'eps'")
     module_attr: str = Field(description="attribute of the replaced module that supplies it, e.g. 'variance_epsilon'")
@@ -133,8 +134,12 @@ def reference_source(family: Any, max_functions: int = 6) -> str:
                 owner = scope.get(node.value.id)
                 if inspect.ismodule(owner) and owner.__name__.startswith("gpuyantra"):
                     target = getattr(owner, node.attr, None)
-            if (inspect.isfunction(target) and target.__module__.startswith("gpuyantra")
-                    and target not in functions and target not in pending):
+            if (
+                inspect.isfunction(target)
+                and target.__module__.startswith("gpuyantra")
+                and target not in functions
+                and target not in pending
+            ):
                 pending.append(target)
     parts = []
     for function in functions:
@@ -161,8 +166,10 @@ def _shape_lines(family: Any, request: WriteRequest) -> list[str]:
         line = f"  - {family.activations[0]} shape {list(shape)}"
         if torch_dtype is not None:
             try:
-                line += (f": about {family.bytes_moved(shape, torch_dtype)} bytes moved and "
-                         f"{family.flops(shape)} flops per call")
+                line += (
+                    f": about {family.bytes_moved(shape, torch_dtype)} bytes moved and "
+                    f"{family.flops(shape)} flops per call"
+                )
             except Exception:  # a roofline model that cannot size this shape only loses the hint
                 pass
         lines.append(line)
@@ -179,8 +186,9 @@ def _attempt_lines(index: int, attempt: Attempt) -> list[str]:
     if attempt.kernel_us is not None:
         timing = f"  kernel time {attempt.kernel_us:.2f} us"
         if attempt.floor_us:
-            timing += (f" vs roofline floor {attempt.floor_us:.2f} us "
-                       f"({attempt.kernel_us / attempt.floor_us:.1f}x the floor)")
+            timing += (
+                f" vs roofline floor {attempt.floor_us:.2f} us ({attempt.kernel_us / attempt.floor_us:.1f}x the floor)"
+            )
         lines.append(timing)
     elif attempt.floor_us is not None:
         lines.append(f"  roofline floor {attempt.floor_us:.2f} us (kernel time not measured)")
@@ -195,7 +203,7 @@ def build_prompt(request: WriteRequest) -> str:
 
     family = get_op(request.op)
     adapter_json = json.dumps(request.adapter)
-    outputs = ("a tensor" if family.n_outputs == 1 else f"a tuple of {family.n_outputs} tensors")
+    outputs = "a tensor" if family.n_outputs == 1 else f"a tuple of {family.n_outputs} tensors"
     parts = [
         f"Write a Triton candidate file for the op family `{request.op}`, replacing instances of "
         f"`{request.module_class}` in a served model.",
@@ -224,8 +232,10 @@ def build_prompt(request: WriteRequest) -> str:
         *_shape_lines(family, request),
     ]
     if request.hardware == "cpu":
-        parts.append("- On this CPU host kernels run in Triton's interpreter (TRITON_INTERPRET=1): only "
-                     "correctness is judged, so prefer simple, obviously correct kernels.")
+        parts.append(
+            "- On this CPU host kernels run in Triton's interpreter (TRITON_INTERPRET=1): only "
+            "correctness is judged, so prefer simple, obviously correct kernels."
+        )
     if request.seed_source:
         parts += [
             "",
@@ -273,7 +283,7 @@ def _json_object(text: str) -> Any:
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:
         try:
-            return json.loads(text[start:end + 1])
+            return json.loads(text[start : end + 1])
         except ValueError:
             pass
     raise UnusableReply(f"reply is not JSON: {text[:80]!r}")
@@ -347,12 +357,19 @@ def parse_reply(text: str, request: WriteRequest) -> tuple[str, list[dict[str, s
 
 # --- the author ----------------------------------------------------------------------------------
 
+
 class LLMAuthor:
     """An author backed by an LLM; see the module docstring."""
 
-    def __init__(self, backend: Backend, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, deadline_s: float = DEFAULT_DEADLINE_S,
-                 backoff_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        backoff_s: float = 2.0,
+    ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.backend = backend
@@ -402,8 +419,9 @@ class LLMAuthor:
             if remaining <= 1.0:
                 break
             try:
-                return self.backend.complete(SYSTEM_PROMPT, prompt, CandidateReply,
-                                             min(self.timeout_s, remaining)), attempt
+                return self.backend.complete(
+                    SYSTEM_PROMPT, prompt, CandidateReply, min(self.timeout_s, remaining)
+                ), attempt
             except BackendError as exc:
                 last = exc
             except Exception as exc:  # an SDK surprise must not end the campaign
@@ -431,17 +449,20 @@ class LLMAuthor:
         try:
             written = TemplateAuthor().write(request)
         except Exception as exc:
-            raise RuntimeError(f"{self.name} reply unusable ({reason}) and the template author failed too: "
-                               f"{exc}") from exc
+            raise RuntimeError(
+                f"{self.name} reply unusable ({reason}) and the template author failed too: {exc}"
+            ) from exc
         return WrittenCandidate(
-            source=written.source, strategy=written.strategy,
+            source=written.source,
+            strategy=written.strategy,
             author=f"template (llm fallback: {reason})",
             notes=f"{self.name} gave no usable candidate ({reason}); the template author wrote this one. "
-                  f"{written.notes}",
+            f"{written.notes}",
         )
 
 
 # --- configuration -------------------------------------------------------------------------------
+
 
 def _env(environ: Mapping[str, str], key: str) -> str | None:
     value = environ.get(key)
@@ -472,18 +493,23 @@ def author_from_env(kind: str, environ: Mapping[str, str] | None = None) -> LLMA
     }
     if kind == "openai":
         if base_url is None:
-            raise ValueError("GPUYANTRA_AUTHOR=openai needs GPUYANTRA_LLM_BASE_URL, the API root of an "
-                             "OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)")
+            raise ValueError(
+                "GPUYANTRA_AUTHOR=openai needs GPUYANTRA_LLM_BASE_URL, the API root of an "
+                "OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)"
+            )
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"GPUYANTRA_LLM_BASE_URL must be an http(s) URL, got {base_url!r}")
         backend: Backend = OpenAICompatibleBackend(base_url, model, _env(environ, "GPUYANTRA_LLM_API_KEY"))
         return LLMAuthor(backend, **options)
     if kind == "gemini":
-        api_key = (_env(environ, "GPUYANTRA_LLM_API_KEY") or _env(environ, "GEMINI_API_KEY")
-                   or _env(environ, "GOOGLE_API_KEY"))
+        api_key = (
+            _env(environ, "GPUYANTRA_LLM_API_KEY") or _env(environ, "GEMINI_API_KEY") or _env(environ, "GOOGLE_API_KEY")
+        )
         if api_key is None:
-            raise ValueError("GPUYANTRA_AUTHOR=gemini needs an API key: set GEMINI_API_KEY "
-                             "(or GOOGLE_API_KEY, or GPUYANTRA_LLM_API_KEY)")
+            raise ValueError(
+                "GPUYANTRA_AUTHOR=gemini needs an API key: set GEMINI_API_KEY "
+                "(or GOOGLE_API_KEY, or GPUYANTRA_LLM_API_KEY)"
+            )
         if base_url is not None and not base_url.startswith(("http://", "https://")):
             raise ValueError(f"GPUYANTRA_LLM_BASE_URL must be an http(s) URL, got {base_url!r}")
         return LLMAuthor(GeminiBackend(model or DEFAULT_GEMINI_MODEL, api_key, base_url), **options)

@@ -72,16 +72,49 @@ KNOBS: dict[str, dict[str, list[Any]]] = {
     "rope": ROPE_KNOBS,
 }
 # Knobs whose larger values need more registers / shared memory (banned upwards on resource errors).
-SIZE_KNOBS = ("BLOCK_H_MAX", "CHUNK", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "TOKENS_PER_PROGRAM",
-              "NUM_STAGES")
+SIZE_KNOBS = (
+    "BLOCK_H_MAX",
+    "CHUNK",
+    "ROWS_PER_PROGRAM",
+    "BLOCK_SIZE",
+    "HEAD_BLOCK",
+    "TOKENS_PER_PROGRAM",
+    "NUM_STAGES",
+)
 # Knob order when the measurement is far from a floor that is large (bandwidth-bound) ...
-BANDWIDTH_PRIORITY = ("ROWS_PER_PROGRAM", "TOKENS_PER_PROGRAM", "SHIFTED_STATS", "RELOAD_AFFINE", "FLAT_ROWS",
-                      "MAX_PROGRAMS", "NUM_WARPS", "BLOCK_SIZE", "X_EVICTION", "HEAD_BLOCK", "CHUNK", "BLOCK_H_MAX",
-                      "NUM_STAGES", "FLAT")
+BANDWIDTH_PRIORITY = (
+    "ROWS_PER_PROGRAM",
+    "TOKENS_PER_PROGRAM",
+    "SHIFTED_STATS",
+    "RELOAD_AFFINE",
+    "FLAT_ROWS",
+    "MAX_PROGRAMS",
+    "NUM_WARPS",
+    "BLOCK_SIZE",
+    "X_EVICTION",
+    "HEAD_BLOCK",
+    "CHUNK",
+    "BLOCK_H_MAX",
+    "NUM_STAGES",
+    "FLAT",
+)
 # ... and when the floor is tiny and the time is launch overhead (fewer, leaner programs first).
-LAUNCH_PRIORITY = ("NUM_WARPS", "ROWS_PER_PROGRAM", "BLOCK_SIZE", "HEAD_BLOCK", "MAX_PROGRAMS", "FLAT", "FLAT_ROWS",
-                   "TOKENS_PER_PROGRAM", "X_EVICTION", "SHIFTED_STATS", "RELOAD_AFFINE", "BLOCK_H_MAX", "CHUNK",
-                   "NUM_STAGES")
+LAUNCH_PRIORITY = (
+    "NUM_WARPS",
+    "ROWS_PER_PROGRAM",
+    "BLOCK_SIZE",
+    "HEAD_BLOCK",
+    "MAX_PROGRAMS",
+    "FLAT",
+    "FLAT_ROWS",
+    "TOKENS_PER_PROGRAM",
+    "X_EVICTION",
+    "SHIFTED_STATS",
+    "RELOAD_AFFINE",
+    "BLOCK_H_MAX",
+    "CHUNK",
+    "NUM_STAGES",
+)
 
 CONVERGED_GAP = 1.05  # stop once kernel_us <= 1.05 * floor_us
 PLATEAU_STEPS = 4  # stop after this many measured steps in a row without a 1% gain
@@ -93,6 +126,7 @@ _RESOURCE_WORDS = ("out of resource", "outofresources", "shared memory", "regist
 
 
 # --------------------------------------------------------------------------- templates and rendering
+
 
 @cache
 def template_source(op: str) -> str:
@@ -156,13 +190,14 @@ def render(op: str, strategy: dict[str, Any], adapter: list[dict[str, str]]) -> 
 def _knob_comments(source: str) -> dict[str, str]:
     match = _STRATEGY_BLOCK.search(source)
     comments: dict[str, str] = {}
-    for line in (match.group(1).splitlines() if match else []):
+    for line in match.group(1).splitlines() if match else []:
         if "#" in line and "=" in line.split("#", 1)[0]:
             comments[line.split("=", 1)[0].strip()] = line.split("#", 1)[1].strip()
     return comments
 
 
 # --------------------------------------------------------------------------- shapes and canonical forms
+
 
 def _pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
@@ -255,6 +290,7 @@ def canonical(op: str, strategy: dict[str, Any], shapes: Sequence[Sequence[int]]
 
 # --------------------------------------------------------------------------- the search
 
+
 @dataclass
 class Plan:
     strategy: dict[str, Any]
@@ -318,7 +354,7 @@ def _banned(op: str, failed: list[dict[str, Any]], resource: list[bool], base: d
         for key, value in diff.items():
             banned.add((key, value))
             if is_resource and key in SIZE_KNOBS and key in knobs and value in knobs[key]:
-                for bigger in knobs[key][knobs[key].index(value):]:
+                for bigger in knobs[key][knobs[key].index(value) :]:
                     banned.add((key, bigger))
     return banned
 
@@ -327,8 +363,9 @@ def _allowed(strategy: dict[str, Any], banned: set[tuple[str, Any]]) -> bool:
     return not any((k, v) in banned for k, v in strategy.items())
 
 
-def _neighbours(op: str, point: dict[str, Any], shapes: Sequence[Sequence[int]],
-                order: Iterable[str], first: tuple[str, int] | None) -> list[tuple[str, dict[str, Any]]]:
+def _neighbours(
+    op: str, point: dict[str, Any], shapes: Sequence[Sequence[int]], order: Iterable[str], first: tuple[str, int] | None
+) -> list[tuple[str, dict[str, Any]]]:
     """One-knob, one-step moves from `point`, in the given knob order (`first` = (knob, direction)
     that last improved goes first). NUM_WARPS = 0 (auto) moves to half / double the auto value."""
     knobs = KNOBS.get(op, {})
@@ -352,8 +389,11 @@ def _neighbours(op: str, point: dict[str, Any], shapes: Sequence[Sequence[int]],
             moves.append((f"{name} {current!r} -> {value!r}", candidate))
     if first is not None:
         knob, direction = first
-        moves.sort(key=lambda m: 0 if m[1].get(knob) is not None and _direction(op, knob, point.get(knob),
-                                                                              m[1][knob]) == direction else 1)
+        moves.sort(
+            key=lambda m: 0
+            if m[1].get(knob) is not None and _direction(op, knob, point.get(knob), m[1][knob]) == direction
+            else 1
+        )
     return moves
 
 
@@ -380,8 +420,11 @@ def plan_strategy(request: WriteRequest) -> Plan:
 
     passed = [(s, a) for s, a in attempts if not is_hard_failure(a)]
     failed = [(s, a) for s, a in attempts if is_hard_failure(a)]
-    measured = [(i, s, a) for i, (s, a) in enumerate(attempts)
-                if not is_hard_failure(a) and a.kernel_us is not None and a.kernel_us > 0]
+    measured = [
+        (i, s, a)
+        for i, (s, a) in enumerate(attempts)
+        if not is_hard_failure(a) and a.kernel_us is not None and a.kernel_us > 0
+    ]
 
     # The incumbent: fastest measured passing point; else the last passing one; else the start.
     if measured:
@@ -389,27 +432,40 @@ def plan_strategy(request: WriteRequest) -> Plan:
     elif passed:
         best_i, (best, best_attempt) = len(attempts) - 1, passed[-1]
     else:
-        best_i, best, best_attempt = -1, normalize(op, _seed(request)) if _seed(request) else initial_strategy(
-            request), None
+        best_i, best, best_attempt = (
+            -1,
+            normalize(op, _seed(request)) if _seed(request) else initial_strategy(request),
+            None,
+        )
     banned = _banned(op, [s for s, _ in failed], [is_resource_failure(a) for _, a in failed], best)
 
     # Stop rules (measured feedback only).
     if best_attempt is not None and best_attempt.kernel_us:
         floor = best_attempt.floor_us
         if floor and best_attempt.kernel_us <= CONVERGED_GAP * floor:
-            return Plan(best, f"converged: best {best_attempt.kernel_us:.2f} us is within 5% of the "
-                              f"{floor:.2f} us floor", converged=True)
+            return Plan(
+                best,
+                f"converged: best {best_attempt.kernel_us:.2f} us is within 5% of the {floor:.2f} us floor",
+                converged=True,
+            )
         if _plateau(measured):
-            return Plan(best, f"converged: no 1% gain in the last {PLATEAU_STEPS} measured steps "
-                              f"(best {best_attempt.kernel_us:.2f} us)", converged=True)
+            return Plan(
+                best,
+                f"converged: no 1% gain in the last {PLATEAU_STEPS} measured steps "
+                f"(best {best_attempt.kernel_us:.2f} us)",
+                converged=True,
+            )
 
     # Knob order from the regime the incumbent's measurement shows, and the direction that helped.
     order = BANDWIDTH_PRIORITY
     regime = "unmeasured"
     if best_attempt is not None and best_attempt.kernel_us:
         floor = best_attempt.floor_us or 0.0
-        launch_bound = (best_attempt.kernel_us >= LAUNCH_BOUND_GAP * floor) if floor else (
-            best_attempt.kernel_us < LAUNCH_BOUND_US)
+        launch_bound = (
+            (best_attempt.kernel_us >= LAUNCH_BOUND_GAP * floor)
+            if floor
+            else (best_attempt.kernel_us < LAUNCH_BOUND_US)
+        )
         order = LAUNCH_PRIORITY if launch_bound else BANDWIDTH_PRIORITY
         gap = f", {best_attempt.kernel_us / floor:.2f}x the floor" if floor else ""
         regime = f"{'launch' if launch_bound else 'bandwidth'}-bound, best {best_attempt.kernel_us:.2f} us{gap}"
@@ -525,44 +581,61 @@ _ROW_POINTS: list[dict[str, Any]] = [
 ]
 # layer_norm's lean single-pass point: one paired reduction, weight/bias re-read per tile.
 _LEAN_LN: dict[str, Any] = {"SHIFTED_STATS": True, "RELOAD_AFFINE": True}
-_LAYER_NORM_POINTS: list[dict[str, Any]] = _ROW_POINTS[:3] + [
-    _LEAN_LN, {**_LEAN_LN, "ROWS_PER_PROGRAM": 2}, {**_LEAN_LN, "NUM_WARPS": 4},
-    {**_LEAN_LN, "ROWS_PER_PROGRAM": 2, "NUM_WARPS": 8}, {**_LEAN_LN, "MAX_PROGRAMS": 1056},
-    {"RELOAD_AFFINE": True}, {"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "MAX_PROGRAMS": 2112},
-    {"SHIFTED_STATS": True, "BLOCK_H_MAX": 2048, "CHUNK": 2048},
-    {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 2}] + _ROW_POINTS[3:]
+_LAYER_NORM_POINTS: list[dict[str, Any]] = (
+    _ROW_POINTS[:3]
+    + [
+        _LEAN_LN,
+        {**_LEAN_LN, "ROWS_PER_PROGRAM": 2},
+        {**_LEAN_LN, "NUM_WARPS": 4},
+        {**_LEAN_LN, "ROWS_PER_PROGRAM": 2, "NUM_WARPS": 8},
+        {**_LEAN_LN, "MAX_PROGRAMS": 1056},
+        {"RELOAD_AFFINE": True},
+        {"SHIFTED_STATS": True},
+        {"SHIFTED_STATS": True, "MAX_PROGRAMS": 2112},
+        {"SHIFTED_STATS": True, "BLOCK_H_MAX": 2048, "CHUNK": 2048},
+        {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 2},
+    ]
+    + _ROW_POINTS[3:]
+)
 # Strategy spaces per family: ordered points (partial: missing knobs keep the template default).
 STRATEGY_SPACES: dict[str, list[dict[str, Any]]] = {
     **{op: _space(_ROW_POINTS) for op in ROW_FAMILIES},
     "layer_norm": _space(_LAYER_NORM_POINTS),
-    **{op: _space([
-        {},
-        {"BLOCK_SIZE": 4096},
-        {"BLOCK_SIZE": 1024},
-        {"BLOCK_SIZE": 8192, "NUM_WARPS": 16},
-        {"BLOCK_SIZE": 4096, "NUM_WARPS": 8},
-        {"BLOCK_SIZE": 2048, "NUM_WARPS": 4},
-        {"X_EVICTION": "evict_first"},
-        {"FLAT": False},
-        {"BLOCK_SIZE": 512, "NUM_WARPS": 2},
-    ]) for op in GATED_FAMILIES},
-    "rope": _space([
-        {},
-        {"NUM_WARPS": 2},
-        {"TOKENS_PER_PROGRAM": 2},
-        {"TOKENS_PER_PROGRAM": 4},
-        {"TOKENS_PER_PROGRAM": 2, "NUM_WARPS": 4},
-        {"MAX_PROGRAMS": 1056},
-        {"FLAT_ROWS": 16},
-        {"FLAT_ROWS": 32, "NUM_WARPS": 4},
-        {"HEAD_BLOCK": 8, "NUM_WARPS": 2},
-        {"HEAD_BLOCK": 8},
-        {"HEAD_BLOCK": 4, "NUM_WARPS": 2},
-        {"NUM_WARPS": 1},
-        {"NUM_WARPS": 8},
-        {"TOKENS_PER_PROGRAM": 8, "NUM_WARPS": 8},
-        {"HEAD_BLOCK": 16, "NUM_WARPS": 4},
-    ]),
+    **{
+        op: _space(
+            [
+                {},
+                {"BLOCK_SIZE": 4096},
+                {"BLOCK_SIZE": 1024},
+                {"BLOCK_SIZE": 8192, "NUM_WARPS": 16},
+                {"BLOCK_SIZE": 4096, "NUM_WARPS": 8},
+                {"BLOCK_SIZE": 2048, "NUM_WARPS": 4},
+                {"X_EVICTION": "evict_first"},
+                {"FLAT": False},
+                {"BLOCK_SIZE": 512, "NUM_WARPS": 2},
+            ]
+        )
+        for op in GATED_FAMILIES
+    },
+    "rope": _space(
+        [
+            {},
+            {"NUM_WARPS": 2},
+            {"TOKENS_PER_PROGRAM": 2},
+            {"TOKENS_PER_PROGRAM": 4},
+            {"TOKENS_PER_PROGRAM": 2, "NUM_WARPS": 4},
+            {"MAX_PROGRAMS": 1056},
+            {"FLAT_ROWS": 16},
+            {"FLAT_ROWS": 32, "NUM_WARPS": 4},
+            {"HEAD_BLOCK": 8, "NUM_WARPS": 2},
+            {"HEAD_BLOCK": 8},
+            {"HEAD_BLOCK": 4, "NUM_WARPS": 2},
+            {"NUM_WARPS": 1},
+            {"NUM_WARPS": 8},
+            {"TOKENS_PER_PROGRAM": 8, "NUM_WARPS": 8},
+            {"HEAD_BLOCK": 16, "NUM_WARPS": 4},
+        ]
+    ),
 }
 
 
@@ -579,5 +652,9 @@ class TemplateAuthor:
     def write(self, request: WriteRequest) -> WrittenCandidate:
         plan = plan_strategy(request)
         source = render(request.op, plan.strategy, request.adapter)
-        return WrittenCandidate(source=source, strategy=plan.strategy, author=self.name,
-                                notes=f"{plan.reason}; template {request.op} with {plan.strategy}")
+        return WrittenCandidate(
+            source=source,
+            strategy=plan.strategy,
+            author=self.name,
+            notes=f"{plan.reason}; template {request.op} with {plan.strategy}",
+        )

@@ -11,13 +11,16 @@ import time
 from pathlib import Path
 
 from gpuyantra.commands.up import add_stack_arguments, start_stack, stop_all
-from gpuyantra.processes import exit_on_sigterm, StartupError, free_port, start_server
+from gpuyantra.processes import StartupError, exit_on_sigterm, free_port, start_server
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="up + a served small model + one campaign against it",
-                                   description="Start Temporal, the workers and a served small model (random "
-                                               "weights), run one campaign and print its result.")
+    parser = subparsers.add_parser(
+        "demo",
+        help="up + a served small model + one campaign against it",
+        description="Start Temporal, the workers and a served small model (random "
+        "weights), run one campaign and print its result.",
+    )
     add_stack_arguments(parser)
     parser.add_argument("--model", default="tiny-qwen2", help="preset or local model folder (default tiny-qwen2)")
     parser.add_argument("--ops", default="rms_norm", help="op families to optimize (default rms_norm)")
@@ -52,35 +55,53 @@ def run(args: argparse.Namespace) -> int:
     temporal = processes[0]
     token_file = save_admin_token(temporal.log_path.parent.parent)
     try:
-        server = start_server(args.model, temporal.log_path.parent.parent, args.port or free_port(),
-                              os.environ["GPUYANTRA_ADMIN_TOKEN"], device=device)
+        server = start_server(
+            args.model,
+            temporal.log_path.parent.parent,
+            args.port or free_port(),
+            os.environ["GPUYANTRA_ADMIN_TOKEN"],
+            device=device,
+        )
         processes.append(server)
         # Speed is judged only on a GPU; on CPU a correct kernel (+1) is the best there is.
-        params = CampaignInput(server_url=server.info["url"], ops=args.ops.split(","),
-                               min_reward=3 if device == "cuda" else 1)
-        print(f"gpuyantra demo: serving {args.model} at {server.info['url']} on {device}; "
-              f"campaign for {params.ops} (min_reward {params.min_reward}) ...", flush=True)
+        params = CampaignInput(
+            server_url=server.info["url"], ops=args.ops.split(","), min_reward=3 if device == "cuda" else 1
+        )
+        print(
+            f"gpuyantra demo: serving {args.model} at {server.info['url']} on {device}; "
+            f"campaign for {params.ops} (min_reward {params.min_reward}) ...",
+            flush=True,
+        )
         started = time.monotonic()
         workflow_id = new_workflow_id(params.server_url, args.model, params.ops)
         result = asyncio.run(start_campaign(temporal.info["address"], params, wait=True, workflow_id=workflow_id))
         print(json.dumps(result, indent=2))
-        print(f"\nCampaign {result['workflow_id']} finished in {time.monotonic() - started:.0f}s.\n"
-              f"  Web UI:        {temporal.info['ui']}/namespaces/default/workflows/{result['workflow_id']}\n"
-              f"  Temporal CLI:  temporal workflow show --address {temporal.info['address']} "
-              f"-w {result['workflow_id']}\n"
-              f"  Kernels:       curl -H \"Authorization: Bearer $(cat {token_file})\" "
-              f"{server.info['url']}/admin/kernels\n"
-              f"  Find it:       temporal workflow list --address {temporal.info['address']} "
-              f"--query 'GpuyantraModel=\"{result.get('model') or args.model}\"'\n"
-              f"  Report:        {write_report(result, config.reports_dir() / f'{workflow_id}.html')}\n"
-              f"  Logs:          {temporal.log_path.parent}", flush=True)
+        print(
+            f"\nCampaign {result['workflow_id']} finished in {time.monotonic() - started:.0f}s.\n"
+            f"  Web UI:        {temporal.info['ui']}/namespaces/default/workflows/{result['workflow_id']}\n"
+            f"  Temporal CLI:  temporal workflow show --address {temporal.info['address']} "
+            f"-w {result['workflow_id']}\n"
+            f'  Kernels:       curl -H "Authorization: Bearer $(cat {token_file})" '
+            f"{server.info['url']}/admin/kernels\n"
+            f"  Find it:       temporal workflow list --address {temporal.info['address']} "
+            f"--query 'GpuyantraModel=\"{result.get('model') or args.model}\"'\n"
+            f"  Report:        {write_report(result, config.reports_dir() / f'{workflow_id}.html')}\n"
+            f"  Logs:          {temporal.log_path.parent}",
+            flush=True,
+        )
         if device == "cpu":
-            print("  Note: without a GPU the kernel runs in Triton's interpreter, so served tokens/s drops "
-                  "after the swap; that is why CPU verdicts judge correctness only (reward +1).", flush=True)
+            print(
+                "  Note: without a GPU the kernel runs in Triton's interpreter, so served tokens/s drops "
+                "after the swap; that is why CPU verdicts judge correctness only (reward +1).",
+                flush=True,
+            )
         if not args.keep:
-            print("  The demo stops its processes now. The campaign's history stays in "
-                  f"{temporal.log_path.parent.parent / 'temporal.db'}: `gpuyantra up` shows it again in the Web UI; "
-                  "`gpuyantra demo --keep` keeps everything running.", flush=True)
+            print(
+                "  The demo stops its processes now. The campaign's history stays in "
+                f"{temporal.log_path.parent.parent / 'temporal.db'}: `gpuyantra up` shows it again in the Web UI; "
+                "`gpuyantra demo --keep` keeps everything running.",
+                flush=True,
+            )
         if args.keep:
             print("Running until Ctrl-C.", flush=True)
             while all(p.process.poll() is None for p in processes):

@@ -9,22 +9,41 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "kernelbench", help="run the optimize loop on KernelBench-format problem files",
+        "kernelbench",
+        help="run the optimize loop on KernelBench-format problem files",
         description="Bind each KernelBench problem (Model, get_inputs, get_init_inputs) to an op family by "
-                    "computation, write and verify Triton candidates, write ModelNew files, print "
-                    "fast_0 / fast_1 / fast_2. Problems no op family computes are reported unsupported.")
+        "computation, write and verify Triton candidates, write ModelNew files, print "
+        "fast_0 / fast_1 / fast_2. Problems no op family computes are reported unsupported.",
+    )
     parser.add_argument("path", metavar="PATH", help="a problem .py file, or a folder of them (searched recursively)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                        help="where kernels run (default: cuda when available, else cpu)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="where kernels run (default: cuda when available, else cpu)",
+    )
     parser.add_argument("--json", action="store_true", help="print the run as one JSON object, last on stdout")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where candidates and ModelNew files go, one folder per problem "
-                             "(default: the state folder's kernelbench/, $GPUYANTRA_STATE_DIR or ./.state)")
-    parser.add_argument("--max-iterations", type=positive_int, default=None, metavar="N",
-                        help="candidates written per problem at most (default: 4)")
-    parser.add_argument("--max-elements", type=positive_int, default=None, metavar="N",
-                        help="skip problems whose inputs hold more elements (default on cpu: 4194304, "
-                             "on cuda: no cap)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where candidates and ModelNew files go, one folder per problem "
+        "(default: kernelbench/ in the state folder)",
+    )
+    parser.add_argument(
+        "--max-iterations",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="candidates written per problem at most (default: 4)",
+    )
+    parser.add_argument(
+        "--max-elements",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="skip problems whose inputs hold more elements (default on cpu: 4194304, on cuda: no cap)",
+    )
     parser.set_defaults(handler=run, _parser=parser)
 
 
@@ -58,10 +77,15 @@ def run(args: argparse.Namespace) -> int:
 
     print(HEADER, flush=True)
     try:
-        outcome = kb.run(args.path, device=device, out=args.out,
-                         max_iterations=args.max_iterations or kb.DEFAULT_MAX_ITERATIONS,
-                         max_elements=args.max_elements if args.max_elements is not None else -1,
-                         log=log, on_result=on_result)
+        outcome = kb.run(
+            args.path,
+            device=device,
+            out=args.out,
+            max_iterations=args.max_iterations or kb.DEFAULT_MAX_ITERATIONS,
+            max_elements=args.max_elements if args.max_elements is not None else -1,
+            log=log,
+            on_result=on_result,
+        )
     except kb.KernelBenchError as exc:
         print(f"gpuyantra kernelbench: {exc}", file=sys.stderr)
         return 1
@@ -77,8 +101,10 @@ HEADER = f"{'problem':<32} {'op':<15} {'status':<12} {'correct':<8} {'speedup':>
 def format_row(result) -> str:
     speedup = f"{result.speedup:.2f}x" if result.speedup is not None else "-"
     reward = f"{result.reward:+d}" if result.reward is not None else "-"
-    row = (f"{result.name:<32} {result.op or '-':<15} {result.status:<12} {'yes' if result.correct else 'no':<8} "
-           f"{speedup:>8} {reward:>6}")
+    row = (
+        f"{result.name:<32} {result.op or '-':<15} {result.status:<12} {'yes' if result.correct else 'no':<8} "
+        f"{speedup:>8} {reward:>6}"
+    )
     lines = [row]
     if result.model_new:
         lines.append(f"    ModelNew: {result.model_new}")
@@ -99,8 +125,9 @@ def summary(outcome) -> str:
     ]
     for p, value in ((1, outcome.fast_1), (2, outcome.fast_2)):
         if value is None:
-            lines.append(f"fast_{p} = null (speed is not measured on {outcome.device}: kernels run in Triton's "
-                         "interpreter)")
+            lines.append(
+                f"fast_{p} = null (speed is not measured on {outcome.device}: kernels run in Triton's interpreter)"
+            )
         else:
             faster = round(value * n)
             lines.append(f"fast_{p} = {_fmt(value)} ({faster}/{n} correct and more than {p}x faster than Model)")

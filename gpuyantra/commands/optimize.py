@@ -17,18 +17,30 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("optimize", help="start an optimization campaign against a running server",
-                                   description="Start the OptimizeCampaign workflow on Temporal against a "
-                                               "running `gpuyantra serve` process.")
+    parser = subparsers.add_parser(
+        "optimize",
+        help="start an optimization campaign against a running server",
+        description="Start the OptimizeCampaign workflow on Temporal against a running `gpuyantra serve` process.",
+    )
     parser.add_argument("--server", required=True, help="the serving process, e.g. http://127.0.0.1:8000")
     parser.add_argument("--ops", type=comma_list, default=None, help="op families to optimize, comma separated")
-    parser.add_argument("--min-reward", type=int, choices=[1, 2, 3], default=3,
-                        help="least verifier reward a kernel needs to be deployed (CPU-only setups: 1)")
+    parser.add_argument(
+        "--min-reward",
+        type=int,
+        choices=[1, 2, 3],
+        default=3,
+        help="least verifier reward a kernel needs to be deployed (CPU-only setups: 1)",
+    )
     parser.add_argument("--max-iterations", type=iterations, default=6)
-    parser.add_argument("--require-approval", action="store_true",
-                        help="wait for the `approve` signal before each deployment")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                        help="where candidates are verified (default: the GPU worker's device)")
+    parser.add_argument(
+        "--require-approval", action="store_true", help="wait for the `approve` signal before each deployment"
+    )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="where candidates are verified (default: the GPU worker's device)",
+    )
     parser.add_argument("--temporal", default=None, metavar="HOST:PORT")
     parser.add_argument("--wait", action="store_true", help="follow the campaign to its end")
     parser.add_argument("--json", action="store_true", help="print the campaign result as JSON, last on stdout")
@@ -67,13 +79,19 @@ def run(args: argparse.Namespace) -> int:
     except ServerError as exc:
         print(f"gpuyantra optimize: {exc}; start it with `gpuyantra serve` or fix --server", file=sys.stderr)
         return 1
-    params = CampaignInput(server_url=args.server, ops=args.ops, min_reward=args.min_reward,
-                           max_iterations=args.max_iterations, require_approval=args.require_approval,
-                           device=args.device)
+    params = CampaignInput(
+        server_url=args.server,
+        ops=args.ops,
+        min_reward=args.min_reward,
+        max_iterations=args.max_iterations,
+        require_approval=args.require_approval,
+        device=args.device,
+    )
     address = args.temporal or config.temporal_address()
     workflow_id = new_workflow_id(args.server, served_model(args.server), args.ops)
-    say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
-        (lambda line: print(line, flush=True))
+    say = (
+        (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    )
     started: list[str] = []
     try:
         result = asyncio.run(_campaign(address, params, workflow_id, args.wait, say, started))
@@ -82,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
             print("\ngpuyantra optimize: interrupted before the campaign started", file=sys.stderr)
             return 130
         show, cancel = follow_commands(address, workflow_id)
-        print(f"\ngpuyantra optimize: stopped following; campaign {workflow_id} keeps running.\n"
-              f"  follow: {show} --follow\n  cancel: {cancel}", file=sys.stderr, flush=True)
+        print(
+            f"\ngpuyantra optimize: stopped following; campaign {workflow_id} keeps running.\n"
+            f"  follow: {show} --follow\n  cancel: {cancel}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 130
     except Exception as exc:  # noqa: BLE001 - a refusal or a failed workflow: one line, not a traceback
         if getattr(args, "debug", False):
@@ -105,16 +127,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _campaign(address: str, params: CampaignInput, workflow_id: str, wait: bool,
-                    say: Callable[[str], None], started: list[str]) -> dict[str, Any]:
+async def _campaign(
+    address: str, params: CampaignInput, workflow_id: str, wait: bool, say: Callable[[str], None], started: list[str]
+) -> dict[str, Any]:
     from gpuyantra.campaign_client import connect, follow, follow_commands, launch, started_answer, web_ui_link
 
     client = await connect(address)
     handle = await launch(client, params, workflow_id)
     started.append(workflow_id)
     show, cancel = follow_commands(address, workflow_id)
-    for line in (f"Campaign {workflow_id} started.", f"  Web UI: {web_ui_link(address, workflow_id)}",
-                 f"  show:   {show}", f"  cancel: {cancel}"):
+    for line in (
+        f"Campaign {workflow_id} started.",
+        f"  Web UI: {web_ui_link(address, workflow_id)}",
+        f"  show:   {show}",
+        f"  cancel: {cancel}",
+    ):
         say(line)
     if not wait:
         return started_answer(workflow_id, params)
@@ -131,7 +158,8 @@ def failure_line(exc: BaseException) -> str:
 
 def describe_failure(exc: BaseException) -> str:
     messages = []
-    while exc is not None:
-        messages.append(str(exc))
-        exc = exc.__cause__
+    cause: BaseException | None = exc
+    while cause is not None:
+        messages.append(str(cause))
+        cause = cause.__cause__
     return " <- ".join(m for m in messages if m)

@@ -12,16 +12,27 @@ from gpuyantra import config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("report", help="write an offline HTML report of a finished campaign",
-                                   description="Fetch a finished campaign's result from Temporal (or read it "
-                                               "from a saved JSON file) and write one HTML page with inline SVG "
-                                               "charts and no external reference.")
+    parser = subparsers.add_parser(
+        "report",
+        help="write an offline HTML report of a finished campaign",
+        description="Fetch a finished campaign's result from Temporal (or read it "
+        "from a saved JSON file) and write one HTML page with inline SVG "
+        "charts and no external reference.",
+    )
     parser.add_argument("campaign_id", nargs="?", metavar="CAMPAIGN_ID", help="the campaign's workflow id")
-    parser.add_argument("--out", default=None, metavar="FILE",
-                        help="where to write the page (default: <state folder>/reports/<id>.html)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="where to write the page (default: <state folder>/reports/<id>.html)",
+    )
     parser.add_argument("--temporal", default=None, metavar="HOST:PORT")
-    parser.add_argument("--from-json", default=None, metavar="FILE",
-                        help="a saved campaign result (optimize --json, temporal workflow result): no Temporal")
+    parser.add_argument(
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="a saved campaign result (optimize --json, temporal workflow result): no Temporal",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -30,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from gpuyantra.report import ReportError, fetch_result, load_result, write_report
 
     if not args.campaign_id and not args.from_json:
-        print("gpuyantra report: error: give CAMPAIGN_ID or --from-json FILE (usage: gpuyantra report --help)",
-              file=sys.stderr)
+        print(
+            "gpuyantra report: error: give CAMPAIGN_ID or --from-json FILE (usage: gpuyantra report --help)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.from_json:

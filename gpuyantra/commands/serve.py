@@ -16,46 +16,93 @@ def register(subparsers) -> None:
             "Serve a transformers causal LM from a preset (tiny-qwen2, tiny-llama, tiny-gpt2, qwen2.5-1.5b; "
             "random weights, seeded), a local Hugging Face folder or a Hugging Face model id already in the local "
             "cache, with OpenAI-compatible /v1/completions and /v1/chat/completions, "
-            "Prometheus /metrics and the bearer-token admin API that swaps verified Triton kernels in live."),
+            "Prometheus /metrics and the bearer-token admin API that swaps verified Triton kernels in live."
+        ),
     )
-    p.add_argument("--model", default="tiny-qwen2", metavar="PRESET_DIR_OR_ID",
-                   help="preset name, local model folder (config.json, weights optional with --random-weights) or "
-                        "Hugging Face model id resolved from the local cache only ($HF_HUB_CACHE; never "
-                        "downloaded); default: tiny-qwen2")
-    p.add_argument("--random-weights", action="store_true",
-                   help="for a folder or model id: build the model from its config.json with seeded random weights")
-    p.add_argument("--byte-tokenizer", action="store_true",
-                   help="for a folder or model id: serve with the byte-level tokenizer (UTF-8 bytes as token ids) "
-                        "instead of its own; without it a missing or broken tokenizer stops serve (exit 2). "
-                        "Presets always use it")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where the model runs (default: cuda when available)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument(
+        "--model",
+        default="tiny-qwen2",
+        metavar="PRESET_DIR_OR_ID",
+        help="preset name, local model folder (config.json, weights optional with --random-weights) or "
+        "Hugging Face model id resolved from the local cache only ($HF_HUB_CACHE; never "
+        "downloaded); default: tiny-qwen2",
+    )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="for a folder or model id: build the model from its config.json with seeded random weights",
+    )
+    p.add_argument(
+        "--byte-tokenizer",
+        action="store_true",
+        help="for a folder or model id: serve with the byte-level tokenizer (UTF-8 bytes as token ids) "
+        "instead of its own; without it a missing or broken tokenizer stops serve (exit 2). "
+        "Presets always use it",
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the model runs (default: cuda when available)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="model dtype (default: bfloat16 on cuda, float32 on cpu)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default: 8000)")
-    p.add_argument("--admin-token", default=None,
-                   help="bearer token of the /admin routes (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)")
-    p.add_argument("--state-dir", default=None,
-                   help="folder for the swap manifest and kept candidate files "
-                        "(default: $GPUYANTRA_STATE_DIR or .state)")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="decode with CUDA graphs (static KV cache, one graph per batch-size bucket); needs cuda")
-    p.add_argument("--decode-attention", choices=["auto", "triton", "sdpa"], default="auto",
-                   help="attention of decode steps: the Triton decode kernel over each row's positions, or "
-                        "transformers' SDPA (default auto: triton on cuda, sdpa on cpu)")
-    p.add_argument("--fuse-projections", choices=["auto", "on", "off"], default="auto",
-                   help="run q/k/v and gate/up projections as one GEMM each (weights stay the modules' own, "
-                        "as views; default auto: on for cuda)")
+    p.add_argument(
+        "--admin-token",
+        default=None,
+        help="bearer token of the /admin routes (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="folder for the swap manifest and kept candidate files "
+        "(default: $GPUYANTRA_STATE_DIR, else ~/.local/share/gpuyantra)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="decode with CUDA graphs (static KV cache, one graph per batch-size bucket); needs cuda",
+    )
+    p.add_argument(
+        "--decode-attention",
+        choices=["auto", "triton", "sdpa"],
+        default="auto",
+        help="attention of decode steps: the Triton decode kernel over each row's positions, or "
+        "transformers' SDPA (default auto: triton on cuda, sdpa on cpu)",
+    )
+    p.add_argument(
+        "--fuse-projections",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="run q/k/v and gate/up projections as one GEMM each (weights stay the modules' own, "
+        "as views; default auto: on for cuda)",
+    )
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="tokens per request, prompt + generated (default: min(model limit, 2048))")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="tokens per request, prompt + generated (default: min(model limit, 2048))",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
-    p.add_argument("--max-parity-shapes", type=int, default=4,
-                   help="live input shapes a swap checks parity on per module class (default: 4)")
-    p.add_argument("--allow-unverified-swaps", action="store_true",
-                   help="let /admin/swap swap kernels without a valid verifier attestation (logged as a warning "
-                        "each time); for development only")
+    p.add_argument(
+        "--max-parity-shapes",
+        type=int,
+        default=4,
+        help="live input shapes a swap checks parity on per module class (default: 4)",
+    )
+    p.add_argument(
+        "--allow-unverified-swaps",
+        action="store_true",
+        help="let /admin/swap swap kernels without a valid verifier attestation (logged as a warning "
+        "each time); for development only",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(handler=run)
 
@@ -87,19 +134,34 @@ def run(args: argparse.Namespace) -> int:
 
     token = args.admin_token or os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
     config = ServeConfig(
-        model=args.model, random_weights=args.random_weights, byte_tokenizer=args.byte_tokenizer, device=device,
-        dtype=None if args.dtype == "auto" else args.dtype, seed=args.seed, state_dir=args.state_dir,
-        admin_token=token, cuda_graphs=args.cuda_graphs,
-        decode_attention=args.decode_attention, fuse_projections=args.fuse_projections,
-        max_batch=args.max_batch, max_seq_len=args.max_seq_len, max_parity_shapes=args.max_parity_shapes,
+        model=args.model,
+        random_weights=args.random_weights,
+        byte_tokenizer=args.byte_tokenizer,
+        device=device,
+        dtype=None if args.dtype == "auto" else args.dtype,
+        seed=args.seed,
+        state_dir=args.state_dir,
+        admin_token=token,
+        cuda_graphs=args.cuda_graphs,
+        decode_attention=args.decode_attention,
+        fuse_projections=args.fuse_projections,
+        max_batch=args.max_batch,
+        max_seq_len=args.max_seq_len,
+        max_parity_shapes=args.max_parity_shapes,
         allow_unverified_swaps=args.allow_unverified_swaps,
     )
     if token is None:
-        print("gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
-              file=sys.stderr)
+        print(
+            "gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
+            file=sys.stderr,
+        )
     app = create_app(config)
-    print(f"gpuyantra serve: {args.model} on {device}, http://{args.host}:{args.port} "
-          f"(ready when GET /readyz answers 200)", file=sys.stderr, flush=True)
+    print(
+        f"gpuyantra serve: {args.model} on {device}, http://{args.host}:{args.port} "
+        f"(ready when GET /readyz answers 200)",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 

@@ -17,7 +17,8 @@ QDRANT_TIMEOUT_S = 10.0
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "skills", help="list, show, export or import the skill library",
+        "skills",
+        help="list, show, export or import the skill library",
         description="The skill library: verified kernels indexed by bottleneck fingerprint (Qdrant).",
     )
     where = argparse.ArgumentParser(add_help=False)
@@ -57,6 +58,7 @@ def _store(args):
 
 def _reachable(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """One line and exit 1 when the Qdrant server does not answer, instead of a client traceback."""
+
     def run(args: argparse.Namespace) -> int:
         from qdrant_client.http.exceptions import ResponseHandlingException
 
@@ -68,9 +70,13 @@ def _reachable(handler: Callable[[argparse.Namespace], int]) -> Callable[[argpar
             from gpuyantra import config
 
             url = args.qdrant_url or config.qdrant_url()
-            print(f"gpuyantra skills: cannot reach Qdrant at {url}: start it, or drop --qdrant-url "
-                  f"(and GPUYANTRA_QDRANT_URL) to use the local folder", file=sys.stderr)
+            print(
+                f"gpuyantra skills: cannot reach Qdrant at {url}: start it, or drop --qdrant-url "
+                f"(and GPUYANTRA_QDRANT_URL) to use the local folder",
+                file=sys.stderr,
+            )
             return 1
+
     return run
 
 
@@ -91,15 +97,19 @@ def _list(args) -> int:
     if not skills:
         print("no skills stored", file=sys.stderr)
         return 0
-    header = f"{'id':36}  {'op':14} {'hardware':14} {'reward':>6} {'x eager':>8} {'x compile':>9} " \
-             f"{'pulls':>5} {'mean':>6}  regime / author"
+    header = (
+        f"{'id':36}  {'op':14} {'hardware':14} {'reward':>6} {'x eager':>8} {'x compile':>9} "
+        f"{'pulls':>5} {'mean':>6}  regime / author"
+    )
     print(header)
     for s in skills:
         fp = s.fingerprint or {}
         author = (s.provenance or {}).get("author") or "-"
-        print(f"{s.id:36}  {s.op:14} {s.hardware:14} {_fmt(s.reward, 'g'):>6} {_fmt(s.speedup_vs_eager):>8} "
-              f"{_fmt(s.speedup_vs_compile):>9} {s.pulls:>5} {_fmt(s.mean_reward):>6}  "
-              f"{fp.get('regime', '-')} / {author}")
+        print(
+            f"{s.id:36}  {s.op:14} {s.hardware:14} {_fmt(s.reward, 'g'):>6} {_fmt(s.speedup_vs_eager):>8} "
+            f"{_fmt(s.speedup_vs_compile):>9} {s.pulls:>5} {_fmt(s.mean_reward):>6}  "
+            f"{fp.get('regime', '-')} / {author}"
+        )
     return 0
 
 

@@ -41,22 +41,45 @@ def _dtypes(text: str) -> list[str]:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "verify", help="run the trust anchor on one candidate kernel file",
+        "verify",
+        help="run the trust anchor on one candidate kernel file",
         description="Static, contract, sandbox, correctness and (on CUDA) benchmark checks of one candidate "
-                    "file. Exit 0 accepted, 1 rejected, 2 usage error. See docs/verifier.md.")
+        "file. Exit 0 accepted, 1 rejected, 2 usage error. See docs/verifier.md.",
+    )
     parser.add_argument("file", metavar="FILE", help="candidate kernel file (.py)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                        help="where kernels run: cuda, or cpu under Triton's interpreter (default: cuda when "
-                             "available, else cpu)")
-    parser.add_argument("--module", metavar="DOTTED.CLASS", default=None,
-                        help="module class the kernel would replace (default: the op's default class)")
-    parser.add_argument("--shapes", type=_shapes, default=None, metavar="1x2048,4x4096",
-                        help="live shapes of the first activation, checked (and timed on CUDA) besides the "
-                             "hidden shapes")
-    parser.add_argument("--dtypes", type=_dtypes, default=None, metavar="float16,float32",
-                        help="dtypes to check (default: float32,float16 on cpu; float16,bfloat16,float32 on cuda)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="wall-clock limit of the sandboxed run (default: 300 on cpu, 600 on cuda)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="where kernels run: cuda, or cpu under Triton's interpreter (default: cuda when available, else cpu)",
+    )
+    parser.add_argument(
+        "--module",
+        metavar="DOTTED.CLASS",
+        default=None,
+        help="module class the kernel would replace (default: the op's default class)",
+    )
+    parser.add_argument(
+        "--shapes",
+        type=_shapes,
+        default=None,
+        metavar="1x2048,4x4096",
+        help="live shapes of the first activation, checked (and timed on CUDA) besides the hidden shapes",
+    )
+    parser.add_argument(
+        "--dtypes",
+        type=_dtypes,
+        default=None,
+        metavar="float16,float32",
+        help="dtypes to check (default: float32,float16 on cpu; float16,bfloat16,float32 on cuda)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="wall-clock limit of the sandboxed run (default: 300 on cpu, 600 on cuda)",
+    )
     parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     parser.set_defaults(handler=run)
 
@@ -65,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     device = prepare(args.device)
     from gpuyantra.verifier.core import run_verification
 
-    verdict = run_verification(args.file, device=device, module_class=args.module, shapes=args.shapes,
-                               dtypes=args.dtypes, timeout=args.timeout)
+    verdict = run_verification(
+        args.file, device=device, module_class=args.module, shapes=args.shapes, dtypes=args.dtypes, timeout=args.timeout
+    )
     if args.json:
         sys.stdout.write(json.dumps(verdict.to_dict()) + "\n")
     else:
@@ -76,13 +100,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_human(verdict: Any) -> None:
     status = "ACCEPTED" if verdict.accepted else "REJECTED"
-    print(f"{status}  op={verdict.op}  reward={verdict.reward:+d}  device={verdict.device}  "
-          f"checks={verdict.checks}  {verdict.seconds:.1f}s")
+    print(
+        f"{status}  op={verdict.op}  reward={verdict.reward:+d}  device={verdict.device}  "
+        f"checks={verdict.checks}  {verdict.seconds:.1f}s"
+    )
     if verdict.module_class:
         print(f"module class: {verdict.module_class}")
     for failure in verdict.failures:
         print(f"  [{failure.layer}/{failure.rule}] {failure.message}", file=sys.stdout)
     if verdict.speedup_vs_eager is not None:
         compile_text = f"{verdict.speedup_vs_compile:.2f}x" if verdict.speedup_vs_compile else "n/a"
-        print(f"speedup: {verdict.speedup_vs_eager:.2f}x vs eager, {compile_text} vs torch.compile "
-              f"(kernel {verdict.kernel_us:.2f} us, eager {verdict.eager_us:.2f} us)")
+        print(
+            f"speedup: {verdict.speedup_vs_eager:.2f}x vs eager, {compile_text} vs torch.compile "
+            f"(kernel {verdict.kernel_us:.2f} us, eager {verdict.eager_us:.2f} us)"
+        )

@@ -11,13 +11,20 @@ from gpuyantra import config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("worker", help="run Temporal workers (gpu, cpu or all queues)",
-                                   description="Run Temporal workers: `gpu` polls the GPU task queue (profile, "
-                                               "verify, benchmark, deploy), `cpu` the CPU queue (author, skill "
-                                               "library) and the campaign workflow, `all` both.")
+    parser = subparsers.add_parser(
+        "worker",
+        help="run Temporal workers (gpu, cpu or all queues)",
+        description="Run Temporal workers: `gpu` polls the GPU task queue (profile, "
+        "verify, benchmark, deploy), `cpu` the CPU queue (author, skill "
+        "library) and the campaign workflow, `all` both.",
+    )
     parser.add_argument("role", choices=["gpu", "cpu", "all"])
-    parser.add_argument("--temporal", default=None, metavar="HOST:PORT",
-                        help="Temporal frontend address (default: $TEMPORAL_ADDRESS or localhost:7233)")
+    parser.add_argument(
+        "--temporal",
+        default=None,
+        metavar="HOST:PORT",
+        help="Temporal frontend address (default: $TEMPORAL_ADDRESS or localhost:7233)",
+    )
     parser.set_defaults(handler=run)
 
 

@@ -3,6 +3,7 @@
 Reads x and residual once and writes both outputs (4 row streams), where eager runs an add and the
 norm's kernels. The norm follows Llama semantics (round the normalized value, then the weight).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -25,8 +26,21 @@ X_EVICTION = ""  # "" or "evict_first": cache hint for the streamed x / residual
 
 
 @triton.jit
-def _add_rms_norm_rows(X, R, W, Y, S, n_rows, stride_x, stride_r, eps,
-                       H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr):
+def _add_rms_norm_rows(
+    X,
+    R,
+    W,
+    Y,
+    S,
+    n_rows,
+    stride_x,
+    stride_r,
+    eps,
+    H: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVICT: tl.constexpr,
+):
     cols = tl.arange(0, BLOCK)
     col_mask = cols < H
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -46,8 +60,9 @@ def _add_rms_norm_rows(X, R, W, Y, S, n_rows, stride_x, stride_r, eps,
 
 
 @triton.jit
-def _add_rms_norm_chunked(X, R, W, Y, S, n_rows, n_cols, stride_x, stride_r, eps,
-                          BLOCK: tl.constexpr, EVICT: tl.constexpr):
+def _add_rms_norm_chunked(
+    X, R, W, Y, S, n_rows, n_cols, stride_x, stride_r, eps, BLOCK: tl.constexpr, EVICT: tl.constexpr
+):
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
         acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -105,12 +120,39 @@ def entry(x, residual, *, weight, eps):
             rows = max(1, triton.next_power_of_2(n_rows))
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
-        _add_rms_norm_rows[grid](x2, r2, weight, y, s, n_rows, stride, stride_r, eps, H=hidden, BLOCK=block,
-                                 ROWS=rows, EVICT=X_EVICTION,
-                                 num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
+        _add_rms_norm_rows[grid](
+            x2,
+            r2,
+            weight,
+            y,
+            s,
+            n_rows,
+            stride,
+            stride_r,
+            eps,
+            H=hidden,
+            BLOCK=block,
+            ROWS=rows,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
+            num_stages=NUM_STAGES,
+        )
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
-        _add_rms_norm_chunked[grid](x2, r2, weight, y, s, n_rows, hidden, stride, stride_r, eps, BLOCK=CHUNK,
-                                    EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
-                                    num_stages=NUM_STAGES)
+        _add_rms_norm_chunked[grid](
+            x2,
+            r2,
+            weight,
+            y,
+            s,
+            n_rows,
+            hidden,
+            stride,
+            stride_r,
+            eps,
+            BLOCK=CHUNK,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
+            num_stages=NUM_STAGES,
+        )
     return y, s

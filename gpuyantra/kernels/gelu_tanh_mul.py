@@ -7,6 +7,7 @@ Contiguous inputs take the flat kernel (BLOCK_SIZE elements per program, 16-byte
 row-strided views (a fused gate_up projection split with chunk) take the 2-D kernel (a row per grid
 row, BLOCK_SIZE columns per program).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -50,8 +51,9 @@ def entry(gate, up):
     warps = NUM_WARPS or max(1, min(16, BLOCK_SIZE // 256))
     if FLAT and gate.is_contiguous() and up.is_contiguous():
         n = out.numel()
-        _gelu_tanh_mul_flat[(triton.cdiv(n, BLOCK_SIZE),)](gate, up, out, n, BLOCK=BLOCK_SIZE, EVICT=X_EVICTION,
-                                                     num_warps=warps)
+        _gelu_tanh_mul_flat[(triton.cdiv(n, BLOCK_SIZE),)](
+            gate, up, out, n, BLOCK=BLOCK_SIZE, EVICT=X_EVICTION, num_warps=warps
+        )
         return out
     n_cols = gate.shape[-1]
     g2 = gate.reshape(-1, n_cols)
@@ -61,6 +63,7 @@ def entry(gate, up):
     if u2.stride(-1) != 1:
         u2 = u2.contiguous()
     grid = (g2.shape[0], triton.cdiv(n_cols, BLOCK_SIZE))
-    _gelu_tanh_mul_rows[grid](g2, u2, out, n_cols, g2.stride(0), u2.stride(0), BLOCK=BLOCK_SIZE, EVICT=X_EVICTION,
-                         num_warps=warps)
+    _gelu_tanh_mul_rows[grid](
+        g2, u2, out, n_cols, g2.stride(0), u2.stride(0), BLOCK=BLOCK_SIZE, EVICT=X_EVICTION, num_warps=warps
+    )
     return out

@@ -3,6 +3,7 @@
 Same structure as the rms_norm template: a [ROWS, BLOCK] register tile per step (optionally on a
 persistent grid), or a chunked two-pass kernel for rows wider than BLOCK_H_MAX.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -25,8 +26,9 @@ X_EVICTION = ""  # "" or "evict_first": cache hint for the streamed x loads
 
 
 @triton.jit
-def _gemma_norm_rows(X, W, Y, n_rows, stride_x, eps,
-                     H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr):
+def _gemma_norm_rows(
+    X, W, Y, n_rows, stride_x, eps, H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr
+):
     cols = tl.arange(0, BLOCK)
     col_mask = cols < H
     scale = 1.0 + tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -35,8 +37,7 @@ def _gemma_norm_rows(X, W, Y, n_rows, stride_x, eps,
         rows = tile * ROWS + tl.arange(0, ROWS)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
         y = x * rstd[:, None] * scale[None, :]
         tl.store(Y + rows64 * H + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -80,11 +81,33 @@ def entry(x, *, weight, eps):
             rows = max(1, triton.next_power_of_2(n_rows))
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
-        _gemma_norm_rows[grid](x2, weight, y, n_rows, stride, eps, H=hidden, BLOCK=block, ROWS=rows,
-                               EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
-                               num_stages=NUM_STAGES)
+        _gemma_norm_rows[grid](
+            x2,
+            weight,
+            y,
+            n_rows,
+            stride,
+            eps,
+            H=hidden,
+            BLOCK=block,
+            ROWS=rows,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
+            num_stages=NUM_STAGES,
+        )
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
-        _gemma_norm_chunked[grid](x2, weight, y, n_rows, hidden, stride, eps, BLOCK=CHUNK, EVICT=X_EVICTION,
-                                  num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)), num_stages=NUM_STAGES)
+        _gemma_norm_chunked[grid](
+            x2,
+            weight,
+            y,
+            n_rows,
+            hidden,
+            stride,
+            eps,
+            BLOCK=CHUNK,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
+            num_stages=NUM_STAGES,
+        )
     return y

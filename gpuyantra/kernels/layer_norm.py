@@ -6,6 +6,7 @@ shifted moments. RELOAD_AFFINE re-reads weight/bias per tile instead of holding 
 registers (fewer registers per program, more programs per SM). Rows wider than BLOCK_H_MAX use a
 chunked kernel (sum pass, centered-square pass, write pass). weight and bias may be None.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -36,9 +37,23 @@ def _add_pair(a1, a2, b1, b2):
 
 
 @triton.jit
-def _layer_norm_rows(X, W, B, Y, n_rows, stride_x, eps,
-                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SHIFTED: tl.constexpr, RELOAD: tl.constexpr,
-                     H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr):
+def _layer_norm_rows(
+    X,
+    W,
+    B,
+    Y,
+    n_rows,
+    stride_x,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SHIFTED: tl.constexpr,
+    RELOAD: tl.constexpr,
+    H: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVICT: tl.constexpr,
+):
     cols = tl.arange(0, BLOCK)
     col_mask = cols < H
     if not RELOAD:
@@ -54,8 +69,7 @@ def _layer_norm_rows(X, W, B, Y, n_rows, stride_x, eps,
         rows64 = rows.to(tl.int64)[:, None]
         # x is read once; mean and variance come from the registers. Padded rows load zeros, so
         # only padded columns (H not a power of 2) need zeroing before the sums.
-        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         if SHIFTED:
             # Shifted one-pass moments in ONE reduction round (a paired sum of d and d^2); the
             # shift by the row's first element keeps E[d^2] - E[d]^2 free of cancellation.
@@ -91,9 +105,21 @@ def _layer_norm_rows(X, W, B, Y, n_rows, stride_x, eps,
 
 
 @triton.jit
-def _layer_norm_chunked(X, W, B, Y, n_rows, n_cols, stride_x, eps,
-                        HAS_W: tl.constexpr, HAS_B: tl.constexpr, SHIFTED: tl.constexpr,
-                        BLOCK: tl.constexpr, EVICT: tl.constexpr):
+def _layer_norm_chunked(
+    X,
+    W,
+    B,
+    Y,
+    n_rows,
+    n_cols,
+    stride_x,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SHIFTED: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EVICT: tl.constexpr,
+):
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         x_row = X + tl.cast(row, tl.int64) * stride_x
         y_row = Y + tl.cast(row, tl.int64) * n_cols
@@ -155,13 +181,42 @@ def entry(x, *, weight, bias, eps):
             rows = max(1, triton.next_power_of_2(n_rows))
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
-        _layer_norm_rows[grid](x2, weight, bias, y, n_rows, stride, eps, HAS_W=weight is not None,
-                               HAS_B=bias is not None, SHIFTED=SHIFTED_STATS, RELOAD=RELOAD_AFFINE, H=hidden,
-                               BLOCK=block, ROWS=rows, EVICT=X_EVICTION,
-                               num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
+        _layer_norm_rows[grid](
+            x2,
+            weight,
+            bias,
+            y,
+            n_rows,
+            stride,
+            eps,
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            SHIFTED=SHIFTED_STATS,
+            RELOAD=RELOAD_AFFINE,
+            H=hidden,
+            BLOCK=block,
+            ROWS=rows,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
+            num_stages=NUM_STAGES,
+        )
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
-        _layer_norm_chunked[grid](x2, weight, bias, y, n_rows, hidden, stride, eps, HAS_W=weight is not None,
-                                  HAS_B=bias is not None, SHIFTED=SHIFTED_STATS, BLOCK=CHUNK, EVICT=X_EVICTION,
-                                  num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)), num_stages=NUM_STAGES)
+        _layer_norm_chunked[grid](
+            x2,
+            weight,
+            bias,
+            y,
+            n_rows,
+            hidden,
+            stride,
+            eps,
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            SHIFTED=SHIFTED_STATS,
+            BLOCK=CHUNK,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
+            num_stages=NUM_STAGES,
+        )
     return y

@@ -5,6 +5,7 @@ step; with MAX_PROGRAMS > 0 the grid is capped and each program strides over the
 persistent grid that loads the weight once). `_rms_norm_chunked` handles rows wider than
 BLOCK_H_MAX: a sum-of-squares pass and a write pass over CHUNK-wide slices.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -27,8 +28,9 @@ X_EVICTION = ""  # "" or "evict_first": cache hint for the streamed x loads
 
 
 @triton.jit
-def _rms_norm_rows(X, W, Y, n_rows, stride_x, eps,
-                   H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr):
+def _rms_norm_rows(
+    X, W, Y, n_rows, stride_x, eps, H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr
+):
     cols = tl.arange(0, BLOCK)
     col_mask = cols < H
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -37,8 +39,7 @@ def _rms_norm_rows(X, W, Y, n_rows, stride_x, eps,
         rows = tile * ROWS + tl.arange(0, ROWS)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
         # Round the normalized value to the input dtype before the weight, as transformers does.
         normed = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
@@ -87,11 +88,33 @@ def entry(x, *, weight, eps):
             rows = max(1, triton.next_power_of_2(n_rows))
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
-        _rms_norm_rows[grid](x2, weight, y, n_rows, stride, eps, H=hidden, BLOCK=block, ROWS=rows,
-                             EVICT=X_EVICTION, num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
-                             num_stages=NUM_STAGES)
+        _rms_norm_rows[grid](
+            x2,
+            weight,
+            y,
+            n_rows,
+            stride,
+            eps,
+            H=hidden,
+            BLOCK=block,
+            ROWS=rows,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
+            num_stages=NUM_STAGES,
+        )
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
-        _rms_norm_chunked[grid](x2, weight, y, n_rows, hidden, stride, eps, BLOCK=CHUNK, EVICT=X_EVICTION,
-                                num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)), num_stages=NUM_STAGES)
+        _rms_norm_chunked[grid](
+            x2,
+            weight,
+            y,
+            n_rows,
+            hidden,
+            stride,
+            eps,
+            BLOCK=CHUNK,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
+            num_stages=NUM_STAGES,
+        )
     return y

@@ -12,6 +12,7 @@ Two kernels over the same math, [.., D/2] tiles of the two halves in float32, ro
 Dims past the rotary width (partial rotary) are copied. q/k may be strided views (the usual
 [B, S, H, D] -> transpose(1, 2) layout); outputs keep the inputs' layout.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -47,10 +48,35 @@ def _rope_copy_tail(X, XO, base, mask_th, HEAD_DIM: tl.constexpr, ROT: tl.conste
 
 
 @triton.jit
-def _rope_kernel(Q, K, COS, SIN, QO, KO, seq_len, n_tokens, sqb, sqh, sqs, skb, skh, sks, scb, scs,
-                 HQ: tl.constexpr, HK: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                 TOKENS: tl.constexpr, HBQ: tl.constexpr, HBK: tl.constexpr, ONE_SHOT: tl.constexpr):
+def _rope_kernel(
+    Q,
+    K,
+    COS,
+    SIN,
+    QO,
+    KO,
+    seq_len,
+    n_tokens,
+    sqb,
+    sqh,
+    sqs,
+    skb,
+    skh,
+    sks,
+    scb,
+    scs,
+    HQ: tl.constexpr,
+    HK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_PASS: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    TOKENS: tl.constexpr,
+    HBQ: tl.constexpr,
+    HBK: tl.constexpr,
+    ONE_SHOT: tl.constexpr,
+):
     d = tl.arange(0, BLOCK_HALF)[None, None, :]  # [1, 1, BLOCK_HALF]
     d_mask = d < HALF
     hq = tl.arange(0, HBQ)[None, :, None]  # [1, HBQ, 1]
@@ -108,9 +134,27 @@ def _rope_kernel(Q, K, COS, SIN, QO, KO, seq_len, n_tokens, sqb, sqh, sqs, skb, 
 
 
 @triton.jit
-def _rope_rows(X, XO, COS, SIN, start, n_rows, n_heads, seq_len, sb, sh, ss, scb, scs, head_dim,
-               HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
-               ROWS: tl.constexpr):
+def _rope_rows(
+    X,
+    XO,
+    COS,
+    SIN,
+    start,
+    n_rows,
+    n_heads,
+    seq_len,
+    sb,
+    sh,
+    ss,
+    scb,
+    scs,
+    head_dim,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_PASS: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     rows = start + tl.arange(0, ROWS)
     row_mask = rows < n_rows
     head = rows % n_heads
@@ -136,17 +180,79 @@ def _rope_rows(X, XO, COS, SIN, start, n_rows, n_heads, seq_len, sb, sh, ss, scb
 
 
 @triton.jit
-def _rope_flat(Q, K, COS, SIN, QO, KO, seq_len, hq, hk, head_dim, n_q_rows, n_k_rows, q_programs,
-               sqb, sqh, sqs, skb, skh, sks, scb, scs,
-               HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
-               ROWS: tl.constexpr):
+def _rope_flat(
+    Q,
+    K,
+    COS,
+    SIN,
+    QO,
+    KO,
+    seq_len,
+    hq,
+    hk,
+    head_dim,
+    n_q_rows,
+    n_k_rows,
+    q_programs,
+    sqb,
+    sqh,
+    sqs,
+    skb,
+    skh,
+    sks,
+    scb,
+    scs,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_PASS: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     pid = tl.program_id(0)
     if pid < q_programs:
-        _rope_rows(Q, QO, COS, SIN, pid * ROWS, n_q_rows, hq, seq_len, sqb, sqh, sqs, scb, scs, head_dim,
-                   HALF, BLOCK_HALF, HAS_PASS, BLOCK_PASS, ROWS)
+        _rope_rows(
+            Q,
+            QO,
+            COS,
+            SIN,
+            pid * ROWS,
+            n_q_rows,
+            hq,
+            seq_len,
+            sqb,
+            sqh,
+            sqs,
+            scb,
+            scs,
+            head_dim,
+            HALF,
+            BLOCK_HALF,
+            HAS_PASS,
+            BLOCK_PASS,
+            ROWS,
+        )
     else:
-        _rope_rows(K, KO, COS, SIN, (pid - q_programs) * ROWS, n_k_rows, hk, seq_len, skb, skh, sks, scb, scs,
-                   head_dim, HALF, BLOCK_HALF, HAS_PASS, BLOCK_PASS, ROWS)
+        _rope_rows(
+            K,
+            KO,
+            COS,
+            SIN,
+            (pid - q_programs) * ROWS,
+            n_k_rows,
+            hk,
+            seq_len,
+            skb,
+            skh,
+            sks,
+            scb,
+            scs,
+            head_dim,
+            HALF,
+            BLOCK_HALF,
+            HAS_PASS,
+            BLOCK_PASS,
+            ROWS,
+        )
 
 
 def entry(q, k, cos, sin):
@@ -180,10 +286,34 @@ def entry(q, k, cos, sin):
     if FLAT_ROWS:
         q_programs = triton.cdiv(n_tokens * hq, FLAT_ROWS)
         _rope_flat[(q_programs + triton.cdiv(n_tokens * hk, FLAT_ROWS),)](
-            q, k, cos, sin, qo, ko, seq, hq, hk, head_dim, n_tokens * hq, n_tokens * hk, q_programs,
-            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], scb, sc[1],
-            HALF=half, BLOCK_HALF=block_half, HAS_PASS=has_pass, BLOCK_PASS=block_pass, ROWS=FLAT_ROWS,
-            num_warps=NUM_WARPS or max(1, min(8, FLAT_ROWS * block_half // 128)))
+            q,
+            k,
+            cos,
+            sin,
+            qo,
+            ko,
+            seq,
+            hq,
+            hk,
+            head_dim,
+            n_tokens * hq,
+            n_tokens * hk,
+            q_programs,
+            sq[0],
+            sq[1],
+            sq[2],
+            sk[0],
+            sk[1],
+            sk[2],
+            scb,
+            sc[1],
+            HALF=half,
+            BLOCK_HALF=block_half,
+            HAS_PASS=has_pass,
+            BLOCK_PASS=block_pass,
+            ROWS=FLAT_ROWS,
+            num_warps=NUM_WARPS or max(1, min(8, FLAT_ROWS * block_half // 128)),
+        )
         return qo, ko
     hbq = triton.next_power_of_2(hq)
     hbk = triton.next_power_of_2(hk)
@@ -202,7 +332,33 @@ def entry(q, k, cos, sin):
     else:
         warps = max(1, min(8, tokens * hbq * block_half // 128))
     _rope_kernel[(min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)](
-        q, k, cos, sin, qo, ko, seq, n_tokens, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], scb, sc[1],
-        HQ=hq, HK=hk, HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=block_half, HAS_PASS=has_pass, BLOCK_PASS=block_pass,
-        TOKENS=tokens, HBQ=hbq, HBK=hbk, ONE_SHOT=one_shot, num_warps=warps)
+        q,
+        k,
+        cos,
+        sin,
+        qo,
+        ko,
+        seq,
+        n_tokens,
+        sq[0],
+        sq[1],
+        sq[2],
+        sk[0],
+        sk[1],
+        sk[2],
+        scb,
+        sc[1],
+        HQ=hq,
+        HK=hk,
+        HEAD_DIM=head_dim,
+        HALF=half,
+        BLOCK_HALF=block_half,
+        HAS_PASS=has_pass,
+        BLOCK_PASS=block_pass,
+        TOKENS=tokens,
+        HBQ=hbq,
+        HBK=hbk,
+        ONE_SHOT=one_shot,
+        num_warps=warps,
+    )
     return qo, ko

@@ -3,6 +3,7 @@
 Rows up to BLOCK_H_MAX wide: one read, one write from registers. Wider rows: an online pass that
 keeps a running max and rescaled sum per lane, then a write pass.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -23,8 +24,9 @@ X_EVICTION = ""  # "" or "evict_first": cache hint for the streamed x loads
 
 
 @triton.jit
-def _softmax_rows(X, Y, n_rows, stride_x,
-                  H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr):
+def _softmax_rows(
+    X, Y, n_rows, stride_x, H: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr
+):
     cols = tl.arange(0, BLOCK)
     col_mask = cols < H
     n_tiles = tl.cdiv(n_rows, ROWS)
@@ -32,8 +34,9 @@ def _softmax_rows(X, Y, n_rows, stride_x,
         rows = tile * ROWS + tl.arange(0, ROWS)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=-float("inf"),
-                    eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=-float("inf"), eviction_policy=EVICT).to(
+            tl.float32
+        )
         m = tl.max(x, axis=1)
         e = tl.exp(x - m[:, None])
         y = e / tl.sum(e, axis=1)[:, None]
@@ -83,10 +86,29 @@ def entry(x):
             rows = max(1, triton.next_power_of_2(n_rows))
         tiles = triton.cdiv(n_rows, rows)
         grid = (min(tiles, MAX_PROGRAMS) if MAX_PROGRAMS else tiles,)
-        _softmax_rows[grid](x2, y, n_rows, stride, H=hidden, BLOCK=block, ROWS=rows, EVICT=X_EVICTION,
-                            num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)), num_stages=NUM_STAGES)
+        _softmax_rows[grid](
+            x2,
+            y,
+            n_rows,
+            stride,
+            H=hidden,
+            BLOCK=block,
+            ROWS=rows,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, block * rows // 512)),
+            num_stages=NUM_STAGES,
+        )
     else:
         grid = (min(n_rows, MAX_PROGRAMS) if MAX_PROGRAMS else n_rows,)
-        _softmax_chunked[grid](x2, y, n_rows, hidden, stride, BLOCK=CHUNK, EVICT=X_EVICTION,
-                               num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)), num_stages=NUM_STAGES)
+        _softmax_chunked[grid](
+            x2,
+            y,
+            n_rows,
+            hidden,
+            stride,
+            BLOCK=CHUNK,
+            EVICT=X_EVICTION,
+            num_warps=NUM_WARPS or max(1, min(16, CHUNK // 512)),
+            num_stages=NUM_STAGES,
+        )
     return y

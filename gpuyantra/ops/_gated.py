@@ -33,7 +33,8 @@ def _sub(module: torch.nn.Module, name: str) -> torch.nn.Module:
 
 def is_gated_mlp(module: torch.nn.Module) -> bool:
     return _has(module, "down_proj") and (
-        (_has(module, "gate_proj") and _has(module, "up_proj")) or _has(module, "gate_up_proj"))
+        (_has(module, "gate_proj") and _has(module, "up_proj")) or _has(module, "gate_up_proj")
+    )
 
 
 def project(module: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -51,15 +52,17 @@ def in_features(module: torch.nn.Module) -> int:
     return int(proj.weight.shape[-1])
 
 
-def make_activations(rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator,
-                     scale: float = 1.0) -> tuple[Tensor, ...]:
+def make_activations(
+    rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator, scale: float = 1.0
+) -> tuple[Tensor, ...]:
     gate = randn((*rows, hidden), dtype, device, generator, 2.0 * scale)
     up = randn((*rows, hidden), dtype, device, generator, scale)
     return gate, up
 
 
-def module_activations(module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device,
-                       generator: torch.Generator) -> tuple[Tensor, ...]:
+def module_activations(
+    module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device, generator: torch.Generator
+) -> tuple[Tensor, ...]:
     return (randn((*rows, in_features(module)), dtype, device, generator),)
 
 
@@ -75,14 +78,16 @@ def make_module_reference(reference: Callable[..., Tensor]) -> Callable[..., Ten
     return module_reference
 
 
-def replacement_forward(module: torch.nn.Module, entry: Callable[..., Tensor],
-                        adapter: Sequence[dict[str, str]]) -> Callable[..., Any]:
+def replacement_forward(
+    module: torch.nn.Module, entry: Callable[..., Tensor], adapter: Sequence[dict[str, str]]
+) -> Callable[..., Any]:
     if _has(module, "gate_up_proj") and not _has(module, "gate_proj"):
         # self: the MLP module (Any: its projections are attributes torch types as Tensor | Module)
         def forward(self: Any, hidden_states: Tensor) -> Tensor:
             gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
             return self.down_proj(entry(gate, up))
     else:
+
         def forward(self: Any, hidden_states: Tensor) -> Tensor:
             return self.down_proj(entry(self.gate_proj(hidden_states), self.up_proj(hidden_states)))
 
@@ -93,8 +98,13 @@ def bytes_moved(shape: Sequence[int], dtype: torch.dtype) -> int:
     return 3 * numel(shape) * itemsize(dtype)  # read gate, read up, write out
 
 
-def gated_family(name: str, reference: Callable[..., Tensor], default_module: str,
-                 known_modules: tuple[str, ...], flops_per_element: int) -> OpFamily:
+def gated_family(
+    name: str,
+    reference: Callable[..., Tensor],
+    default_module: str,
+    known_modules: tuple[str, ...],
+    flops_per_element: int,
+) -> OpFamily:
     return OpFamily(
         name=name,
         activations=("gate", "up"),

@@ -16,8 +16,9 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def make_x(rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator,
-           scale: float = 1.0) -> tuple[Tensor, ...]:
+def make_x(
+    rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator, scale: float = 1.0
+) -> tuple[Tensor, ...]:
     return (randn((*rows, hidden), dtype, device, generator, scale),)
 
 
@@ -25,8 +26,9 @@ def call_module(module: torch.nn.Module, *activations: Tensor) -> Any:
     return module(*activations)
 
 
-def forward_with_entry(module: torch.nn.Module, entry: Callable[..., Any],
-                       adapter: Sequence[dict[str, str]]) -> Callable[..., Any]:
+def forward_with_entry(
+    module: torch.nn.Module, entry: Callable[..., Any], adapter: Sequence[dict[str, str]]
+) -> Callable[..., Any]:
     """`forward(self, *activations)` that reads the ADAPTER's attributes live and calls `entry`."""
 
     def forward(self: torch.nn.Module, *activations: Tensor) -> Any:

@@ -43,8 +43,9 @@ class AddRMSNorm(torch.nn.Module):
         return reference(x, residual, weight=self.weight, eps=self.variance_epsilon)
 
 
-def make_activations(rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator,
-                     scale: float = 1.0) -> tuple[Tensor, ...]:
+def make_activations(
+    rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator, scale: float = 1.0
+) -> tuple[Tensor, ...]:
     x = randn((*rows, hidden), dtype, device, generator, scale)
     residual = randn((*rows, hidden), dtype, device, generator, scale)
     return x, residual

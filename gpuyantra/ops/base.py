@@ -103,16 +103,18 @@ class OpFamily:
         """Cheap structural precheck; the numerical probe (binding.computes_family) decides."""
         return self.module_filter is None or bool(self.module_filter(module))
 
-    def expected_module_output(self, module: torch.nn.Module, activations: Sequence[Tensor],
-                               adapter: Sequence[dict[str, str]]) -> Any:
+    def expected_module_output(
+        self, module: torch.nn.Module, activations: Sequence[Tensor], adapter: Sequence[dict[str, str]]
+    ) -> Any:
         """What `module_call(module, *activations)` must return if the module computes this family."""
         kwargs = adapter_kwargs(module, adapter)
         if self.module_reference is not None:
             return self.module_reference(module, *activations, **kwargs)
         return self.reference(*activations, **kwargs)
 
-    def make_params(self, hidden: int, dtype: torch.dtype, device: torch.device | str,
-                    generator: torch.Generator) -> dict[str, Any]:
+    def make_params(
+        self, hidden: int, dtype: torch.dtype, device: torch.device | str, generator: torch.Generator
+    ) -> dict[str, Any]:
         """Random keyword parameters for `entry`/`reference` at width `hidden`."""
         if self.param_factory is not None:
             return self.param_factory(hidden, dtype, device, generator)
@@ -133,8 +135,13 @@ class OpFamily:
         raise LookupError(f"cannot tell the hidden size of {type(module).__name__}")
 
     def activations_for_module(
-        self, module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device: torch.device | str,
-        generator: torch.Generator, scale: float = 1.0,
+        self,
+        module: torch.nn.Module,
+        rows: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str,
+        generator: torch.Generator,
+        scale: float = 1.0,
     ) -> tuple[Tensor, ...]:
         if self.module_activations is not None:
             return self.module_activations(module, rows, dtype, device, generator)
@@ -185,8 +192,9 @@ def import_class(dotted: str) -> type:
         raise ValueError(f"cannot import module class {dotted!r}: {exc}") from exc
 
 
-def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str, generator: torch.Generator,
-          scale: float = 1.0) -> Tensor:
+def randn(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str, generator: torch.Generator, scale: float = 1.0
+) -> Tensor:
     """Random normal values drawn on the CPU generator (reproducible across devices), then moved.
 
     A generator on another device (e.g. a CUDA generator, for benchmark-sized inputs) draws there."""

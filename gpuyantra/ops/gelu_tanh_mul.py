@@ -23,7 +23,8 @@ def reference(gate: Tensor, up: Tensor) -> Tensor:
 
 FAMILY = register(
     gated_family(
-        "gelu_tanh_mul", reference,
+        "gelu_tanh_mul",
+        reference,
         default_module="transformers.models.gemma.modeling_gemma.GemmaMLP",
         known_modules=(
             "transformers.models.gemma.modeling_gemma.GemmaMLP",

@@ -12,8 +12,16 @@ import torch
 
 TINY_HIDDEN = 64
 TINY_CONFIG = dict(
-    hidden_size=TINY_HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-    num_hidden_layers=1, vocab_size=128, head_dim=16, n_embd=TINY_HIDDEN, n_head=4, n_layer=1,
+    hidden_size=TINY_HIDDEN,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=1,
+    vocab_size=128,
+    head_dim=16,
+    n_embd=TINY_HIDDEN,
+    n_head=4,
+    n_layer=1,
     n_inner=128,
 )
 
@@ -25,7 +33,8 @@ def tiny_configs_for(cls: type) -> list:
     if module is None:
         return []
     config_classes = [
-        obj for name, obj in vars(module).items()
+        obj
+        for name, obj in vars(module).items()
         if name.endswith("Config") and inspect.isclass(obj) and hasattr(obj, "model_type")
     ]
     config_classes.sort(key=lambda c: (not getattr(c, "model_type", ""), "Text" not in c.__name__))

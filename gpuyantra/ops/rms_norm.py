@@ -27,8 +27,9 @@ def reference(x: Tensor, *, weight: Tensor, eps: float) -> Tensor:
     return weight * normed.to(x.dtype)
 
 
-def make_activations(rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator,
-                     scale: float = 1.0) -> tuple[Tensor, ...]:
+def make_activations(
+    rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator, scale: float = 1.0
+) -> tuple[Tensor, ...]:
     return (randn((*rows, hidden), dtype, device, generator, scale),)
 
 
@@ -36,8 +37,9 @@ def module_call(module: torch.nn.Module, x: Tensor) -> Tensor:
     return module(x)
 
 
-def replacement_forward(module: torch.nn.Module, entry: Callable[..., Tensor],
-                        adapter: Sequence[dict[str, str]]) -> Callable[..., Any]:
+def replacement_forward(
+    module: torch.nn.Module, entry: Callable[..., Tensor], adapter: Sequence[dict[str, str]]
+) -> Callable[..., Any]:
     def forward(self: torch.nn.Module, hidden_states: Tensor) -> Tensor:
         return entry(hidden_states, **adapter_kwargs(self, adapter))
 

@@ -28,8 +28,20 @@ from gpuyantra.ops import register
 from gpuyantra.ops._rows import call_module, forward_with_entry, is_parameterless_leaf
 from gpuyantra.ops.base import OpFamily, Tensor, itemsize, randn
 
-_MODELS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "mixtral", "gemma", "gemma2", "gemma3",
-           "granite", "olmo2", "phi3")
+_MODELS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "granite",
+    "olmo2",
+    "phi3",
+)
 
 
 def _rotate_half(t: Tensor) -> Tensor:
@@ -43,8 +55,9 @@ def _apply(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         out = t * cos + _rotate_half(t) * sin
     else:
         t_rot, t_pass = t[..., :rot], t[..., rot:]
-        out = torch.cat([t_rot * cos + _rotate_half(t_rot) * sin, t_pass.to(torch.promote_types(t.dtype, cos.dtype))],
-                        dim=-1)
+        out = torch.cat(
+            [t_rot * cos + _rotate_half(t_rot) * sin, t_pass.to(torch.promote_types(t.dtype, cos.dtype))], dim=-1
+        )
     return out.to(t.dtype)
 
 
@@ -75,8 +88,9 @@ def heads_for(rows: Sequence[int]) -> tuple[int, int, int, int]:
     return batch, hq, hk, seq
 
 
-def rotary_cos_sin(batch: int, seq: int, dim: int, dtype: torch.dtype, device, generator: torch.Generator,
-                   base: float = 10000.0) -> tuple[Tensor, Tensor]:
+def rotary_cos_sin(
+    batch: int, seq: int, dim: int, dtype: torch.dtype, device, generator: torch.Generator, base: float = 10000.0
+) -> tuple[Tensor, Tensor]:
     """cos/sin as a rotary embedding module makes them, at random positions per batch row."""
     gen_device = generator.device
     start = torch.randint(0, 4096, (batch, 1), generator=generator, device=gen_device)
@@ -87,8 +101,9 @@ def rotary_cos_sin(batch: int, seq: int, dim: int, dtype: torch.dtype, device, g
     return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
 
 
-def make_activations(rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator,
-                     scale: float = 1.0) -> tuple[Tensor, ...]:
+def make_activations(
+    rows: Sequence[int], hidden: int, dtype: torch.dtype, device, generator: torch.Generator, scale: float = 1.0
+) -> tuple[Tensor, ...]:
     batch, hq, hk, seq = heads_for(rows)
     # As attention modules make them: projections viewed [B, S, H, D], then transposed to [B, H, S, D].
     q = randn((batch, seq, hq, hidden), dtype, device, generator, scale).transpose(1, 2)
@@ -130,4 +145,3 @@ FAMILY = register(
         adapt_shape=lambda shape: [*shape[:-1], int(shape[-1]) + int(shape[-1]) % 2],  # rotate-half: even D
     )
 )
-

@@ -24,7 +24,8 @@ def reference(gate: Tensor, up: Tensor) -> Tensor:
 
 FAMILY = register(
     gated_family(
-        "silu_mul", reference,
+        "silu_mul",
+        reference,
         default_module="transformers.models.llama.modeling_llama.LlamaMLP",
         known_modules=(
             "transformers.models.llama.modeling_llama.LlamaMLP",

@@ -17,6 +17,15 @@ from gpuyantra.skills.fingerprint import FINGERPRINT_DIM, Fingerprint, op_class
 from gpuyantra.skills.store import COLLECTION, Skill, SkillStore, skill_id
 
 __all__ = [
-    "COLLECTION", "FINGERPRINT_DIM", "Fingerprint", "Skill", "SkillStore", "mean_reward", "normalize_reward",
-    "op_class", "skill_id", "ucb1_choose", "ucb1_score",
+    "COLLECTION",
+    "FINGERPRINT_DIM",
+    "Fingerprint",
+    "Skill",
+    "SkillStore",
+    "mean_reward",
+    "normalize_reward",
+    "op_class",
+    "skill_id",
+    "ucb1_choose",
+    "ucb1_score",
 ]

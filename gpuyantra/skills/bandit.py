@@ -34,12 +34,14 @@ def ucb1_score(skill: Any, total_pulls: int, c: float = math.sqrt(2)) -> float:
 
 
 def ucb1_choose(skills: Sequence[Any], c: float = math.sqrt(2)) -> Any | None:
-    """The skill to seed the next attempt: every unpulled skill first (smallest id first), then the
-    highest UCB1 score, ties broken by the smallest id. None for an empty list."""
+    """The skill to seed the next attempt: every unpulled skill first (the nearest fingerprint first,
+    by retrieval `score`; then the smallest id), then the highest UCB1 score, ties broken by the
+    smallest id. None for an empty list. Ids are random, so ordering unpulled skills by id alone
+    would seed a LayerNorm from whichever family's skill happened to get the smaller id."""
     if not skills:
         return None
     unpulled = [s for s in skills if int(getattr(s, "pulls", 0) or 0) <= 0]
     if unpulled:
-        return min(unpulled, key=lambda s: str(s.id))
+        return min(unpulled, key=lambda s: (-float(getattr(s, "score", None) or 0.0), str(s.id)))
     total = sum(int(s.pulls) for s in skills)
     return min(skills, key=lambda s: (-ucb1_score(s, total, c), str(s.id)))

@@ -30,23 +30,54 @@ FINGERPRINT_DIM = 32
 OP_CLASSES = ("norm", "activation", "rope", "softmax", "attention", "matmul", "elementwise", "other")
 REGIMES = ("memory-bound", "compute-bound", "launch-bound")
 DTYPES = ("float32", "bfloat16", "float16")
-_ELEMENT_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-                  "int8": 1, "uint8": 1}
+_ELEMENT_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
 
 # Families known by name; anything else is classified by the words in its name.
 _KNOWN_CLASSES = {
-    "rms_norm": "norm", "layer_norm": "norm", "add_rms_norm": "norm", "gemma_rms_norm": "norm",
-    "group_norm": "norm", "batch_norm": "norm",
-    "silu_mul": "activation", "gelu_tanh_mul": "activation", "gelu_mul": "activation", "swiglu": "activation",
-    "geglu": "activation", "gelu": "activation", "silu": "activation", "relu": "activation",
-    "rope": "rope", "rotary": "rope",
-    "softmax": "softmax", "log_softmax": "softmax",
-    "attention": "attention", "sdpa": "attention",
-    "matmul": "matmul", "linear": "matmul", "gemm": "matmul",
+    "rms_norm": "norm",
+    "layer_norm": "norm",
+    "add_rms_norm": "norm",
+    "gemma_rms_norm": "norm",
+    "group_norm": "norm",
+    "batch_norm": "norm",
+    "silu_mul": "activation",
+    "gelu_tanh_mul": "activation",
+    "gelu_mul": "activation",
+    "swiglu": "activation",
+    "geglu": "activation",
+    "gelu": "activation",
+    "silu": "activation",
+    "relu": "activation",
+    "rope": "rope",
+    "rotary": "rope",
+    "softmax": "softmax",
+    "log_softmax": "softmax",
+    "attention": "attention",
+    "sdpa": "attention",
+    "matmul": "matmul",
+    "linear": "matmul",
+    "gemm": "matmul",
 }
 # Arithmetic intensity (FLOP/byte) to assume when a target carries neither AI nor shapes.
-_DEFAULT_AI = {"norm": 0.6, "activation": 0.4, "rope": 0.5, "softmax": 0.8, "attention": 20.0, "matmul": 100.0,
-               "elementwise": 0.2, "other": 1.0}
+_DEFAULT_AI = {
+    "norm": 0.6,
+    "activation": 0.4,
+    "rope": 0.5,
+    "softmax": 0.8,
+    "attention": 20.0,
+    "matmul": 100.0,
+    "elementwise": 0.2,
+    "other": 1.0,
+}
 _ROW_REDUCTION = {"norm", "softmax", "attention", "matmul"}
 
 # Weights of each block of the vector (before L2 normalization).
@@ -79,7 +110,8 @@ def op_class(op: str) -> str:
 def normalize_dtype(dtype: Any) -> str:
     text = str(dtype or "float32").replace("torch.", "").lower()
     return {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(
-        text, text)
+        text, text
+    )
 
 
 def _bucket(text: str, buckets: int) -> int:
@@ -129,17 +161,28 @@ class Fingerprint:
         if ai is None:
             ai = _estimate_ai(op, shape, dtype, klass)
         regime = str(target.get("regime") or ("memory-bound" if float(ai) < 10 else "compute-bound"))
-        return cls(op=op, op_class=klass, regime=regime, arithmetic_intensity=float(ai), hidden=hidden,
-                   rows=max(rows, 1), dtype=dtype, hardware=str(hardware))
+        return cls(
+            op=op,
+            op_class=klass,
+            regime=regime,
+            arithmetic_intensity=float(ai),
+            hidden=hidden,
+            rows=max(rows, 1),
+            dtype=dtype,
+            hardware=str(hardware),
+        )
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Fingerprint:
         return cls(
-            op=str(payload["op"]), op_class=str(payload.get("op_class") or op_class(str(payload["op"]))),
+            op=str(payload["op"]),
+            op_class=str(payload.get("op_class") or op_class(str(payload["op"]))),
             regime=str(payload.get("regime") or "memory-bound"),
             arithmetic_intensity=float(payload.get("arithmetic_intensity") or 0.0),
-            hidden=int(payload.get("hidden") or 0), rows=int(payload.get("rows") or 1),
-            dtype=normalize_dtype(payload.get("dtype")), hardware=str(payload.get("hardware") or "cpu"),
+            hidden=int(payload.get("hidden") or 0),
+            rows=int(payload.get("rows") or 1),
+            dtype=normalize_dtype(payload.get("dtype")),
+            hardware=str(payload.get("hardware") or "cpu"),
         )
 
     def to_payload(self) -> dict[str, Any]:
@@ -175,5 +218,7 @@ class Fingerprint:
         return sum(a * b for a, b in zip(self.vector, other.vector))
 
     def describe(self) -> str:
-        return (f"{self.op_class}/{self.regime} AI={self.arithmetic_intensity:.2f} H={self.hidden} rows={self.rows} "
-                f"{self.dtype} on {self.hardware}")
+        return (
+            f"{self.op_class}/{self.regime} AI={self.arithmetic_intensity:.2f} H={self.hidden} rows={self.rows} "
+            f"{self.dtype} on {self.hardware}"
+        )

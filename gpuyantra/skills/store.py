@@ -141,10 +141,17 @@ class SkillStore:
     """Skills in Qdrant: `upsert`, `retrieve`, `record_outcome`, `get`, `list`, `export_jsonl`,
     `import_jsonl`, `close`; also a context manager holding one client for the block."""
 
-    def __init__(self, path: str | Path | None = None, url: str | None = None, *,
-                 collection: str = COLLECTION, api_key: str | None = None,
-                 embedder: Callable[[str], Sequence[float]] | None = None, embedder_dim: int | None = None,
-                 lock_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        url: str | None = None,
+        *,
+        collection: str = COLLECTION,
+        api_key: str | None = None,
+        embedder: Callable[[str], Sequence[float]] | None = None,
+        embedder_dim: int | None = None,
+        lock_timeout: float = 120.0,
+    ) -> None:
         from gpuyantra import config
 
         if path is None and url is None:
@@ -197,7 +204,8 @@ class SkillStore:
             if _FOLDER_OWNERS.get(key) == threading.get_ident():
                 raise RuntimeError(
                     f"the skill store folder {key} is already open in this thread; reuse that SkillStore "
-                    "instead of opening a second one")
+                    "instead of opening a second one"
+                )
             return _FOLDER_LOCKS.setdefault(key, threading.Lock())
 
     def _release(self) -> None:
@@ -254,8 +262,10 @@ class SkillStore:
                 raise RuntimeError(f"collection {self.collection!r} has no {VECTOR!r} vector: not a skill library")
             size = vectors[VECTOR].size
             if size != FINGERPRINT_DIM:
-                raise RuntimeError(f"collection {self.collection!r} holds {size}-d fingerprints, this version "
-                                   f"makes {FINGERPRINT_DIM}-d ones: export with the old version, import here")
+                raise RuntimeError(
+                    f"collection {self.collection!r} holds {size}-d fingerprints, this version "
+                    f"makes {FINGERPRINT_DIM}-d ones: export with the old version, import here"
+                )
             self._has_llm_vector = LLM_VECTOR in names
             return
         vectors = {VECTOR: models.VectorParams(size=FINGERPRINT_DIM, distance=models.Distance.COSINE)}
@@ -326,8 +336,9 @@ class SkillStore:
         with self._session() as client:
             return self._write(client, prepared, merge_stats="keep")
 
-    def retrieve(self, fingerprint: Fingerprint | Mapping[str, Any] | Sequence[float], op: str, hardware: str,
-                 limit: int = 8) -> list[Skill]:
+    def retrieve(
+        self, fingerprint: Fingerprint | Mapping[str, Any] | Sequence[float], op: str, hardware: str, limit: int = 8
+    ) -> list[Skill]:
         """Skills of `op` on `hardware` nearest to `fingerprint`; when there are none, the nearest
         fingerprints of any family on any hardware (transfer). Each has `score` and `match` set."""
         from qdrant_client import models
@@ -338,12 +349,19 @@ class SkillStore:
             models.FieldCondition(key="hardware", match=models.MatchValue(value=hardware)),
         ]
         with self._session() as client:
-            hits = client.query_points(self.collection, query=vector, using=VECTOR,
-                                       query_filter=models.Filter(must=must), limit=limit, with_payload=True).points
+            hits = client.query_points(
+                self.collection,
+                query=vector,
+                using=VECTOR,
+                query_filter=models.Filter(must=must),
+                limit=limit,
+                with_payload=True,
+            ).points
             match = "exact"
             if not hits:
-                hits = client.query_points(self.collection, query=vector, using=VECTOR, limit=limit,
-                                           with_payload=True).points
+                hits = client.query_points(
+                    self.collection, query=vector, using=VECTOR, limit=limit, with_payload=True
+                ).points
                 match = "transfer"
         out = []
         for hit in hits:
@@ -361,8 +379,13 @@ class SkillStore:
         with self._session() as client:
             if not self._has_llm_vector:
                 raise RuntimeError(f"collection {self.collection!r} was created without the {LLM_VECTOR!r} vector")
-            hits = client.query_points(self.collection, query=[float(x) for x in self.embedder(text)],
-                                       using=LLM_VECTOR, limit=limit, with_payload=True).points
+            hits = client.query_points(
+                self.collection,
+                query=[float(x) for x in self.embedder(text)],
+                using=LLM_VECTOR,
+                limit=limit,
+                with_payload=True,
+            ).points
         out = []
         for hit in hits:
             skill = Skill.from_dict(hit.payload or {})
@@ -381,9 +404,17 @@ class SkillStore:
             skill.total_reward += float(reward)
             skill.last_reward = float(reward)
             skill.updated_at = _now()
-            client.set_payload(self.collection, payload={
-                "pulls": skill.pulls, "total_reward": skill.total_reward, "last_reward": skill.last_reward,
-                "updated_at": skill.updated_at}, points=[str(skill_id)], wait=True)
+            client.set_payload(
+                self.collection,
+                payload={
+                    "pulls": skill.pulls,
+                    "total_reward": skill.total_reward,
+                    "last_reward": skill.last_reward,
+                    "updated_at": skill.updated_at,
+                },
+                points=[str(skill_id)],
+                wait=True,
+            )
         return skill
 
     def get(self, id: str) -> Skill | None:
@@ -419,8 +450,9 @@ class SkillStore:
         flt = models.Filter(must=must) if must else None
         out, offset = [], None
         while True:
-            points, offset = client.scroll(self.collection, scroll_filter=flt, limit=256, offset=offset,
-                                           with_payload=True, with_vectors=False)
+            points, offset = client.scroll(
+                self.collection, scroll_filter=flt, limit=256, offset=offset, with_payload=True, with_vectors=False
+            )
             for point in points:
                 skill = Skill.from_dict(point.payload or {})
                 skill.id = str(point.id)
@@ -476,5 +508,7 @@ def _query_vector(fingerprint: Any) -> list[float]:
 
 def _summary(skill: Skill) -> str:
     fp = skill.fingerprint_obj()
-    return (f"{skill.op} kernel for {skill.module_class or 'any module'} on {skill.hardware}: {fp.describe()}; "
-            f"strategy {json.dumps(skill.strategy, sort_keys=True, default=str)}; reward {skill.reward}")
+    return (
+        f"{skill.op} kernel for {skill.module_class or 'any module'} on {skill.hardware}: {fp.describe()}; "
+        f"strategy {json.dumps(skill.strategy, sort_keys=True, default=str)}; reward {skill.reward}"
+    )

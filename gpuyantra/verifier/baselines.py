@@ -81,8 +81,9 @@ def baseline_key(op: str, module_class: str | None, shape: Sequence[int], dtype:
     return f"{op}|{module_class}|{'x'.join(str(d) for d in shape)}|{dtype}|{device_name}|{_versions()}"
 
 
-def cached_baselines(op: str, module_class: str | None, shapes: Sequence[Sequence[int]], dtype: str,
-                     device_name: str) -> dict[str, dict[str, float]]:
+def cached_baselines(
+    op: str, module_class: str | None, shapes: Sequence[Sequence[int]], dtype: str, device_name: str
+) -> dict[str, dict[str, float]]:
     """{shape as "AxB": {compile_us, compile_ro_us}} for the shapes measured before."""
     data = _read(BASELINES_FILE)
     out: dict[str, dict[str, float]] = {}

@@ -96,20 +96,27 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
-def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dtype: str,
-                param_specs: Sequence[dict[str, Any]], cached: dict[str, float] | None = None) -> dict[str, Any]:
+def bench_shape(
+    family: Any,
+    entry: Callable[..., Any],
+    shape: Sequence[int],
+    dtype: str,
+    param_specs: Sequence[dict[str, Any]],
+    cached: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Time the candidate and eager (interleaved), then each torch.compile mode unless `cached` holds
     its time from an earlier verification of the same op, shape, dtype, device and versions."""
-    sets = [make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000 + k, 1.0), param_specs, "cuda")
-            for k in range(N_INPUT_SETS)]
+    sets = [
+        make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000 + k, 1.0), param_specs, "cuda")
+        for k in range(N_INPUT_SETS)
+    ]
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     row: dict[str, Any] = {"shape": list(shape), "dtype": dtype, "errors": {}}
 
     def make_reference(tag: str) -> Callable[..., Any]:
         # A code object of its own per compile mode, so two compiled wrappers never share a cache entry.
         namespace: dict[str, Any] = {"_family": family}
-        exec(f"def reference_{tag}(*acts, **params):\n    return _family.reference(*acts, **params)\n",
-             namespace)
+        exec(f"def reference_{tag}(*acts, **params):\n    return _family.reference(*acts, **params)\n", namespace)
         return namespace[f"reference_{tag}"]
 
     def rounds(timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]], flush: torch.Tensor) -> bool:
@@ -143,8 +150,13 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
         # Candidate and eager first, interleaved, before anything is compiled in this process (a
         # compiled reduce-overhead function alive in the process was seen to inflate eager timings).
         eager = make_reference("eager")
-        if not rounds({"kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None),
-                       "eager_us": (lambda i: eager(*sets[i][0], **sets[i][1]), None)}, flush):
+        if not rounds(
+            {
+                "kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None),
+                "eager_us": (lambda i: eager(*sets[i][0], **sets[i][1]), None),
+            },
+            flush,
+        ):
             return row
         seconds["kernel_and_eager"] = round(time.perf_counter() - started, 3)
         torch._dynamo.reset()
@@ -156,8 +168,7 @@ def bench_shape(family: Any, entry: Callable[..., Any], shape: Sequence[int], dt
             started = time.perf_counter()
             try:
                 compiled = torch.compile(make_reference(mode.replace("-", "_")), mode=mode, dynamic=False)
-                step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) \
-                    if mode == "reduce-overhead" else None
+                step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if mode == "reduce-overhead" else None
                 for i in range(3):  # compile and (for reduce-overhead) record the graphs before timing
                     if step is not None:
                         step()

@@ -62,8 +62,7 @@ DEFAULT_DTYPES = {"cpu": ["float32", "float16"], "cuda": ["float16", "bfloat16",
 CPU_MAX_ROWS = 64  # live shapes are capped to this many rows under the interpreter
 CUDA_MAX_ELEMENTS = 2**24  # live shapes are capped to this many output elements for correctness on CUDA
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass(frozen=True)
@@ -79,9 +78,13 @@ class Case:
     stress: bool = False  # a shape from STRESS_SHAPES
 
     def describe(self) -> str:
-        inputs = f"inputs x{self.scale:g}" if self.dist == "normal" else {
-            "offset": "inputs far from zero mean (offset rows)",
-            "outliers": "inputs with large outliers"}.get(self.dist, f"inputs {self.dist}")
+        inputs = (
+            f"inputs x{self.scale:g}"
+            if self.dist == "normal"
+            else {"offset": "inputs far from zero mean (offset rows)", "outliers": "inputs with large outliers"}.get(
+                self.dist, f"inputs {self.dist}"
+            )
+        )
         return f"shape {list(self.shape)} {self.dtype} seed {self.seed} {inputs}"
 
     def to_json(self) -> dict[str, Any]:
@@ -91,10 +94,17 @@ class Case:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Case:
-        return cls(id=int(data["id"]), phase=str(data["phase"]), dtype=str(data["dtype"]),
-                   shape=tuple(int(d) for d in data["shape"]), seed=int(data["seed"]),
-                   scale=float(data["scale"]), dist=str(data.get("dist", "normal")),
-                   draw_scalars=bool(data.get("draw_scalars", False)), stress=bool(data.get("stress", False)))
+        return cls(
+            id=int(data["id"]),
+            phase=str(data["phase"]),
+            dtype=str(data["dtype"]),
+            shape=tuple(int(d) for d in data["shape"]),
+            seed=int(data["seed"]),
+            scale=float(data["scale"]),
+            dist=str(data.get("dist", "normal")),
+            draw_scalars=bool(data.get("draw_scalars", False)),
+            stress=bool(data.get("stress", False)),
+        )
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -143,8 +153,14 @@ def stress_shapes(device: str, family: Any = None) -> list[list[int]]:
     return [list(adapt(s)) for s in shapes] if adapt is not None else shapes
 
 
-def plan(device: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[str], seeds: Sequence[int] = SEEDS,
-         recheck: bool = False, stress: Sequence[Sequence[int]] = ()) -> list[Case]:
+def plan(
+    device: str,
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[str],
+    seeds: Sequence[int] = SEEDS,
+    recheck: bool = False,
+    stress: Sequence[Sequence[int]] = (),
+) -> list[Case]:
     """Every case, grouped by (phase, dtype, shape) so outputs of one group stay alive together.
 
     Per (dtype, shape): every seed x SCALES of N(0, 1) (bound scalars drawn, except on
@@ -153,8 +169,16 @@ def plan(device: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[str], se
     in the first dtype."""
     cases: list[Case] = []
 
-    def add(phase: str, dtype: str, shape: Sequence[int], seed: int, scale: float, dist: str = "normal",
-            draw: bool = False, is_stress: bool = False) -> None:
+    def add(
+        phase: str,
+        dtype: str,
+        shape: Sequence[int],
+        seed: int,
+        scale: float,
+        dist: str = "normal",
+        draw: bool = False,
+        is_stress: bool = False,
+    ) -> None:
         cases.append(Case(len(cases), phase, dtype, tuple(shape), seed, scale, dist, draw, is_stress))
 
     for dtype in dtypes:
@@ -184,8 +208,12 @@ def _generator(case: Case, device: str | torch.device = "cpu") -> torch.Generato
     return torch.Generator(device=where).manual_seed(zlib.crc32(key) + 7919 * case.seed)
 
 
-def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], device: str | torch.device = "cpu",
-              ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+def make_case(
+    family: Any,
+    case: Case,
+    param_specs: Sequence[dict[str, Any]],
+    device: str | torch.device = "cpu",
+) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
     """(activations, params) for one case: random inputs, freshly randomized parameters."""
     dtype = dtype_of(case.dtype)
     rows, hidden = tuple(case.shape[:-1]), int(case.shape[-1])
@@ -218,18 +246,24 @@ def make_case(family: Any, case: Case, param_specs: Sequence[dict[str, Any]], de
 def float64_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any]) -> list[torch.Tensor]:
     """The family's reference on float64 copies of exactly these inputs (on their device), as a list."""
     acts = [a.detach().to(torch.float64) for a in activations]
-    kw = {k: v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-          for k, v in params.items()}
+    kw = {
+        k: v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in params.items()
+    }
     with torch.no_grad():
         out = family.reference(*acts, **kw)
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def float32_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any],
-                      ) -> list[torch.Tensor] | None:
+def float32_reference(
+    family: Any,
+    activations: Sequence[torch.Tensor],
+    params: dict[str, Any],
+) -> list[torch.Tensor] | None:
     """The family's reference computed in float32 on exactly these inputs (16-bit inputs widen
     exactly): the error any honest float32 computation makes on them, without the output's own
     rounding. None where the device lacks a kernel for it."""
+
     def widen(t: Any) -> Any:
         return t.to(torch.float32) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
@@ -241,13 +275,17 @@ def float32_reference(family: Any, activations: Sequence[torch.Tensor], params: 
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def expected_outputs(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any],
-                     ) -> tuple[bool, list[tuple[torch.dtype, tuple[int, ...]]]]:
+def expected_outputs(
+    family: Any,
+    activations: Sequence[torch.Tensor],
+    params: dict[str, Any],
+) -> tuple[bool, list[tuple[torch.dtype, tuple[int, ...]]]]:
     """(returns a tuple?, [(dtype, shape)] per output) of the reference in the native dtypes."""
     try:
         with torch.no_grad():
             out = family.reference(*activations, **params)
     except Exception:  # noqa: BLE001 - a dtype the CPU kernels lack: shapes and dtypes from meta tensors
+
         def meta(t: Any) -> Any:
             return torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
 

@@ -25,16 +25,66 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 
 # aten ops host code may run around the kernel launches: allocation, views, copies, metadata.
-ALLOWED_ATEN = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
-    "new_zeros", "zero_", "fill_", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided",
-    "expand", "unsqueeze", "squeeze", "permute", "transpose", "t", "select", "slice", "split",
-    "split_with_sizes", "unbind", "narrow", "chunk", "detach", "alias", "lift_fresh", "lift_fresh_copy",
-    "clone", "copy_", "_to_copy", "to", "contiguous", "sym_size", "sym_stride", "sym_numel",
-    "sym_storage_offset", "is_contiguous", "is_non_overlapping_and_dense", "_local_scalar_dense",
-    "promote_types", "result_type", "movedim", "unflatten", "flatten", "resolve_conj", "resolve_neg",
-    "view_as", "reshape_as", "expand_as", "_has_compatible_shallow_copy_type", "is_same_size",
-})
+ALLOWED_ATEN = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "zero_",
+        "fill_",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "_reshape_alias",
+        "as_strided",
+        "expand",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "transpose",
+        "t",
+        "select",
+        "slice",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "narrow",
+        "chunk",
+        "detach",
+        "alias",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "clone",
+        "copy_",
+        "_to_copy",
+        "to",
+        "contiguous",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_contiguous",
+        "is_non_overlapping_and_dense",
+        "_local_scalar_dense",
+        "promote_types",
+        "result_type",
+        "movedim",
+        "unflatten",
+        "flatten",
+        "resolve_conj",
+        "resolve_neg",
+        "view_as",
+        "reshape_as",
+        "expand_as",
+        "_has_compatible_shallow_copy_type",
+        "is_same_size",
+    }
+)
 
 
 def _apply_limits(cpu_seconds: int, address_space: int, file_size: int) -> None:
@@ -153,8 +203,11 @@ def _overlaps(a: Any, b: Any) -> bool:
 
 def _type_name(obj: Any) -> str:
     cls = type(obj)
-    return "torch.Tensor" if cls.__module__ == "torch" and cls.__qualname__ == "Tensor" \
+    return (
+        "torch.Tensor"
+        if cls.__module__ == "torch" and cls.__qualname__ == "Tensor"
         else f"{cls.__module__}.{cls.__qualname__}"
+    )
 
 
 def _poison(activations: Any) -> None:
@@ -171,10 +224,16 @@ def _poison(activations: Any) -> None:
 
 def _hard_finding(record: dict[str, Any]) -> bool:
     """Observations that reject on their own: no need to run the remaining cases."""
-    return bool(record.get("launches", 0) < 1 or record.get("host_ops") or record.get("mutated")
-                or record.get("aliases") or record.get("reused") or record.get("stream_changed")
-                or any(t != "torch.Tensor" for t in record.get("types", []))
-                or any(d != record.get("input_device") for d in record.get("devices", [])))
+    return bool(
+        record.get("launches", 0) < 1
+        or record.get("host_ops")
+        or record.get("mutated")
+        or record.get("aliases")
+        or record.get("reused")
+        or record.get("stream_changed")
+        or any(t != "torch.Tensor" for t in record.get("types", []))
+        or any(d != record.get("input_device") for d in record.get("devices", []))
+    )
 
 
 def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any]) -> bool:
@@ -189,8 +248,10 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], outputs
         alive: list[tuple[int, list[tuple[int, Any]]]] = []
         for case in group:
             acts, params = make_case(family, case, ctx["param_specs"], device)
-            named = [(f"activation {family.activations[i] if i < len(family.activations) else i}", a)
-                     for i, a in enumerate(acts)]
+            named = [
+                (f"activation {family.activations[i] if i < len(family.activations) else i}", a)
+                for i, a in enumerate(acts)
+            ]
             named += [(f"parameter {k}", v) for k, v in params.items() if isinstance(v, torch.Tensor)]
             snapshots = [t.clone() for _, t in named]
             record: dict[str, Any] = {"id": case.id, "input_device": str(acts[0].device)}
@@ -218,15 +279,17 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], outputs
             items = list(out) if type(out) in (tuple, list) else [out]
             record["container"] = type(out).__name__ if type(out) in (tuple, list) else None
             record["types"] = [_type_name(o) for o in items]
-            plain = [(j, o) for j, o in enumerate(items)
-                     if type(o) is torch.Tensor and o.device.type not in ("meta",)]
+            plain = [(j, o) for j, o in enumerate(items) if type(o) is torch.Tensor and o.device.type not in ("meta",)]
             record["devices"] = [str(o.device) if isinstance(o, torch.Tensor) else None for o in items]
             record["aliases"] = [[j, name] for j, o in plain for name, t in named if _overlaps(o, t)]
             reused = [[j, other] for j, o in plain for other, outs in alive for _, p in outs if _overlaps(o, p)]
             reused += [[j, case.id] for (j, o), (k, p) in itertools.combinations(plain, 2) if _overlaps(o, p)]
             record["reused"] = reused
-            record["mutated"] = [name for (name, t), snap in zip(named, snapshots)
-                                 if t.shape != snap.shape or t.dtype != snap.dtype or not torch.equal(t, snap)]
+            record["mutated"] = [
+                name
+                for (name, t), snap in zip(named, snapshots)
+                if t.shape != snap.shape or t.dtype != snap.dtype or not torch.equal(t, snap)
+            ]
             alive.append((case.id, [(j, o) for j, o in plain if str(o.device) == record["input_device"]]))
             results["checks"].append(record)
             if _hard_finding(record):
@@ -289,16 +352,26 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
         mismatches.append("ADAPTER at runtime differs from the literal in the source")
     entry = candidate.entry
     code = getattr(entry, "__code__", None)
-    if code is None or code.co_name != "entry" or getattr(entry, "__module__", None) != module.__name__ or \
-            os.path.realpath(code.co_filename) != os.path.realpath(job["path"]):
+    if (
+        code is None
+        or code.co_name != "entry"
+        or getattr(entry, "__module__", None) != module.__name__
+        or os.path.realpath(code.co_filename) != os.path.realpath(job["path"])
+    ):
         mismatches.append("entry at runtime is not the `def entry` of the file")
     if mismatches:
         results["error"] = {"rule": "runtime-mismatch", "message": "; ".join(mismatches)}
         return
     counter = _Counter()
     results["kernels"] = _instrument(module, job["path"], counter)
-    ctx = {"family": family, "entry": entry, "counter": counter, "recorder": _recorder(counter),
-           "device": device, "param_specs": job["param_specs"]}
+    ctx = {
+        "family": family,
+        "entry": entry,
+        "counter": counter,
+        "recorder": _recorder(counter),
+        "device": device,
+        "param_specs": job["param_specs"],
+    }
     cases = [Case.from_json(c) for c in job["cases"]]
     timings = results.setdefault("timings", {})
     timings["setup"] = round(time.perf_counter() - setup_started, 3)  # job read to first case
@@ -318,8 +391,7 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
                 with _timed(timings, "benchmark"):
                     for shape in job["bench_shapes"]:
                         cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
-                        row = bench.bench_shape(family, entry, shape, job["bench_dtype"], job["param_specs"],
-                                                cached)
+                        row = bench.bench_shape(family, entry, shape, job["bench_dtype"], job["param_specs"], cached)
                         results["bench"].append(row)
                         if row.get("kernel_us") is None:
                             return

@@ -73,8 +73,10 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
             result.fail("adapter-params", f"kernel parameter {name!r} is bound more than once")
         for name in bound:
             if name not in wanted:
-                result.fail("adapter-params", f"{name!r} is not a parameter of {family.name} "
-                            f"(its parameters: {wanted or 'none'})")
+                result.fail(
+                    "adapter-params",
+                    f"{name!r} is not a parameter of {family.name} (its parameters: {wanted or 'none'})",
+                )
         for name in wanted:
             if name not in bound:
                 result.fail("adapter-params", f"ADAPTER does not bind {family.name}'s parameter {name!r}")
@@ -101,17 +103,24 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
     for binding in adapter or []:
         attr = binding["module_attr"]
         if not hasattr(meta, attr):
-            result.fail("adapter-attr", f"{cls.__name__} has no attribute {attr!r} "
-                        f"(bound to kernel parameter {binding['kernel_param']!r}), checked on a meta instance")
+            result.fail(
+                "adapter-attr",
+                f"{cls.__name__} has no attribute {attr!r} "
+                f"(bound to kernel parameter {binding['kernel_param']!r}), checked on a meta instance",
+            )
             continue
         value = getattr(meta, attr)
         kind = kinds.get(binding["kernel_param"])
         if kind == "tensor" and not isinstance(value, torch.Tensor):
-            result.fail("adapter-attr", f"{cls.__name__}.{attr} is {type(value).__name__}, but "
-                        f"{binding['kernel_param']!r} needs a tensor")
+            result.fail(
+                "adapter-attr",
+                f"{cls.__name__}.{attr} is {type(value).__name__}, but {binding['kernel_param']!r} needs a tensor",
+            )
         elif kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            result.fail("adapter-attr", f"{cls.__name__}.{attr} is {type(value).__name__}, but "
-                        f"{binding['kernel_param']!r} needs a number")
+            result.fail(
+                "adapter-attr",
+                f"{cls.__name__}.{attr} is {type(value).__name__}, but {binding['kernel_param']!r} needs a number",
+            )
         attr_of[binding["kernel_param"]] = attr
     if result.failures:
         return result
@@ -121,8 +130,10 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
 
 def _check_entry(report: StaticReport, family: OpFamily, result: ContractResult) -> None:
     entry = report.entry
-    expected = f"def entry({', '.join(family.activations)}{', *, ' if family.params else ''}" \
-               f"{', '.join(p.name for p in family.params)})"
+    expected = (
+        f"def entry({', '.join(family.activations)}{', *, ' if family.params else ''}"
+        f"{', '.join(p.name for p in family.params)})"
+    )
     if entry is None:
         result.fail("entry-signature", f"no module-level `def entry(...)`; {family.name} needs {expected}")
         return
@@ -132,8 +143,11 @@ def _check_entry(report: StaticReport, family: OpFamily, result: ContractResult)
         result.fail("entry-signature", "entry must be a plain def, not async def")
     n_acts = len(family.activations)
     if len(entry.positional) != n_acts and not (entry.vararg and len(entry.positional) <= n_acts):
-        result.fail("entry-signature", f"entry takes {len(entry.positional)} positional argument(s), "
-                    f"{family.name} passes {n_acts} ({', '.join(family.activations)}); expected {expected}")
+        result.fail(
+            "entry-signature",
+            f"entry takes {len(entry.positional)} positional argument(s), "
+            f"{family.name} passes {n_acts} ({', '.join(family.activations)}); expected {expected}",
+        )
     names = [p.name for p in family.params]
     for name in names:
         if name not in entry.kwonly and not entry.kwarg:
@@ -166,6 +180,7 @@ def _param_specs(family: OpFamily, cls: type, attr_of: dict[str, str], build_ins
                 value = value.item()
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 value = DEFAULT_FLOAT_PARAM if param.kind == "float" else value
-            specs.append({"name": param.name, "kind": param.kind,
-                          "value": float(value) if param.kind == "float" else value})
+            specs.append(
+                {"name": param.name, "kind": param.kind, "value": float(value) if param.kind == "float" else value}
+            )
     return specs

@@ -26,18 +26,33 @@ from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
 DEVICES = ("cpu", "cuda")
 
 
-def verify(path: str | Path, device: str = "cpu", module_class: str | None = None,
-           shapes: list[list[int]] | None = None, dtypes: list[str] | None = None) -> Verdict:
+def verify(
+    path: str | Path,
+    device: str = "cpu",
+    module_class: str | None = None,
+    shapes: list[list[int]] | None = None,
+    dtypes: list[str] | None = None,
+) -> Verdict:
     """Verify one candidate file. Never raises for a bad candidate: a rejected Verdict says why."""
     return run_verification(path, device=device, module_class=module_class, shapes=shapes, dtypes=dtypes)
 
 
-def run_verification(path: str | Path, device: str = "cpu", module_class: str | None = None,
-                     shapes: Sequence[Sequence[int]] | None = None, dtypes: Sequence[str] | None = None, *,
-                     timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None,
-                     seeds: Sequence[int] | None = None, benchmark: bool = True,
-                     skip_static: bool = False, family_modules: Sequence[str] = (),
-                     keep_warm: bool = False) -> Verdict:
+def run_verification(
+    path: str | Path,
+    device: str = "cpu",
+    module_class: str | None = None,
+    shapes: Sequence[Sequence[int]] | None = None,
+    dtypes: Sequence[str] | None = None,
+    *,
+    timeout: float | None = None,
+    memory_limit: int | None = None,
+    cpu_seconds: int | None = None,
+    seeds: Sequence[int] | None = None,
+    benchmark: bool = True,
+    skip_static: bool = False,
+    family_modules: Sequence[str] = (),
+    keep_warm: bool = False,
+) -> Verdict:
     """`verify` with knobs for tests and workers.
 
     `keep_warm` (long-lived workers): afterwards, start a spare sandbox child for the next
@@ -57,8 +72,19 @@ def run_verification(path: str | Path, device: str = "cpu", module_class: str | 
     started = time.monotonic()
     verdict = Verdict(op=None, accepted=False, reward=-1, device=device, dtypes=dtypes)
     try:
-        _run(verdict, Path(path), device, module_class, live, dtypes, (timeout, memory_limit, cpu_seconds),
-             tuple(seeds) if seeds else case_plan.SEEDS, benchmark, skip_static, tuple(family_modules))
+        _run(
+            verdict,
+            Path(path),
+            device,
+            module_class,
+            live,
+            dtypes,
+            (timeout, memory_limit, cpu_seconds),
+            tuple(seeds) if seeds else case_plan.SEEDS,
+            benchmark,
+            skip_static,
+            tuple(family_modules),
+        )
     except Exception as exc:  # noqa: BLE001 - a verifier bug must reject, never crash the caller
         verdict.failures.append(Failure("sandbox", "internal-error", f"verifier error: {type(exc).__name__}: {exc}"))
     if keep_warm:
@@ -71,9 +97,19 @@ def run_verification(path: str | Path, device: str = "cpu", module_class: str | 
     return verdict
 
 
-def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, live: list[list[int]],
-         dtypes: list[str], limits: tuple[float | None, int | None, int | None], seeds: tuple[int, ...],
-         benchmark: bool, skip_static: bool, family_modules: tuple[str, ...]) -> None:
+def _run(
+    verdict: Verdict,
+    path: Path,
+    device: str,
+    module_class: str | None,
+    live: list[list[int]],
+    dtypes: list[str],
+    limits: tuple[float | None, int | None, int | None],
+    seeds: tuple[int, ...],
+    benchmark: bool,
+    skip_static: bool,
+    family_modules: tuple[str, ...],
+) -> None:
     for name in family_modules:
         importlib.import_module(name)
     # Layer 1: static, on the one copy of the source everything downstream uses.
@@ -99,8 +135,9 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
         import torch
 
         if not torch.cuda.is_available():
-            verdict.failures.append(Failure("sandbox", "device-unavailable", "--device cuda, but CUDA is not "
-                                            "available on this machine"))
+            verdict.failures.append(
+                Failure("sandbox", "device-unavailable", "--device cuda, but CUDA is not available on this machine")
+            )
             return
     timeout, memory_limit, cpu_seconds = limits
     sandbox = take_sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
@@ -119,29 +156,40 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
         assert family is not None  # a contract without a family has failures, returned above
         shapes = case_plan.correctness_shapes(device, live)
         run_bench = benchmark and device == "cuda"
-        plan = case_plan.plan(device, shapes, dtypes, seeds, recheck=run_bench,
-                              stress=case_plan.stress_shapes(device, family))
+        plan = case_plan.plan(
+            device, shapes, dtypes, seeds, recheck=run_bench, stress=case_plan.stress_shapes(device, family)
+        )
         verdict.shapes = shapes
         staged = sandbox.stage_file(f"candidate_{source_digest(source)}.py", source)
         job_bench_shapes = live or case_plan.DEFAULT_BENCH_SHAPES
         device_name = _device_name(device)
         job: dict[str, Any] = {
-            "path": str(staged), "op": family.name, "adapter": contract.adapter, "device": device,
-            "param_specs": contract.param_specs, "cases": [c.to_json() for c in plan],
-            "threads": sandbox.threads, "family_modules": list(family_modules), "benchmark": run_bench,
-            "bench_shapes": job_bench_shapes, "bench_dtype": dtypes[0],
+            "path": str(staged),
+            "op": family.name,
+            "adapter": contract.adapter,
+            "device": device,
+            "param_specs": contract.param_specs,
+            "cases": [c.to_json() for c in plan],
+            "threads": sandbox.threads,
+            "family_modules": list(family_modules),
+            "benchmark": run_bench,
+            "bench_shapes": job_bench_shapes,
+            "bench_dtype": dtypes[0],
             "bandwidth_cache": baselines.bandwidth_cache() if run_bench else {},
-            "cached_baselines": baselines.cached_baselines(family.name, contract.module_class,
-                                                           job_bench_shapes, dtypes[0], device_name)
-            if run_bench else {},
+            "cached_baselines": baselines.cached_baselines(
+                family.name, contract.module_class, job_bench_shapes, dtypes[0], device_name
+            )
+            if run_bench
+            else {},
             "timing_lock": str(baselines.timing_lock()) if run_bench else None,
         }
         # Layer 3: the sandbox.
         clock = time.monotonic()
         outcome = sandbox.run(job)
         verdict.timings["sandbox"] = round(time.monotonic() - clock, 3)
-        verdict.timings.update({f"child_{k}": float(v) for k, v in
-                                ((outcome.results or {}).get("timings") or {}).items()})
+        verdict.timings.update(
+            {f"child_{k}": float(v) for k, v in ((outcome.results or {}).get("timings") or {}).items()}
+        )
         failures = sandbox_failures(outcome, sandbox.timeout, sandbox.memory_limit)
         verdict.failures.extend(failures)
         if outcome.results is None:
@@ -151,16 +199,22 @@ def _run(verdict: Verdict, path: Path, device: str, module_class: str | None, li
             baselines.store_bandwidth(outcome.results.get("device_name"), outcome.results.get("copy_bandwidth_gbs"))
         # Layers 4 and 5, judged here.
         clock = time.monotonic()
-        judgement = judge(outcome, family, plan, References(family, contract.param_specs, device), device,
-                          run_bench)
+        judgement = judge(outcome, family, plan, References(family, contract.param_specs, device), device, run_bench)
         verdict.timings["judge"] = round(time.monotonic() - clock, 3)
         verdict.failures.extend(judgement.failures)
         verdict.checks = judgement.checks
         verdict.bench = judgement.bench
         if run_bench and not judgement.failures:
             baselines.store_baselines(family.name, contract.module_class, judgement.bench, device_name)
-        for key in ("speedup_vs_eager", "speedup_vs_compile", "kernel_us", "eager_us", "compile_us",
-                    "compile_ro_us", "floor_us"):
+        for key in (
+            "speedup_vs_eager",
+            "speedup_vs_compile",
+            "kernel_us",
+            "eager_us",
+            "compile_us",
+            "compile_ro_us",
+            "floor_us",
+        ):
             setattr(verdict, key, getattr(judgement, key))
         if verdict.failures:
             verdict.speedup_vs_eager = verdict.speedup_vs_compile = None

@@ -103,16 +103,28 @@ class Judgement:
 def sandbox_failures(outcome: SandboxOutcome, timeout: float, memory_limit: int) -> list[Failure]:
     """Why the child produced no trustworthy results, if it did not."""
     if outcome.timed_out:
-        return [Failure("sandbox", "timeout", f"no verdict within {timeout:g} s wall clock; the process group "
-                        "was killed")]
+        return [
+            Failure("sandbox", "timeout", f"no verdict within {timeout:g} s wall clock; the process group was killed")
+        ]
     if outcome.memory_exceeded:
-        return [Failure("sandbox", "memory-limit", f"resident memory reached {outcome.peak_rss / 2**20:.0f} MiB "
-                        f"(limit {memory_limit / 2**20:.0f} MiB); the process group was killed")]
+        return [
+            Failure(
+                "sandbox",
+                "memory-limit",
+                f"resident memory reached {outcome.peak_rss / 2**20:.0f} MiB "
+                f"(limit {memory_limit / 2**20:.0f} MiB); the process group was killed",
+            )
+        ]
     failures = []
     rc = outcome.returncode
     if outcome.leftover:
-        failures.append(Failure("sandbox", "forked-process", f"{len(outcome.leftover)} process(es) of the "
-                                "candidate outlived it and were killed"))
+        failures.append(
+            Failure(
+                "sandbox",
+                "forked-process",
+                f"{len(outcome.leftover)} process(es) of the candidate outlived it and were killed",
+            )
+        )
     if rc is not None and rc < 0:
         sig = -rc
         try:
@@ -128,12 +140,20 @@ def sandbox_failures(outcome: SandboxOutcome, timeout: float, memory_limit: int)
         return failures
     if outcome.results is None:
         if rc == 0:
-            failures.append(Failure("sandbox", "early-exit", "the process exited before the harness wrote its "
-                                    "results; anything it printed is ignored"))
+            failures.append(
+                Failure(
+                    "sandbox",
+                    "early-exit",
+                    "the process exited before the harness wrote its results; anything it printed is ignored",
+                )
+            )
         else:
             text = _tail(outcome)
-            rule = "memory-limit" if "MemoryError" in text or "alloc" in text.lower() and "memory" in text.lower() \
+            rule = (
+                "memory-limit"
+                if "MemoryError" in text or "alloc" in text.lower() and "memory" in text.lower()
                 else "crash"
+            )
             failures.append(Failure("sandbox", rule, f"the child exited with code {rc} without results" + text))
     return failures
 
@@ -143,8 +163,9 @@ def _tail(outcome: SandboxOutcome) -> str:
     return (": " + " | ".join(lines))[:600] if lines else ""
 
 
-def judge(outcome: SandboxOutcome, family: Any, cases: Sequence[Case], references: References,
-          device: str, benchmark: bool) -> Judgement:
+def judge(
+    outcome: SandboxOutcome, family: Any, cases: Sequence[Case], references: References, device: str, benchmark: bool
+) -> Judgement:
     results = outcome.results or {}
     j = Judgement(network_isolated=results.get("network_isolated"))
     collector = _Collector()
@@ -170,13 +191,19 @@ def judge(outcome: SandboxOutcome, family: Any, cases: Sequence[Case], reference
     missing = [c for c in cases if c.id not in seen]
     if not j.failures and (missing or results.get("stage") != "done"):
         # The child may stop early only on a call that rejects by itself; anything else is suspect.
-        j.failures.append(Failure("sandbox", "early-exit", f"the harness stopped after {len(seen)} of "
-                                  f"{len(cases)} planned calls (stage {results.get('stage')!r})"))
+        j.failures.append(
+            Failure(
+                "sandbox",
+                "early-exit",
+                f"the harness stopped after {len(seen)} of {len(cases)} planned calls (stage {results.get('stage')!r})",
+            )
+        )
     return j
 
 
-def _judge_record(record: dict[str, Any], case: Case, family: Any, references: References,
-                  outputs: dict[str, Any], c: _Collector) -> None:
+def _judge_record(
+    record: dict[str, Any], case: Case, family: Any, references: References, outputs: dict[str, Any], c: _Collector
+) -> None:
     where = case.describe() + (" (after the timed runs)" if case.phase == "recheck" else "")
     if "error" in record:
         text = record["error"]
@@ -188,19 +215,29 @@ def _judge_record(record: dict[str, Any], case: Case, family: Any, references: R
     if record.get("launches", 0) < 1:
         c.add("correctness", "no-kernel-launch", f"no kernel of the candidate's own launched on {where}")
     if record.get("host_ops"):
-        c.add("correctness", "host-torch-op", f"host-side torch ops outside kernel launches on {where}: "
-              f"{', '.join(record['host_ops'][:8])}")
+        c.add(
+            "correctness",
+            "host-torch-op",
+            f"host-side torch ops outside kernel launches on {where}: {', '.join(record['host_ops'][:8])}",
+        )
     if record.get("stream_changed"):
         c.add("correctness", "stream-changed", f"entry left a non-default current stream on {where}")
     if record.get("mutated"):
         c.add("correctness", "input-mutated", f"entry modified its {', '.join(record['mutated'])} on {where}")
     if record.get("aliases"):
-        c.add("correctness", "output-aliases-input", f"output {record['aliases'][0][0]} shares memory with the "
-              f"{record['aliases'][0][1]} on {where}")
+        c.add(
+            "correctness",
+            "output-aliases-input",
+            f"output {record['aliases'][0][0]} shares memory with the {record['aliases'][0][1]} on {where}",
+        )
     if record.get("reused"):
         j, other = record["reused"][0]
-        c.add("correctness", "output-reused", f"output {j} on {where} shares memory with an output of "
-              f"{'the same call' if other == case.id else 'an earlier call that is still alive'}")
+        c.add(
+            "correctness",
+            "output-reused",
+            f"output {j} on {where} shares memory with an output of "
+            f"{'the same call' if other == case.id else 'an earlier call that is still alive'}",
+        )
     activations, params, reference = references.get(case)
     where += _drawn_scalars(case, params, references.param_specs)
     is_tuple, expected = references.expected(case, activations, params)
@@ -208,22 +245,31 @@ def _judge_record(record: dict[str, Any], case: Case, family: Any, references: R
     types = record.get("types") or []
     if is_tuple:
         if record.get("container") is None or len(types) != len(expected):
-            c.add("correctness", "output-type", f"entry returned {record.get('container') or types[:1]} with "
-                  f"{len(types)} item(s) on {where}; the reference returns a tuple of {len(expected)} tensors")
+            c.add(
+                "correctness",
+                "output-type",
+                f"entry returned {record.get('container') or types[:1]} with "
+                f"{len(types)} item(s) on {where}; the reference returns a tuple of {len(expected)} tensors",
+            )
             return
     elif record.get("container") is not None:
-        c.add("correctness", "output-type", f"entry returned a {record['container']} on {where}; the reference "
-              "returns one tensor")
+        c.add(
+            "correctness",
+            "output-type",
+            f"entry returned a {record['container']} on {where}; the reference returns one tensor",
+        )
         return
     bad_types = [t for t in types if t != "torch.Tensor"]
     if bad_types:
-        c.add("correctness", "output-type", f"entry returned {bad_types[0]} on {where}; a plain torch.Tensor "
-              "is required")
+        c.add(
+            "correctness", "output-type", f"entry returned {bad_types[0]} on {where}; a plain torch.Tensor is required"
+        )
         return
     devices = record.get("devices") or []
     if any(d != record.get("input_device") for d in devices):
-        c.add("correctness", "output-device", f"output on {devices} but inputs on {record.get('input_device')} "
-              f"on {where}")
+        c.add(
+            "correctness", "output-device", f"output on {devices} but inputs on {record.get('input_device')} on {where}"
+        )
         return
     for index, (dtype, shape) in enumerate(expected):
         got = outputs.get(f"{case.id}:{index}")
@@ -231,19 +277,28 @@ def _judge_record(record: dict[str, Any], case: Case, family: Any, references: R
             c.add("correctness", "output-type", f"output {index} missing from the harness's record on {where}")
             return
         if got.dtype != dtype:
-            c.add("correctness", "output-dtype", f"output {index} is {str(got.dtype).replace('torch.', '')}, "
-                  f"expected {str(dtype).replace('torch.', '')} on {where}")
+            c.add(
+                "correctness",
+                "output-dtype",
+                f"output {index} is {str(got.dtype).replace('torch.', '')}, "
+                f"expected {str(dtype).replace('torch.', '')} on {where}",
+            )
             return
         if tuple(got.shape) != tuple(shape):
-            c.add("correctness", "output-shape", f"output {index} has shape {list(got.shape)}, expected "
-                  f"{list(shape)} on {where}")
+            c.add(
+                "correctness",
+                "output-shape",
+                f"output {index} has shape {list(got.shape)}, expected {list(shape)} on {where}",
+            )
             return
         slack = _conditioning_slack(native[index], reference[index]) if native is not None else None
         group = (case.phase, case.dtype, case.shape)
         rules = ("nan-output", "wrong-values") if group in c.plain_failed else _value_rules(case)
         got = got.to(reference[index].device)
-        if not _compare(got, reference[index], family.tolerance(dtype), index, where, c, rules, slack) \
-                and rules == ("nan-output", "wrong-values"):
+        if not _compare(got, reference[index], family.tolerance(dtype), index, where, c, rules, slack) and rules == (
+            "nan-output",
+            "wrong-values",
+        ):
             c.plain_failed.add(group)
 
 
@@ -263,8 +318,11 @@ def _drawn_scalars(case: Case, params: dict[str, Any], specs: Sequence[dict[str,
     """`, eps=3.1e-05 (live 1e-06)` for the scalars this case drew around their live values."""
     if not case.draw_scalars:
         return ""
-    drawn = [f"{s['name']}={params[s['name']]:.3g} (live {s['value']:.3g})" for s in specs
-             if s.get("kind") != "tensor" and isinstance(s.get("value"), float) and s["name"] in params]
+    drawn = [
+        f"{s['name']}={params[s['name']]:.3g} (live {s['value']:.3g})"
+        for s in specs
+        if s.get("kind") != "tensor" and isinstance(s.get("value"), float) and s["name"] in params
+    ]
     return (", " + ", ".join(drawn)) if drawn else ""
 
 
@@ -279,9 +337,16 @@ def _conditioning_slack(native: torch.Tensor | None, want: torch.Tensor) -> torc
     return CONDITIONING_SLACK * err.pow(2).mean(dim=-1, keepdim=True).sqrt()
 
 
-def _compare(got: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], index: int, where: str,
-             c: _Collector, rules: tuple[str, str] = ("nan-output", "wrong-values"),
-             slack: torch.Tensor | None = None) -> bool:
+def _compare(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    tol: tuple[float, float],
+    index: int,
+    where: str,
+    c: _Collector,
+    rules: tuple[str, str] = ("nan-output", "wrong-values"),
+    slack: torch.Tensor | None = None,
+) -> bool:
     """True when every judged element is within tolerance; otherwise records one failure."""
     atol, rtol = tol
     nan_rule, wrong_rule = rules
@@ -293,8 +358,12 @@ def _compare(got: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], in
     if bool(bad_nonfinite.any()):
         n = int(bad_nonfinite.sum())
         first = _index(bad_nonfinite)
-        c.add("correctness", nan_rule, f"output {index}: {n} of {got.numel()} elements are NaN/Inf where the "
-              f"reference is finite (unwritten, poisoned memory or overflow), first at {first}, on {where}")
+        c.add(
+            "correctness",
+            nan_rule,
+            f"output {index}: {n} of {got.numel()} elements are NaN/Inf where the "
+            f"reference is finite (unwritten, poisoned memory or overflow), first at {first}, on {where}",
+        )
         return False
     allowed = atol + rtol * want.abs()
     if slack is not None:
@@ -305,9 +374,13 @@ def _compare(got: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], in
         n = int(wrong.sum())
         first = _index(wrong)
         extra = " plus 16x float32's own error on such inputs" if slack is not None else ""
-        c.add("correctness", wrong_rule, f"output {index}: {n} of {got.numel()} elements outside atol={atol:g} "
-              f"rtol={rtol:g}{extra} of the float64 reference (max abs err {float(err.max()):.3g}, first at "
-              f"{first}: got {float(got64[first]):.6g}, want {float(want[first]):.6g}) on {where}")
+        c.add(
+            "correctness",
+            wrong_rule,
+            f"output {index}: {n} of {got.numel()} elements outside atol={atol:g} "
+            f"rtol={rtol:g}{extra} of the float64 reference (max abs err {float(err.max()):.3g}, first at "
+            f"{first}: got {float(got64[first]):.6g}, want {float(want[first]):.6g}) on {where}",
+        )
         return False
     return True
 
@@ -332,21 +405,35 @@ def _judge_bench(results: dict[str, Any], j: Judgement) -> None:
     for row in rows:
         kernel = row.get("kernel_us")
         if kernel is None:
-            j.failures.append(Failure("benchmark", "benchmark-failed", f"timing shape {row.get('shape')} failed: "
-                                      f"{row.get('errors', {}).get('kernel', 'no time')}"))
+            j.failures.append(
+                Failure(
+                    "benchmark",
+                    "benchmark-failed",
+                    f"timing shape {row.get('shape')} failed: {row.get('errors', {}).get('kernel', 'no time')}",
+                )
+            )
             return
         if bandwidth:
             row["floor_us"] = row.get("bytes", 0) / (bandwidth * 1e9) * 1e6
             if kernel < FLOOR_SLACK * row["floor_us"]:
-                j.failures.append(Failure("benchmark", "implausible-speed", f"shape {row['shape']}: {kernel:.2f} us "
-                                          f"is below the physical floor {row['floor_us']:.2f} us ({row['bytes']} bytes "
-                                          f"at {bandwidth:.0f} GB/s copy bandwidth)"))
+                j.failures.append(
+                    Failure(
+                        "benchmark",
+                        "implausible-speed",
+                        f"shape {row['shape']}: {kernel:.2f} us "
+                        f"is below the physical floor {row['floor_us']:.2f} us ({row['bytes']} bytes "
+                        f"at {bandwidth:.0f} GB/s copy bandwidth)",
+                    )
+                )
         eager_ratios.append(row["eager_us"] / kernel if row.get("eager_us") else None)
         compiled = [t for t in (row.get("compile_us"), row.get("compile_ro_us")) if t]
         compile_ratios.append(min(compiled) / kernel if compiled else None)
     first = rows[0]
     j.kernel_us, j.eager_us = first.get("kernel_us"), first.get("eager_us")
-    j.compile_us, j.compile_ro_us, j.floor_us = first.get("compile_us"), first.get("compile_ro_us"), \
-        first.get("floor_us")
+    j.compile_us, j.compile_ro_us, j.floor_us = (
+        first.get("compile_us"),
+        first.get("compile_ro_us"),
+        first.get("floor_us"),
+    )
     j.speedup_vs_eager = _geomean(eager_ratios)
     j.speedup_vs_compile = _geomean(compile_ratios) if all(r is not None for r in compile_ratios) else None

@@ -24,9 +24,24 @@ from typing import Any
 
 import gpuyantra
 
-ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-             "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH",
-             "TRITON_NVDISASM_PATH", "TRITON_LIBCUDA_PATH", "TRITON_LIBDEVICE_PATH", "VIRTUAL_ENV")
+ENV_ALLOW = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "TRITON_PTXAS_PATH",
+    "TRITON_CUOBJDUMP_PATH",
+    "TRITON_NVDISASM_PATH",
+    "TRITON_LIBCUDA_PATH",
+    "TRITON_LIBDEVICE_PATH",
+    "VIRTUAL_ENV",
+)
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
 REPO_ROOT = str(Path(gpuyantra.__file__).resolve().parent.parent)
 
@@ -50,16 +65,23 @@ class SandboxOutcome:
 
 
 def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k in ENV_ALLOW and not any(m in k.upper() for m in SECRET_MARKERS)}
+    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW and not any(m in k.upper() for m in SECRET_MARKERS)}
     env.setdefault("PATH", "/usr/bin:/bin")
     python_path = [REPO_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env.update({
-        "HOME": str(workdir / "home"), "TMPDIR": str(workdir), "XDG_CACHE_HOME": str(workdir / "cache"),
-        "PYTHONPATH": os.pathsep.join(python_path), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-        "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-        "TRITON_HOME": str(workdir / "triton-home"),
-    })
+    env.update(
+        {
+            "HOME": str(workdir / "home"),
+            "TMPDIR": str(workdir),
+            "XDG_CACHE_HOME": str(workdir / "cache"),
+            "PYTHONPATH": os.pathsep.join(python_path),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "PYTHONNOUSERSITE": "1",
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TRITON_HOME": str(workdir / "triton-home"),
+        }
+    )
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env["TRITON_CACHE_DIR"] = str(workdir / "triton-cache")
@@ -86,7 +108,7 @@ def _session_members(sid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 stat = fh.read().decode(errors="replace")
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             state, session = fields[0], int(fields[3])
         except (OSError, ValueError, IndexError):
             continue
@@ -121,8 +143,14 @@ def _kill_session(sid: int) -> None:
 class Sandbox:
     """One child process. `start()` early (it imports torch meanwhile), then `run(job)` once."""
 
-    def __init__(self, device: str, timeout: float | None = None, memory_limit: int | None = None,
-                 threads: int | None = None, cpu_seconds: int | None = None):
+    def __init__(
+        self,
+        device: str,
+        timeout: float | None = None,
+        memory_limit: int | None = None,
+        threads: int | None = None,
+        cpu_seconds: int | None = None,
+    ):
         self.device = device
         self.timeout = float(timeout or DEFAULT_TIMEOUT[device])
         self.memory_limit = int(memory_limit or DEFAULT_MEMORY[device])
@@ -141,15 +169,34 @@ class Sandbox:
         cpu_seconds = self.cpu_seconds
         # The address-space limit would break CUDA's large virtual reservations: CPU only.
         address_space = self.memory_limit + 4 * 2**30 if self.device == "cpu" else 0
-        cmd = [sys.executable, "-B", "-s", "-m", "gpuyantra.verifier.child", "--device", self.device,
-               "--cpu-seconds", str(cpu_seconds), "--address-space", str(address_space),
-               "--file-size", str(FILE_SIZE_LIMIT)]
+        cmd = [
+            sys.executable,
+            "-B",
+            "-s",
+            "-m",
+            "gpuyantra.verifier.child",
+            "--device",
+            self.device,
+            "--cpu-seconds",
+            str(cpu_seconds),
+            "--address-space",
+            str(address_space),
+            "--file-size",
+            str(FILE_SIZE_LIMIT),
+        ]
         self._stdout = open(self.workdir / "stdout.log", "wb")
         self._stderr = open(self.workdir / "stderr.log", "wb")
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=self._stdout, stderr=self._stderr, cwd=self.workdir,
-            env=scrubbed_env(self.device, self.workdir, self.threads), start_new_session=True, close_fds=True)
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            cwd=self.workdir,
+            env=scrubbed_env(self.device, self.workdir, self.threads),
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def stage_file(self, name: str, text: str) -> Path:
         path = self.workdir / name
@@ -236,15 +283,17 @@ _SPARES: dict[tuple[Any, ...], Sandbox] = {}
 _SPARES_LOCK = threading.Lock()
 
 
-def _spare_key(device: str, timeout: float | None, memory_limit: int | None,
-               cpu_seconds: int | None) -> tuple[Any, ...]:
+def _spare_key(
+    device: str, timeout: float | None, memory_limit: int | None, cpu_seconds: int | None
+) -> tuple[Any, ...]:
     from gpuyantra.config import state_dir
 
     return device, timeout, memory_limit, cpu_seconds, str(state_dir())
 
 
-def take_sandbox(device: str, timeout: float | None = None, memory_limit: int | None = None,
-                 cpu_seconds: int | None = None) -> Sandbox:
+def take_sandbox(
+    device: str, timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None
+) -> Sandbox:
     """A warm spare with these limits if one is alive, else a new (not yet started) sandbox."""
     with _SPARES_LOCK:
         spare = _SPARES.pop(_spare_key(device, timeout, memory_limit, cpu_seconds), None)
@@ -255,8 +304,9 @@ def take_sandbox(device: str, timeout: float | None = None, memory_limit: int | 
     return Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
 
 
-def keep_spare(device: str, timeout: float | None = None, memory_limit: int | None = None,
-               cpu_seconds: int | None = None) -> None:
+def keep_spare(
+    device: str, timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None
+) -> None:
     """Start a spare for the next verification with these limits, unless one is waiting already."""
     key = _spare_key(device, timeout, memory_limit, cpu_seconds)
     with _SPARES_LOCK:

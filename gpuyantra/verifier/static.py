@@ -27,71 +27,297 @@ ALLOWED_MODULE_PREFIXES = ("triton.language.",)
 
 # Constants: dtypes, memory formats and layouts (torch.float16, torch.contiguous_format, torch.strided).
 TORCH_DTYPES = frozenset(
-    f"torch.{name}" for name in dir(torch)
+    f"torch.{name}"
+    for name in dir(torch)
     if isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format, torch.layout))
 )
 # Torch attributes host code may use: allocation and metadata, nothing that computes.
-ALLOWED_TORCH = frozenset({
-    "torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like",
-    "torch.promote_types", "torch.result_type", "torch.is_tensor", "torch.is_floating_point",
-    "torch.finfo", "torch.iinfo", "torch.get_default_dtype", "torch.device", "torch.Size",
-    "torch.dtype", "torch.no_grad", "torch.inference_mode",
-    "torch.cuda.is_available", "torch.cuda.current_device", "torch.cuda.device_count",
-    "torch.cuda.get_device_properties", "torch.cuda.get_device_capability",
-    "torch.cuda.get_device_name",
-}) | TORCH_DTYPES
-TORCH_ALLOC = frozenset({"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros",
-                         "torch.zeros_like"})
+ALLOWED_TORCH = (
+    frozenset(
+        {
+            "torch.empty",
+            "torch.empty_like",
+            "torch.empty_strided",
+            "torch.zeros",
+            "torch.zeros_like",
+            "torch.promote_types",
+            "torch.result_type",
+            "torch.is_tensor",
+            "torch.is_floating_point",
+            "torch.finfo",
+            "torch.iinfo",
+            "torch.get_default_dtype",
+            "torch.device",
+            "torch.Size",
+            "torch.dtype",
+            "torch.no_grad",
+            "torch.inference_mode",
+            "torch.cuda.is_available",
+            "torch.cuda.current_device",
+            "torch.cuda.device_count",
+            "torch.cuda.get_device_properties",
+            "torch.cuda.get_device_capability",
+            "torch.cuda.get_device_name",
+        }
+    )
+    | TORCH_DTYPES
+)
+TORCH_ALLOC = frozenset({"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like"})
 
-COMPILE_PREFIXES = ("torch.compile", "torch.compiler", "torch._dynamo", "torch._inductor", "torch.jit",
-                    "torch.fx", "torch.export", "torch.cuda.graph", "torch.cuda.graphs",
-                    "torch.cuda.CUDAGraph", "torch.cuda.make_graphed_callables")
-CONCURRENCY_PREFIXES = ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.streams",
-                        "torch.cuda.current_stream", "torch.cuda.default_stream", "torch.cuda.set_stream",
-                        "torch.cuda.Event", "torch.cuda.ExternalStream", "torch.cuda.StreamContext",
-                        "torch.cuda.synchronize", "torch.Stream", "torch.Event", "torch.accelerator",
-                        "torch.multiprocessing", "torch.distributed", "torch.futures",
-                        "torch.set_num_threads", "torch.set_num_interop_threads")
-NATIVE_PREFIXES = ("torch.utils.cpp_extension", "torch.library", "torch.cuda.jiterator", "torch.classes",
-                   "torch.utils.dlpack", "torch.from_dlpack", "torch.cuda.nvtx")
+COMPILE_PREFIXES = (
+    "torch.compile",
+    "torch.compiler",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.jit",
+    "torch.fx",
+    "torch.export",
+    "torch.cuda.graph",
+    "torch.cuda.graphs",
+    "torch.cuda.CUDAGraph",
+    "torch.cuda.make_graphed_callables",
+)
+CONCURRENCY_PREFIXES = (
+    "torch.cuda.Stream",
+    "torch.cuda.stream",
+    "torch.cuda.streams",
+    "torch.cuda.current_stream",
+    "torch.cuda.default_stream",
+    "torch.cuda.set_stream",
+    "torch.cuda.Event",
+    "torch.cuda.ExternalStream",
+    "torch.cuda.StreamContext",
+    "torch.cuda.synchronize",
+    "torch.Stream",
+    "torch.Event",
+    "torch.accelerator",
+    "torch.multiprocessing",
+    "torch.distributed",
+    "torch.futures",
+    "torch.set_num_threads",
+    "torch.set_num_interop_threads",
+)
+NATIVE_PREFIXES = (
+    "torch.utils.cpp_extension",
+    "torch.library",
+    "torch.cuda.jiterator",
+    "torch.classes",
+    "torch.utils.dlpack",
+    "torch.from_dlpack",
+    "torch.cuda.nvtx",
+)
 
 # Tensor methods host code may call: shape/stride metadata, views, allocation, dtype conversion.
-TENSOR_SAFE_METHODS = frozenset({
-    "shape", "size", "stride", "dim", "ndim", "ndimension", "numel", "nelement", "element_size",
-    "itemsize", "nbytes", "dtype", "device", "layout", "is_contiguous", "contiguous", "data_ptr",
-    "const_data_ptr", "storage_offset", "get_device", "dim_order", "requires_grad", "is_leaf",
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "ravel", "unsqueeze", "squeeze",
-    "expand", "expand_as", "permute", "transpose", "t", "T", "mT", "movedim", "moveaxis", "swapaxes",
-    "swapdims", "narrow", "select", "unbind", "split", "split_with_sizes", "chunk", "tensor_split",
-    "unsafe_chunk", "unsafe_split", "as_strided", "detach", "clone", "copy_", "zero_", "fill_",
-    "new_empty", "new_empty_strided", "new_zeros", "to", "float", "half", "bfloat16", "double", "int",
-    "long", "short", "char", "byte", "bool", "cuda", "item", "type", "data",
-    # Names Python containers and strings share with Tensor; too common to forbid by name alone.
-    "index", "values", "indices", "name",
-}) | frozenset(n for n in dir(torch.Tensor) if n.startswith("is_"))
+TENSOR_SAFE_METHODS = frozenset(
+    {
+        "shape",
+        "size",
+        "stride",
+        "dim",
+        "ndim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "element_size",
+        "itemsize",
+        "nbytes",
+        "dtype",
+        "device",
+        "layout",
+        "is_contiguous",
+        "contiguous",
+        "data_ptr",
+        "const_data_ptr",
+        "storage_offset",
+        "get_device",
+        "dim_order",
+        "requires_grad",
+        "is_leaf",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "flatten",
+        "unflatten",
+        "ravel",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "expand_as",
+        "permute",
+        "transpose",
+        "t",
+        "T",
+        "mT",
+        "movedim",
+        "moveaxis",
+        "swapaxes",
+        "swapdims",
+        "narrow",
+        "select",
+        "unbind",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "tensor_split",
+        "unsafe_chunk",
+        "unsafe_split",
+        "as_strided",
+        "detach",
+        "clone",
+        "copy_",
+        "zero_",
+        "fill_",
+        "new_empty",
+        "new_empty_strided",
+        "new_zeros",
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "int",
+        "long",
+        "short",
+        "char",
+        "byte",
+        "bool",
+        "cuda",
+        "item",
+        "type",
+        "data",
+        # Names Python containers and strings share with Tensor; too common to forbid by name alone.
+        "index",
+        "values",
+        "indices",
+        "name",
+    }
+) | frozenset(n for n in dir(torch.Tensor) if n.startswith("is_"))
 TENSOR_COMPUTE_METHODS = frozenset(n for n in dir(torch.Tensor) if not n.startswith("_")) - TENSOR_SAFE_METHODS
 # Methods that return a tensor when called on one (taint propagation for operator checks).
-TENSOR_RETURNING = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "ravel", "unsqueeze", "squeeze",
-    "expand", "expand_as", "permute", "transpose", "t", "movedim", "moveaxis", "swapaxes", "swapdims",
-    "narrow", "select", "as_strided", "detach", "clone", "copy_", "zero_", "fill_", "new_empty",
-    "new_empty_strided", "new_zeros", "to", "float", "half", "bfloat16", "double", "int", "long",
-    "short", "char", "byte", "bool", "cuda", "contiguous", "data",
-}) | TENSOR_COMPUTE_METHODS
-TENSOR_SEQUENCE_METHODS = frozenset({"unbind", "split", "split_with_sizes", "chunk", "tensor_split",
-                                     "unsafe_chunk", "unsafe_split"})
+TENSOR_RETURNING = (
+    frozenset(
+        {
+            "view",
+            "view_as",
+            "reshape",
+            "reshape_as",
+            "flatten",
+            "unflatten",
+            "ravel",
+            "unsqueeze",
+            "squeeze",
+            "expand",
+            "expand_as",
+            "permute",
+            "transpose",
+            "t",
+            "movedim",
+            "moveaxis",
+            "swapaxes",
+            "swapdims",
+            "narrow",
+            "select",
+            "as_strided",
+            "detach",
+            "clone",
+            "copy_",
+            "zero_",
+            "fill_",
+            "new_empty",
+            "new_empty_strided",
+            "new_zeros",
+            "to",
+            "float",
+            "half",
+            "bfloat16",
+            "double",
+            "int",
+            "long",
+            "short",
+            "char",
+            "byte",
+            "bool",
+            "cuda",
+            "contiguous",
+            "data",
+        }
+    )
+    | TENSOR_COMPUTE_METHODS
+)
+TENSOR_SEQUENCE_METHODS = frozenset(
+    {"unbind", "split", "split_with_sizes", "chunk", "tensor_split", "unsafe_chunk", "unsafe_split"}
+)
 TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "data", "real", "imag", "grad"})
 # Attributes whose value says something about shape, dtype or placement (guards).
-SHAPE_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "is_cpu", "layout",
-                         "is_contiguous", "stride", "size", "numel", "dim", "element_size", "nelement",
-                         "ndimension", "is_floating_point", "itemsize", "nbytes", "data_ptr",
-                         "storage_offset", "is_meta"})
-FRAME_ATTRS = frozenset({"f_back", "f_globals", "f_locals", "f_code", "f_builtins", "f_lasti", "gi_frame",
-                         "gi_code", "cr_frame", "cr_code", "ag_frame", "tb_frame", "tb_next", "co_code",
-                         "co_consts", "co_names", "func_globals", "im_func", "im_self"})
-MUTATING_METHODS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem",
-                              "clear", "add", "remove", "discard", "sort", "reverse", "copy_",
-                              "fill_", "zero_"})
+SHAPE_ATTRS = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "is_cuda",
+        "is_cpu",
+        "layout",
+        "is_contiguous",
+        "stride",
+        "size",
+        "numel",
+        "dim",
+        "element_size",
+        "nelement",
+        "ndimension",
+        "is_floating_point",
+        "itemsize",
+        "nbytes",
+        "data_ptr",
+        "storage_offset",
+        "is_meta",
+    }
+)
+FRAME_ATTRS = frozenset(
+    {
+        "f_back",
+        "f_globals",
+        "f_locals",
+        "f_code",
+        "f_builtins",
+        "f_lasti",
+        "gi_frame",
+        "gi_code",
+        "cr_frame",
+        "cr_code",
+        "ag_frame",
+        "tb_frame",
+        "tb_next",
+        "co_code",
+        "co_consts",
+        "co_names",
+        "func_globals",
+        "im_func",
+        "im_self",
+    }
+)
+MUTATING_METHODS = frozenset(
+    {
+        "append",
+        "extend",
+        "insert",
+        "update",
+        "setdefault",
+        "pop",
+        "popitem",
+        "clear",
+        "add",
+        "remove",
+        "discard",
+        "sort",
+        "reverse",
+        "copy_",
+        "fill_",
+        "zero_",
+    }
+)
 
 DYNAMIC_CODE_BUILTINS = frozenset({"eval", "exec", "compile", "__import__"})
 INTROSPECTION_BUILTINS = frozenset({"globals", "locals", "vars", "dir"})
@@ -99,17 +325,69 @@ FILE_IO_BUILTINS = frozenset({"open", "input", "breakpoint", "help"})
 EXIT_BUILTINS = frozenset({"exit", "quit"})
 EXIT_EXCEPTIONS = frozenset({"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"})
 TENSOR_BUILTINS = frozenset({"abs", "sum", "max", "min", "pow", "round", "divmod", "sorted", "any", "all"})
-JIT_BUILTINS = frozenset({"range", "min", "max", "print", "int", "float", "bool", "len", "abs",
-                          "isinstance", "tuple", "enumerate", "zip", "True", "False", "None"})
+JIT_BUILTINS = frozenset(
+    {
+        "range",
+        "min",
+        "max",
+        "print",
+        "int",
+        "float",
+        "bool",
+        "len",
+        "abs",
+        "isinstance",
+        "tuple",
+        "enumerate",
+        "zip",
+        "True",
+        "False",
+        "None",
+    }
+)
 # Calls allowed while the module is imported (decorators, constants).
-IMPORT_TIME_CALLS = frozenset({
-    "triton.jit", "triton.autotune", "triton.heuristics", "triton.Config", "triton.next_power_of_2",
-    "triton.cdiv", "triton.language.constexpr", "torch.finfo", "torch.iinfo", "torch.device",
-    "torch.Size", "torch.promote_types", "torch.get_default_dtype", "torch.no_grad", "torch.inference_mode",
-})
-IMPORT_TIME_BUILTINS = frozenset({"int", "float", "bool", "str", "min", "max", "abs", "round", "len", "tuple",
-                                  "range", "dict", "list", "set", "frozenset", "sorted", "zip", "enumerate",
-                                  "isinstance"})
+IMPORT_TIME_CALLS = frozenset(
+    {
+        "triton.jit",
+        "triton.autotune",
+        "triton.heuristics",
+        "triton.Config",
+        "triton.next_power_of_2",
+        "triton.cdiv",
+        "triton.language.constexpr",
+        "torch.finfo",
+        "torch.iinfo",
+        "torch.device",
+        "torch.Size",
+        "torch.promote_types",
+        "torch.get_default_dtype",
+        "torch.no_grad",
+        "torch.inference_mode",
+    }
+)
+IMPORT_TIME_BUILTINS = frozenset(
+    {
+        "int",
+        "float",
+        "bool",
+        "str",
+        "min",
+        "max",
+        "abs",
+        "round",
+        "len",
+        "tuple",
+        "range",
+        "dict",
+        "list",
+        "set",
+        "frozenset",
+        "sorted",
+        "zip",
+        "enumerate",
+        "isinstance",
+    }
+)
 KERNEL_ATTRS = frozenset({"run", "warmup", "best_config", "configs"})
 HOST_DECORATORS = frozenset({"torch.no_grad", "torch.inference_mode"})
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -165,10 +443,17 @@ def check_source(source: str, filename: str = "<candidate>", family: Any = None)
 def _is_main_guard(node: ast.stmt) -> bool:
     """`if __name__ == "__main__":` never runs when the verifier imports the file under another name."""
     test = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__" and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
-            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__"
-            and not node.orelse)
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+        and not node.orelse
+    )
 
 
 def _walk_no_nested(node: ast.AST) -> Iterator[ast.AST]:
@@ -285,8 +570,12 @@ class _Checker:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if not self._module_allowed(alias.name):
-                        self.fail("import-not-allowed", node, f"import {alias.name}: candidates may import only "
-                                  "torch, triton, triton.language, math and typing")
+                        self.fail(
+                            "import-not-allowed",
+                            node,
+                            f"import {alias.name}: candidates may import only "
+                            "torch, triton, triton.language, math and typing",
+                        )
                         continue
                     if alias.asname:
                         self.aliases[alias.asname] = alias.name
@@ -296,15 +585,20 @@ class _Checker:
             elif isinstance(node, ast.ImportFrom):
                 module = node.module or ""
                 if node.level or not self._module_allowed(module):
-                    self.fail("import-not-allowed", node, f"from {'.' * node.level}{module} import ...: "
-                              "candidates may import only torch, triton, triton.language, math and typing")
+                    self.fail(
+                        "import-not-allowed",
+                        node,
+                        f"from {'.' * node.level}{module} import ...: "
+                        "candidates may import only torch, triton, triton.language, math and typing",
+                    )
                     continue
                 if module == "__future__":
                     continue
                 for alias in node.names:
                     if alias.name == "*":
-                        self.fail("import-not-allowed", node, f"from {module} import *: star imports hide "
-                                  "what the file uses")
+                        self.fail(
+                            "import-not-allowed", node, f"from {module} import *: star imports hide what the file uses"
+                        )
                         continue
                     path = f"{module}.{alias.name}"
                     self.aliases[alias.asname or alias.name] = path
@@ -319,8 +613,11 @@ class _Checker:
         for stmt in self.tree.body:
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 for alias in stmt.names:
-                    name = (alias.asname or alias.name).split(".")[0] if isinstance(stmt, ast.Import) \
+                    name = (
+                        (alias.asname or alias.name).split(".")[0]
+                        if isinstance(stmt, ast.Import)
                         else (alias.asname or alias.name)
+                    )
                     self._bind(name, "module" if isinstance(stmt, ast.Import) else "ref")
             elif isinstance(stmt, ast.FunctionDef):
                 if self._is_jit(stmt):
@@ -334,8 +631,11 @@ class _Checker:
                 self.fail("concurrency", stmt, f"async def {stmt.name}: no async code")
             elif isinstance(stmt, ast.ClassDef):
                 self._bind(stmt.name, "mutable")
-                self.fail("mutable-state", stmt, f"class {stmt.name}: classes can carry state between "
-                          "calls; write plain functions")
+                self.fail(
+                    "mutable-state",
+                    stmt,
+                    f"class {stmt.name}: classes can carry state between calls; write plain functions",
+                )
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 value = stmt.value
@@ -355,15 +655,22 @@ class _Checker:
                         self.fail("import-time-code", stmt, "unpacking assignment at module level")
                     # attribute / subscript targets are reported by the general visitor
                 if isinstance(value, ast.Call) and self._resolve(value.func) in TORCH_ALLOC:
-                    self.fail("mutable-state", stmt, "module-level tensor: a buffer allocated at import "
-                              "outlives calls (returned twice, or a cache)")
+                    self.fail(
+                        "mutable-state",
+                        stmt,
+                        "module-level tensor: a buffer allocated at import outlives calls (returned twice, or a cache)",
+                    )
             elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
                 continue  # docstring
             elif isinstance(stmt, ast.Try):
                 self.fail("import-time-code", stmt, "try at module level runs code at import")
             else:
-                self.fail("import-time-code", stmt, f"{type(stmt).__name__} statement at module level runs "
-                          "code at import; the module may hold only imports, definitions and constants")
+                self.fail(
+                    "import-time-code",
+                    stmt,
+                    f"{type(stmt).__name__} statement at module level runs "
+                    "code at import; the module may hold only imports, definitions and constants",
+                )
         # OP, ADAPTER and entry as the contract layer needs them, read without running anything.
         for stmt in self.tree.body:
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
@@ -385,17 +692,23 @@ class _Checker:
             self.report.op_error = "the file defines no OP"
         if self.report.adapter is None and self.report.adapter_error is None:
             self.report.adapter_error = "the file defines no ADAPTER"
-        entry = next((s for s in self.tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                      and s.name == "entry"), None)
+        entry = next(
+            (s for s in self.tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == "entry"),
+            None,
+        )
         if entry is not None:
             a = entry.args
             kw_required = [arg.arg for arg, default in zip(a.kwonlyargs, a.kw_defaults) if default is None]
             self.report.entry = EntryInfo(
-                lineno=entry.lineno, positional=[x.arg for x in a.posonlyargs + a.args],
-                kwonly=[x.arg for x in a.kwonlyargs], kwonly_required=kw_required,
-                vararg=a.vararg is not None, kwarg=a.kwarg is not None,
+                lineno=entry.lineno,
+                positional=[x.arg for x in a.posonlyargs + a.args],
+                kwonly=[x.arg for x in a.kwonlyargs],
+                kwonly_required=kw_required,
+                vararg=a.vararg is not None,
+                kwarg=a.kwarg is not None,
                 is_async=isinstance(entry, ast.AsyncFunctionDef),
-                definitions=self.module_bindings.get("entry", 0))
+                definitions=self.module_bindings.get("entry", 0),
+            )
 
     def _bind(self, name: str, kind: str) -> None:
         self.module_bindings[name] = self.module_bindings.get(name, 0) + 1
@@ -422,13 +735,16 @@ class _Checker:
             return self.module_kinds.get(value.id) == "const"
         if isinstance(value, ast.Attribute):
             path = self._resolve(value)
-            return path is not None and (path in TORCH_DTYPES or path.startswith("triton.language.")
-                                         or path.startswith("math."))
+            return path is not None and (
+                path in TORCH_DTYPES or path.startswith("triton.language.") or path.startswith("math.")
+            )
         if isinstance(value, ast.Call):
             path = self._resolve(value.func)
-            pure = path in ("triton.next_power_of_2", "triton.cdiv", "triton.language.constexpr") or \
-                (path or "").startswith("math.") or \
-                (isinstance(value.func, ast.Name) and value.func.id in ("int", "float", "bool", "min", "max", "abs"))
+            pure = (
+                path in ("triton.next_power_of_2", "triton.cdiv", "triton.language.constexpr")
+                or (path or "").startswith("math.")
+                or (isinstance(value.func, ast.Name) and value.func.id in ("int", "float", "bool", "min", "max", "abs"))
+            )
             return pure and all(self._is_const(a) for a in value.args) and not value.keywords
         return False
 
@@ -448,9 +764,15 @@ class _Checker:
 
     @staticmethod
     def _is_const_getattr(node: ast.AST | None) -> TypeGuard[ast.Call]:
-        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                and len(node.args) in (2, 3) and isinstance(node.args[1], ast.Constant)
-                and isinstance(node.args[1].value, str) and not node.keywords)
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) in (2, 3)
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and not node.keywords
+        )
 
     def _outermost(self, node: ast.AST) -> bool:
         """True unless `node` is the base of a longer resolvable chain (checked there instead)."""
@@ -470,32 +792,46 @@ class _Checker:
             if path == "torch.Tensor":
                 if context in ("annotation", "isinstance", "import"):
                     return
-                self.fail("torch-compute", node, "torch.Tensor used as a value (allowed only in isinstance "
-                          "and annotations)")
+                self.fail(
+                    "torch-compute", node, "torch.Tensor used as a value (allowed only in isinstance and annotations)"
+                )
                 return
             if path.startswith("torch.Tensor."):
                 method = parts[2]
                 if method in TENSOR_SAFE_METHODS and not method.startswith("_"):
                     return
-                self.fail("torch-compute", node, f"{path}: host-side torch computation; the op must run in "
-                          "the candidate's Triton kernel")
+                self.fail(
+                    "torch-compute",
+                    node,
+                    f"{path}: host-side torch computation; the op must run in the candidate's Triton kernel",
+                )
                 return
             if path == "torch":
-                self.fail("torch-compute", node, "the torch module used as a value (only torch.<attr> "
-                          "references can be checked)")
+                self.fail(
+                    "torch-compute",
+                    node,
+                    "the torch module used as a value (only torch.<attr> references can be checked)",
+                )
                 return
             if _path_match(path, COMPILE_PREFIXES):
                 self.fail("torch-compile", node, f"{path}: compiling or capturing the op is not writing a kernel")
             elif _path_match(path, CONCURRENCY_PREFIXES):
-                self.fail("concurrency", node, f"{path}: streams, events, threads and processes are not allowed "
-                          "(work outside the timed stream)")
+                self.fail(
+                    "concurrency",
+                    node,
+                    f"{path}: streams, events, threads and processes are not allowed (work outside the timed stream)",
+                )
             elif _path_match(path, NATIVE_PREFIXES):
                 self.fail("native-code", node, f"{path}: native extensions and custom ops are not Triton")
             elif any(p.startswith("_") for p in parts[1:]):
                 self.fail("private-api", node, f"{path}: private torch internals")
             else:
-                self.fail("torch-compute", node, f"{path}: host-side torch computation; only allocation "
-                          "(torch.empty*, torch.zeros*) and metadata are allowed outside the kernel")
+                self.fail(
+                    "torch-compute",
+                    node,
+                    f"{path}: host-side torch computation; only allocation "
+                    "(torch.empty*, torch.zeros*) and metadata are allowed outside the kernel",
+                )
         elif root == "triton":
             if any(p.startswith("_") for p in parts[1:]):
                 self.fail("private-api", node, f"{path}: private triton internals")
@@ -531,18 +867,27 @@ class _Checker:
             path = self._decorator_path(dec)
             if is_jit:
                 if path not in ("triton.jit", "triton.autotune", "triton.heuristics"):
-                    self.fail("import-time-code", dec, f"decorator {ast.unparse(dec)} on a kernel: only "
-                              "triton.jit, triton.autotune and triton.heuristics")
+                    self.fail(
+                        "import-time-code",
+                        dec,
+                        f"decorator {ast.unparse(dec)} on a kernel: only "
+                        "triton.jit, triton.autotune and triton.heuristics",
+                    )
             elif path not in HOST_DECORATORS:
-                self.fail("import-time-code", dec, f"decorator {ast.unparse(dec)} on {name}: decorators "
-                          "can wrap or replace the function")
+                self.fail(
+                    "import-time-code",
+                    dec,
+                    f"decorator {ast.unparse(dec)} on {name}: decorators can wrap or replace the function",
+                )
             self._visit(dec, ctx, func, False)
         args = node.args
         for default in args.defaults + [d for d in args.kw_defaults if d is not None]:
             if not isinstance(default, ast.Constant) and not (
-                    isinstance(default, ast.Tuple) and all(isinstance(e, ast.Constant) for e in default.elts)):
-                if isinstance(default, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp,
-                                        ast.Call)):
+                isinstance(default, ast.Tuple) and all(isinstance(e, ast.Constant) for e in default.elts)
+            ):
+                if isinstance(
+                    default, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp, ast.Call)
+                ):
                     self.fail("mutable-state", default, "mutable default argument: it persists between calls")
             self._visit(default, ctx, func, False)
         for arg in args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]:
@@ -553,8 +898,11 @@ class _Checker:
         inner: _Func | None
         if is_jit:
             if ctx != "module":
-                self.fail("kernel-host-code", node, f"kernel {name} is defined inside a function; "
-                          "define kernels at module level")
+                self.fail(
+                    "kernel-host-code",
+                    node,
+                    f"kernel {name} is defined inside a function; define kernels at module level",
+                )
             inner_ctx, inner = "jit", _Func(node, name)
         else:
             inner = self.funcs.get(name) if ctx == "module" and not is_lambda else None
@@ -586,8 +934,11 @@ class _Checker:
         if isinstance(node, (ast.Try,)) or type(node).__name__ == "TryStar":
             self.fail("try-except", node, "try/except: a fallback path hides failures (and may run the reference)")
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            self.fail("mutable-state", node, f"{type(node).__name__.lower()} {', '.join(node.names)}: state "
-                      "shared between calls")
+            self.fail(
+                "mutable-state",
+                node,
+                f"{type(node).__name__.lower()} {', '.join(node.names)}: state shared between calls",
+            )
         elif isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)):
             self.fail("concurrency", node, "async code")
         elif isinstance(node, ast.Raise) and node.exc is not None:
@@ -611,8 +962,9 @@ class _Checker:
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and ctx != "jit":
             self.fail("torch-compute", node, "the @ operator computes a matmul in torch")
 
-    def _check_name(self, node: ast.Name, ctx: str, func: _Func | None, annotation: bool,
-                    parent: ast.AST | None) -> None:
+    def _check_name(
+        self, node: ast.Name, ctx: str, func: _Func | None, annotation: bool, parent: ast.AST | None
+    ) -> None:
         name = node.id
         if name.startswith("__") and name.endswith("__") and name not in DYNAMIC_CODE_BUILTINS:
             self.fail("introspection", node, f"{name}: dunder names reach interpreter internals")
@@ -637,8 +989,11 @@ class _Checker:
             path = self.aliases[name]
             if ctx == "jit":
                 if path.split(".")[0] == "torch":
-                    self.fail("torch-compute", node, f"{path} inside a @triton.jit kernel: under the interpreter "
-                              "it would run as host torch code")
+                    self.fail(
+                        "torch-compute",
+                        node,
+                        f"{path} inside a @triton.jit kernel: under the interpreter it would run as host torch code",
+                    )
                 return
             if self._outermost(node):
                 self._check_path(path, node, bare=True, context=self._path_context(node, annotation))
@@ -650,17 +1005,28 @@ class _Checker:
             if kind is None and not shadowed and name in BUILTIN_NAMES:
                 self.fail("kernel-host-code", node, f"builtin {name} inside a @triton.jit kernel")
             elif kind is not None:
-                self.fail("kernel-host-code", node, f"{name} ({kind} at module level) used inside a @triton.jit "
-                          "kernel: kernels may use only triton, constants and other kernels")
+                self.fail(
+                    "kernel-host-code",
+                    node,
+                    f"{name} ({kind} at module level) used inside a @triton.jit "
+                    "kernel: kernels may use only triton, constants and other kernels",
+                )
             return
         if ctx == "host" and not self._is_local(name, func):
             if kind == "mutable" and not self._read_only_use(node, parent):
-                self.fail("mutable-state", node, f"module-level object {name} used inside a function other than "
-                          "by indexing: a cache or shared buffer")
+                self.fail(
+                    "mutable-state",
+                    node,
+                    f"module-level object {name} used inside a function other than "
+                    "by indexing: a cache or shared buffer",
+                )
             elif kind == "kernel":
                 if isinstance(parent, ast.Call) and parent.func is node:
-                    self.fail("kernel-host-code", node, f"{name}(...) calls a kernel as a Python function; launch "
-                              f"it as {name}[grid](...)")
+                    self.fail(
+                        "kernel-host-code",
+                        node,
+                        f"{name}(...) calls a kernel as a Python function; launch it as {name}[grid](...)",
+                    )
             elif func is not None and func.enclosing is not None and self._is_nonlocal_var(name, func):
                 if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in MUTATING_METHODS:
                     self.fail("mutable-state", node, f"{name}.{parent.attr}(): mutating a closure variable")
@@ -682,13 +1048,18 @@ class _Checker:
         parent = self.parents.get(id(node))
         if isinstance(parent, ast.Tuple):
             parent = self.parents.get(id(parent))
-        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and \
-                parent.func.id in ("isinstance", "issubclass") and len(parent.args) == 2:
+        if (
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Name)
+            and parent.func.id in ("isinstance", "issubclass")
+            and len(parent.args) == 2
+        ):
             return "isinstance"
         return "value"
 
-    def _check_attribute(self, node: ast.Attribute, ctx: str, func: _Func | None, annotation: bool,
-                         parent: ast.AST | None) -> None:
+    def _check_attribute(
+        self, node: ast.Attribute, ctx: str, func: _Func | None, annotation: bool, parent: ast.AST | None
+    ) -> None:
         attr = node.attr
         if attr.startswith("__") and attr.endswith("__"):
             self.fail("introspection", node, f".{attr}: dunder attributes reach interpreter internals")
@@ -710,16 +1081,23 @@ class _Checker:
         if ctx == "jit":
             return
         base = node.value
-        if isinstance(base, ast.Name) and self.module_kinds.get(base.id) == "kernel" and \
-                not self._is_local(base.id, func):
+        if (
+            isinstance(base, ast.Name)
+            and self.module_kinds.get(base.id) == "kernel"
+            and not self._is_local(base.id, func)
+        ):
             if attr not in KERNEL_ATTRS:
                 self.fail("introspection", node, f"{base.id}.{attr}: reads kernel internals")
             return
         if attr.startswith("_"):
             self.fail("private-api", node, f".{attr}: private attributes")
         elif attr in TENSOR_COMPUTE_METHODS:
-            self.fail("torch-compute", node, f".{attr}(): tensor method computes in torch on the host; the op "
-                      "must run in the candidate's Triton kernel")
+            self.fail(
+                "torch-compute",
+                node,
+                f".{attr}(): tensor method computes in torch on the host; the op "
+                "must run in the candidate's Triton kernel",
+            )
 
     def _check_call(self, node: ast.Call, ctx: str, func: _Func | None, annotation: bool) -> None:
         fn = node.func
@@ -735,8 +1113,8 @@ class _Checker:
                     self._check_path(path, node, bare=True, context="value")
         if isinstance(fn, ast.Name) and not self._is_local(fn.id, func) and fn.id not in self.module_kinds:
             if fn.id in ("getattr", "hasattr") and not (
-                    len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-                    and isinstance(node.args[1].value, str)):
+                len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+            ):
                 self.fail("introspection", node, f"{fn.id} with a computed attribute name")
             elif fn.id == "getattr" and isinstance(node.args[1], ast.Constant):
                 attr = node.args[1].value
@@ -757,15 +1135,21 @@ class _Checker:
                 self.fail("dynamic-code", node, "type(name, bases, dict) builds a class at runtime")
         if ctx == "module" and not annotation:
             path = self._resolve(fn)
-            ok = (path in IMPORT_TIME_CALLS or (path or "").startswith(("math.", "typing.", "triton.language."))
-                  or path in TORCH_DTYPES
-                  or (isinstance(fn, ast.Name) and fn.id in IMPORT_TIME_BUILTINS and fn.id not in self.module_kinds))
+            ok = (
+                path in IMPORT_TIME_CALLS
+                or (path or "").startswith(("math.", "typing.", "triton.language."))
+                or path in TORCH_DTYPES
+                or (isinstance(fn, ast.Name) and fn.id in IMPORT_TIME_BUILTINS and fn.id not in self.module_kinds)
+            )
             if not ok:
                 self.fail("import-time-code", node, f"{ast.unparse(fn)}(...) is called at import time")
         if ctx == "host" and isinstance(fn, ast.Attribute) and fn.attr in MUTATING_METHODS:
             root = _root_name(fn.value)
-            if root is not None and self._is_nonlocal_var(root, func) and \
-                    self.module_kinds.get(root) not in ("kernel", "func"):
+            if (
+                root is not None
+                and self._is_nonlocal_var(root, func)
+                and self.module_kinds.get(root) not in ("kernel", "func")
+            ):
                 self.fail("mutable-state", node, f"{root}...{fn.attr}(): mutating an object that outlives the call")
 
     def _check_store(self, target: ast.AST, ctx: str, func: _Func | None, stmt: ast.AST) -> None:
@@ -781,12 +1165,23 @@ class _Checker:
                     self.fail("monkeypatch", stmt, f"assigning into {path or root}: patching imported modules")
                 elif isinstance(sub, ast.Attribute):
                     self.fail("mutable-state", stmt, f"attribute store .{sub.attr}: state on objects outlives the call")
-                elif ctx == "module" or (root is not None and self._is_nonlocal_var(root, func)) or \
-                        (root is not None and ctx == "jit" and not self._is_local(root, func)):
-                    self.fail("mutable-state", stmt, f"item store into {root}: a module-level or closure object "
-                              "outlives the call")
-            elif isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Load) and ctx == "module" and \
-                    sub.id in BUILTIN_NAMES and not sub.id.startswith("_"):
+                elif (
+                    ctx == "module"
+                    or (root is not None and self._is_nonlocal_var(root, func))
+                    or (root is not None and ctx == "jit" and not self._is_local(root, func))
+                ):
+                    self.fail(
+                        "mutable-state",
+                        stmt,
+                        f"item store into {root}: a module-level or closure object outlives the call",
+                    )
+            elif (
+                isinstance(sub, ast.Name)
+                and not isinstance(sub.ctx, ast.Load)
+                and ctx == "module"
+                and sub.id in BUILTIN_NAMES
+                and not sub.id.startswith("_")
+            ):
                 self.fail("monkeypatch", stmt, f"rebinding the builtin {sub.id} at module level")
 
     # -- tensor taint (operators on tensors) -------------------------------------------------------
@@ -846,14 +1241,20 @@ class _Checker:
                             if isinstance(target, ast.Name) and self._is_tensor(sub.value, f):
                                 names.append(target.id)
                             elif isinstance(target, (ast.Tuple, ast.List)):
-                                seq = isinstance(sub.value, ast.Call) and isinstance(sub.value.func, ast.Attribute) \
-                                    and sub.value.func.attr in TENSOR_SEQUENCE_METHODS \
+                                seq = (
+                                    isinstance(sub.value, ast.Call)
+                                    and isinstance(sub.value.func, ast.Attribute)
+                                    and sub.value.func.attr in TENSOR_SEQUENCE_METHODS
                                     and self._is_tensor(sub.value.func.value, f)
+                                )
                                 for i, elt in enumerate(target.elts):
                                     if not isinstance(elt, ast.Name):
                                         continue
-                                    if seq or (isinstance(sub.value, (ast.Tuple, ast.List)) and i < len(sub.value.elts)
-                                               and self._is_tensor(sub.value.elts[i], f)):
+                                    if seq or (
+                                        isinstance(sub.value, (ast.Tuple, ast.List))
+                                        and i < len(sub.value.elts)
+                                        and self._is_tensor(sub.value.elts[i], f)
+                                    ):
                                         names.append(elt.id)
                     elif isinstance(sub, ast.For) and isinstance(sub.target, ast.Name) and self._is_tensor(sub.iter, f):
                         names.append(sub.target.id)
@@ -880,22 +1281,45 @@ class _Checker:
         self._propagate_taint()
         for f in self.all_host_funcs:
             for sub in _body_nodes(f.node):
-                if isinstance(sub, ast.BinOp) and not isinstance(sub.op, ast.MatMult) and (
-                        self._is_tensor(sub.left, f) or self._is_tensor(sub.right, f)):
-                    self.fail("torch-compute", sub, f"operator {type(sub.op).__name__} on a tensor "
-                              f"({ast.unparse(sub)}) computes in torch on the host")
-                elif isinstance(sub, ast.UnaryOp) and isinstance(sub.op, (ast.USub, ast.UAdd, ast.Invert)) and \
-                        self._is_tensor(sub.operand, f):
+                if (
+                    isinstance(sub, ast.BinOp)
+                    and not isinstance(sub.op, ast.MatMult)
+                    and (self._is_tensor(sub.left, f) or self._is_tensor(sub.right, f))
+                ):
+                    self.fail(
+                        "torch-compute",
+                        sub,
+                        f"operator {type(sub.op).__name__} on a tensor "
+                        f"({ast.unparse(sub)}) computes in torch on the host",
+                    )
+                elif (
+                    isinstance(sub, ast.UnaryOp)
+                    and isinstance(sub.op, (ast.USub, ast.UAdd, ast.Invert))
+                    and self._is_tensor(sub.operand, f)
+                ):
                     self.fail("torch-compute", sub, f"unary {type(sub.op).__name__} on a tensor computes in torch")
-                elif isinstance(sub, ast.Compare) and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops) \
-                        and any(self._is_tensor(e, f) for e in [sub.left, *sub.comparators]):
+                elif (
+                    isinstance(sub, ast.Compare)
+                    and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops)
+                    and any(self._is_tensor(e, f) for e in [sub.left, *sub.comparators])
+                ):
                     self.fail("torch-compute", sub, f"comparison on a tensor ({ast.unparse(sub)}) computes in torch")
-                elif isinstance(sub, ast.AugAssign) and \
-                        (self._is_tensor(sub.target, f) or self._is_tensor(sub.value, f)):
-                    self.fail("torch-compute", sub, f"augmented assignment {type(sub.op).__name__} on a tensor "
-                              f"({ast.unparse(sub.target)}) computes in torch")
-                elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in TENSOR_BUILTINS \
-                        and sub.func.id not in self.module_kinds and any(self._is_tensor(a, f) for a in sub.args):
+                elif isinstance(sub, ast.AugAssign) and (
+                    self._is_tensor(sub.target, f) or self._is_tensor(sub.value, f)
+                ):
+                    self.fail(
+                        "torch-compute",
+                        sub,
+                        f"augmented assignment {type(sub.op).__name__} on a tensor "
+                        f"({ast.unparse(sub.target)}) computes in torch",
+                    )
+                elif (
+                    isinstance(sub, ast.Call)
+                    and isinstance(sub.func, ast.Name)
+                    and sub.func.id in TENSOR_BUILTINS
+                    and sub.func.id not in self.module_kinds
+                    and any(self._is_tensor(a, f) for a in sub.args)
+                ):
                     self.fail("torch-compute", sub, f"{sub.func.id}() on a tensor computes in torch")
 
     # -- launches, returns, guards -----------------------------------------------------------------
@@ -934,8 +1358,13 @@ class _Checker:
         for sub in nodes:
             if self._launch_of(sub, f) is not None:
                 return True
-            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in self.funcs \
-                    and not self._is_local(sub.func.id, f) and self.funcs[sub.func.id].must_launch:
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Name)
+                and sub.func.id in self.funcs
+                and not self._is_local(sub.func.id, f)
+                and self.funcs[sub.func.id].must_launch
+            ):
                 return True
         return False
 
@@ -957,8 +1386,10 @@ class _Checker:
             for sub in _body_nodes(f.node):
                 if isinstance(sub, ast.Assign):
                     value_shapey = any(
-                        (isinstance(n, ast.Attribute) and n.attr in SHAPE_ATTRS) or
-                        (isinstance(n, ast.Name) and n.id in names) for n in ast.walk(sub.value))
+                        (isinstance(n, ast.Attribute) and n.attr in SHAPE_ATTRS)
+                        or (isinstance(n, ast.Name) and n.id in names)
+                        for n in ast.walk(sub.value)
+                    )
                     if value_shapey:
                         for target in sub.targets:
                             names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
@@ -966,8 +1397,9 @@ class _Checker:
                 break
         return names
 
-    def _walk_paths(self, stmts: list[ast.stmt], launched: bool, guards: list[ast.AST], f: _Func,
-                    violations: list, returns: list) -> bool | None:
+    def _walk_paths(
+        self, stmts: list[ast.stmt], launched: bool, guards: list[ast.AST], f: _Func, violations: list, returns: list
+    ) -> bool | None:
         """Follows paths through `stmts`; returns whether a launch happened, None when all paths ended."""
         for stmt in stmts:
             if isinstance(stmt, ast.Return):
@@ -979,10 +1411,12 @@ class _Checker:
                 return None
             if isinstance(stmt, ast.If):
                 inner = guards + [stmt] if self._guarded(stmt.test, f) else guards
-                a = self._walk_paths(stmt.body, launched or self._contains_launch(stmt.test, f), inner, f,
-                                     violations, returns)
-                b = self._walk_paths(stmt.orelse, launched or self._contains_launch(stmt.test, f), inner, f,
-                                     violations, returns)
+                a = self._walk_paths(
+                    stmt.body, launched or self._contains_launch(stmt.test, f), inner, f, violations, returns
+                )
+                b = self._walk_paths(
+                    stmt.orelse, launched or self._contains_launch(stmt.test, f), inner, f, violations, returns
+                )
                 if a is None and b is None:
                     return None
                 after_a = True if a is None else a
@@ -1067,8 +1501,9 @@ class _Checker:
         while True:
             if isinstance(expr, (ast.Attribute, ast.Subscript, ast.Starred)) and self._resolve(expr) is None:
                 expr = expr.value
-            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
-                    self._resolve(expr.func) is None:
+            elif (
+                isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and self._resolve(expr.func) is None
+            ):
                 expr = expr.func.value
             else:
                 return expr
@@ -1089,10 +1524,16 @@ class _Checker:
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
                 path = self._resolve(call.func)
-                helper = self.funcs.get(call.func.id) if isinstance(call.func, ast.Name) and \
-                    not self._is_local(call.func.id, f) else None
-                if path in TORCH_ALLOC or (isinstance(call.func, ast.Attribute) and path is None and
-                                           call.func.attr in ("new_empty", "new_zeros", "new_empty_strided", "clone")):
+                helper = (
+                    self.funcs.get(call.func.id)
+                    if isinstance(call.func, ast.Name) and not self._is_local(call.func.id, f)
+                    else None
+                )
+                if path in TORCH_ALLOC or (
+                    isinstance(call.func, ast.Attribute)
+                    and path is None
+                    and call.func.attr in ("new_empty", "new_zeros", "new_empty_strided", "clone")
+                ):
                     fresh.update(names)
                 elif helper is not None and helper.returns_kernel_output:
                     outputs.update(names)
@@ -1106,14 +1547,19 @@ class _Checker:
             if isinstance(sub, ast.Call) and self._launch_of(sub, f) is not None:
                 for arg in list(sub.args) + [k.value for k in sub.keywords]:
                     names.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
-            elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in self.funcs and \
-                    self.funcs[sub.func.id].must_launch:
+            elif (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Name)
+                and sub.func.id in self.funcs
+                and self.funcs[sub.func.id].must_launch
+            ):
                 for arg in list(sub.args) + [k.value for k in sub.keywords]:
                     names.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
         return names
 
-    def _return_elements(self, value: ast.AST | None, f: _Func | None = None,
-                         guard: ast.AST | None = None) -> list[tuple[ast.AST | None, ast.AST | None]]:
+    def _return_elements(
+        self, value: ast.AST | None, f: _Func | None = None, guard: ast.AST | None = None
+    ) -> list[tuple[ast.AST | None, ast.AST | None]]:
         """(element, shape/dtype test it depends on or None) for each returned value."""
         if isinstance(value, (ast.Tuple, ast.List)):
             return [e for v in value.elts for e in self._return_elements(v, f, guard)]
@@ -1127,11 +1573,18 @@ class _Checker:
         if element is None:
             return False
         element = self._base(element)
-        if isinstance(element, ast.Call) and isinstance(element.func, ast.Name) and element.func.id in self.funcs \
-                and not self._is_local(element.func.id, f):
+        if (
+            isinstance(element, ast.Call)
+            and isinstance(element.func, ast.Name)
+            and element.func.id in self.funcs
+            and not self._is_local(element.func.id, f)
+        ):
             helper = self.funcs[element.func.id]
-            return helper.returns_kernel_output if want == "kernel" else (helper.returns_fresh or
-                                                                           helper.returns_kernel_output)
+            return (
+                helper.returns_kernel_output
+                if want == "kernel"
+                else (helper.returns_fresh or helper.returns_kernel_output)
+            )
         if isinstance(element, ast.Call) and want == "fresh" and self._resolve(element.func) in TORCH_ALLOC:
             return True
         root = element.id if isinstance(element, ast.Name) and element.id not in self.aliases else None
@@ -1173,8 +1626,11 @@ class _Checker:
                 if isinstance(sub, ast.Name) and sub.id in self.funcs and not self._is_local(sub.id, f):
                     todo.append(self.funcs[sub.id])
         reachable_nodes = {id(f.node) for f in reachable}
-        nested = [f for f in self.all_host_funcs if id(f.node) not in reachable_nodes and
-                  any(f.enclosing is r for r in reachable)]
+        nested = [
+            f
+            for f in self.all_host_funcs
+            if id(f.node) not in reachable_nodes and any(f.enclosing is r for r in reachable)
+        ]
         launched: set[str] = set()
         indirect = False
         referenced: set[str] = set()
@@ -1203,8 +1659,11 @@ class _Checker:
         elif not launched:
             self.fail("kernel-not-launched", entry.node, "entry launches none of the file's @triton.jit kernels")
         for name in sorted(set(self.kernels) - used):
-            self.fail("kernel-not-launched", self.kernels[name], f"kernel {name} is defined but never launched "
-                      "from entry (a decoy)")
+            self.fail(
+                "kernel-not-launched",
+                self.kernels[name],
+                f"kernel {name} is defined but never launched from entry (a decoy)",
+            )
         if not self.kernels or not launched:
             return
         ok, violations, returns = self._analyse_paths(entry)
@@ -1215,8 +1674,12 @@ class _Checker:
                 g = guards[-1]
                 flagged_lines.add(line)
                 what = "returns without launching a kernel" if kind == "return" else "skips the kernel launch"
-                self.fail("guarded-fallback", node, f"entry {what} under the guard "
-                          f"`{ast.unparse(getattr(g, 'test', g))}` (line {g.lineno}): shape/dtype-specific fallback")
+                self.fail(
+                    "guarded-fallback",
+                    node,
+                    f"entry {what} under the guard "
+                    f"`{ast.unparse(getattr(g, 'test', g))}` (line {g.lineno}): shape/dtype-specific fallback",
+                )
             elif kind == "end":
                 self.fail("kernel-not-launched", node, "entry can finish without launching a kernel")
             else:
@@ -1231,9 +1694,16 @@ class _Checker:
                     text = ast.unparse(element) if element is not None else "None"
                     test = guard if guard is not None else (getattr(guards[-1], "test", guards[-1]) if guards else None)
                     if test is not None:
-                        self.fail("guarded-fallback", node, f"entry returns {text} under the guard "
-                                  f"`{ast.unparse(test)}`: not a buffer its kernel wrote")
+                        self.fail(
+                            "guarded-fallback",
+                            node,
+                            f"entry returns {text} under the guard "
+                            f"`{ast.unparse(test)}`: not a buffer its kernel wrote",
+                        )
                     else:
-                        self.fail("return-not-from-kernel", node, f"entry returns {text}, which is not a fresh "
-                                  "buffer passed to a kernel launch")
+                        self.fail(
+                            "return-not-from-kernel",
+                            node,
+                            f"entry returns {text}, which is not a fresh buffer passed to a kernel launch",
+                        )
                     break

@@ -58,14 +58,17 @@ class Verdict:
         """The `verify --json` object: docs/CONTRACTS.md section 4 keys first, then the extras."""
         data = asdict(self)
         data["failures"] = [f.to_dict() for f in self.failures]
-        ordered = {key: data.pop(key) for key in
-                   ("op", "accepted", "reward", "failures", "speedup_vs_eager", "speedup_vs_compile")}
+        ordered = {
+            key: data.pop(key)
+            for key in ("op", "accepted", "reward", "failures", "speedup_vs_eager", "speedup_vs_compile")
+        }
         ordered.update(data)
         return _finite(ordered)
 
 
-def compute_reward(failures: list[Failure], device: str, speedup_vs_eager: float | None,
-                   speedup_vs_compile: float | None) -> int:
+def compute_reward(
+    failures: list[Failure], device: str, speedup_vs_eager: float | None, speedup_vs_compile: float | None
+) -> int:
     """-1 wrong or cheating; +1 correct; +2 faster than eager; +3 faster than eager and torch.compile.
 
     Computed by the parent from its own numbers; speed is judged only on CUDA.

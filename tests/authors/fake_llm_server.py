@@ -61,8 +61,11 @@ class FakeLLM:
 
     def _record(self, api: str, request: Request, body: Any) -> None:
         with self._lock:
-            self.requests.append(Received(api, request.method, request.url.path,
-                                          {k.lower(): v for k, v in request.headers.items()}, body))
+            self.requests.append(
+                Received(
+                    api, request.method, request.url.path, {k.lower(): v for k, v in request.headers.items()}, body
+                )
+            )
 
     # --- the app -----------------------------------------------------------------------------
     def _build_app(self) -> FastAPI:
@@ -80,13 +83,20 @@ class FakeLLM:
             reply = self._next()
             if reply.body is not None or reply.text is None:
                 return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
-            return JSONResponse({
-                "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model"),
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": reply.text}}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
-            }, status_code=reply.status, headers=reply.headers)
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model"),
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply.text}}
+                    ],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+                },
+                status_code=reply.status,
+                headers=reply.headers,
+            )
 
         @app.post("/{version}/models/{model}:generateContent")
         async def generate(version: str, model: str, request: Request) -> Any:
@@ -95,12 +105,21 @@ class FakeLLM:
             reply = self._next()
             if reply.body is not None or reply.text is None:
                 return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
-            return JSONResponse({
-                "candidates": [{"content": {"role": "model", "parts": [{"text": reply.text}]},
-                                "finishReason": "STOP", "index": 0}],
-                "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 10, "totalTokenCount": 20},
-                "modelVersion": model,
-            }, status_code=reply.status, headers=reply.headers)
+            return JSONResponse(
+                {
+                    "candidates": [
+                        {
+                            "content": {"role": "model", "parts": [{"text": reply.text}]},
+                            "finishReason": "STOP",
+                            "index": 0,
+                        }
+                    ],
+                    "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 10, "totalTokenCount": 20},
+                    "modelVersion": model,
+                },
+                status_code=reply.status,
+                headers=reply.headers,
+            )
 
         return app
 
@@ -112,8 +131,9 @@ class FakeLLM:
         port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="fake-llm-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="fake-llm-server", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
@@ -130,6 +150,7 @@ class FakeLLM:
             self._thread.join(timeout)
 
 
-def reply_json(source: str, adapter: list[dict[str, str]], name: str = "fake-strategy",
-               notes: str = "returned by the fake server") -> str:
+def reply_json(
+    source: str, adapter: list[dict[str, str]], name: str = "fake-strategy", notes: str = "returned by the fake server"
+) -> str:
     return json.dumps({"strategy": {"name": name, "notes": notes}, "source": source, "adapter": adapter})

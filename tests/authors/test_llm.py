@@ -20,14 +20,24 @@ from gpuyantra.candidate import load_candidate
 from gpuyantra.ops import get_op
 from tests.authors.fake_llm_server import FakeLLM, Reply, reply_json
 
-ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"},
-           {"kernel_param": "eps", "module_attr": "variance_epsilon"}]
+ADAPTER = [
+    {"kernel_param": "weight", "module_attr": "weight"},
+    {"kernel_param": "eps", "module_attr": "variance_epsilon"},
+]
 FAILURE_MESSAGE = "entry calls torch.rsqrt on the path from entry (attempt-1 marker)"
 OPENAI_KEY = "sk-test-secret-123"
 GEMINI_KEY = "gm-test-secret-456"
 RMS_NORM_SOURCE = resources.files("gpuyantra.kernels").joinpath("rms_norm.py").read_text()
-LLM_ENV = ("GPUYANTRA_AUTHOR", "GPUYANTRA_LLM_BASE_URL", "GPUYANTRA_LLM_MODEL", "GPUYANTRA_LLM_API_KEY",
-           "GEMINI_API_KEY", "GOOGLE_API_KEY", "GPUYANTRA_LLM_TIMEOUT", "GPUYANTRA_LLM_MAX_ATTEMPTS")
+LLM_ENV = (
+    "GPUYANTRA_AUTHOR",
+    "GPUYANTRA_LLM_BASE_URL",
+    "GPUYANTRA_LLM_MODEL",
+    "GPUYANTRA_LLM_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "GPUYANTRA_LLM_TIMEOUT",
+    "GPUYANTRA_LLM_MAX_ATTEMPTS",
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +57,18 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def make_request(**overrides: Any) -> WriteRequest:
     fields: dict[str, Any] = dict(
-        op="rms_norm", module_class="Qwen2RMSNorm", adapter=[dict(b) for b in ADAPTER],
-        shapes=[[1, 896], [7, 896]], dtype="bfloat16", hardware="nvidia-h200",
+        op="rms_norm",
+        module_class="Qwen2RMSNorm",
+        adapter=[dict(b) for b in ADAPTER],
+        shapes=[[1, 896], [7, 896]],
+        dtype="bfloat16",
+        hardware="nvidia-h200",
         history=[
-            Attempt(strategy={"name": "torch-fallback", "notes": ""}, reward=-1,
-                    failures=[{"layer": "static", "rule": "torch-compute-call", "message": FAILURE_MESSAGE}]),
+            Attempt(
+                strategy={"name": "torch-fallback", "notes": ""},
+                reward=-1,
+                failures=[{"layer": "static", "rule": "torch-compute-call", "message": FAILURE_MESSAGE}],
+            ),
             Attempt(strategy={"name": "one-row", "notes": ""}, reward=1, kernel_us=9.5, floor_us=2.5),
         ],
         iteration=2,
@@ -100,6 +117,7 @@ def assert_prompt_carries_request(prompt: str) -> None:
 
 
 # --- OpenAI-compatible ---------------------------------------------------------------------------
+
 
 def test_openai_author_returns_the_model_source(server: FakeLLM, tmp_path) -> None:
     server.script(good_reply())
@@ -182,17 +200,33 @@ def test_openai_client_error_is_not_retried(server: FakeLLM) -> None:
     assert "HTTP 401" in written.author and written.author.startswith("template (llm fallback:")
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("I would write a kernel that loads each row once and...", "not JSON"),
-    (json.dumps({"strategy": {"name": "x", "notes": ""}, "adapter": ADAPTER}), "source"),
-    (json.dumps({"strategy": {"name": "x", "notes": ""}, "source": RMS_NORM_SOURCE,
-                 "adapter": {"weight": "weight", "eps": "variance_epsilon"}}), "adapter"),
-    (reply_json(re.sub(r"^OP = .*$", 'OP = "layer_norm"', RMS_NORM_SOURCE, count=1, flags=re.M), ADAPTER),
-     "OP is 'layer_norm', expected 'rms_norm'"),
-    (reply_json(re.sub(r"^OP = .*$", "", RMS_NORM_SOURCE, count=1, flags=re.M), ADAPTER), "defines no top-level OP"),
-    (reply_json("def entry(x:\n    pass\n", ADAPTER), "not valid Python"),
-    (json.dumps([1, 2, 3]), "not an object"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("I would write a kernel that loads each row once and...", "not JSON"),
+        (json.dumps({"strategy": {"name": "x", "notes": ""}, "adapter": ADAPTER}), "source"),
+        (
+            json.dumps(
+                {
+                    "strategy": {"name": "x", "notes": ""},
+                    "source": RMS_NORM_SOURCE,
+                    "adapter": {"weight": "weight", "eps": "variance_epsilon"},
+                }
+            ),
+            "adapter",
+        ),
+        (
+            reply_json(re.sub(r"^OP = .*$", 'OP = "layer_norm"', RMS_NORM_SOURCE, count=1, flags=re.M), ADAPTER),
+            "OP is 'layer_norm', expected 'rms_norm'",
+        ),
+        (
+            reply_json(re.sub(r"^OP = .*$", "", RMS_NORM_SOURCE, count=1, flags=re.M), ADAPTER),
+            "defines no top-level OP",
+        ),
+        (reply_json("def entry(x:\n    pass\n", ADAPTER), "not valid Python"),
+        (json.dumps([1, 2, 3]), "not an object"),
+    ],
+)
 def test_openai_unusable_reply_falls_back_to_the_template(server: FakeLLM, text: str, reason: str) -> None:
     server.script(Reply(text=text))
     request = make_request()
@@ -217,6 +251,7 @@ def test_openai_unreachable_server_falls_back() -> None:
 
 
 # --- Gemini --------------------------------------------------------------------------------------
+
 
 def test_gemini_author_returns_the_model_source(server: FakeLLM, tmp_path) -> None:
     server.script(good_reply())
@@ -258,8 +293,7 @@ def test_gemini_garbage_reply_falls_back(server: FakeLLM) -> None:
 
 
 def test_gemini_http_500_falls_back_after_bounded_retries(server: FakeLLM, caplog) -> None:
-    server.script(default=Reply(status=500, body={"error": {"code": 500, "message": "internal",
-                                                            "status": "INTERNAL"}}))
+    server.script(default=Reply(status=500, body={"error": {"code": 500, "message": "internal", "status": "INTERNAL"}}))
     with caplog.at_level(logging.DEBUG):
         written = gemini_author(server, max_attempts=2).write(make_request())
     assert len(server.requests) == 2
@@ -268,6 +302,7 @@ def test_gemini_http_500_falls_back_after_bounded_retries(server: FakeLLM, caplo
 
 
 # --- reply parsing and prompt --------------------------------------------------------------------
+
 
 def test_reply_schema_has_no_free_form_dicts() -> None:
     schema = strict_json_schema(CandidateReply)
@@ -311,6 +346,7 @@ def test_prompt_includes_the_seed_source() -> None:
 
 
 # --- configuration -------------------------------------------------------------------------------
+
 
 def test_get_author_defaults_to_the_template() -> None:
     assert isinstance(get_author(), TemplateAuthor)

@@ -29,8 +29,12 @@ def temporal(state_dir: Path) -> Iterator[Managed]:
 
 @pytest.fixture(scope="session")
 def worker_env(state_dir: Path) -> dict[str, str]:
-    return {"GPUYANTRA_ADMIN_TOKEN": ADMIN_TOKEN, "GPUYANTRA_STATE_DIR": str(state_dir),
-            "TRITON_INTERPRET": "1", "GPUYANTRA_QDRANT_PATH": str(state_dir / "qdrant")}
+    return {
+        "GPUYANTRA_ADMIN_TOKEN": ADMIN_TOKEN,
+        "GPUYANTRA_STATE_DIR": str(state_dir),
+        "TRITON_INTERPRET": "1",
+        "GPUYANTRA_QDRANT_PATH": str(state_dir / "qdrant"),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +48,9 @@ def workers(temporal: Managed, state_dir: Path, worker_env: dict[str, str]) -> I
 
 @pytest.fixture
 def served_model(tmp_path: Path) -> Iterator[Managed]:
-    managed = start_server("tiny-qwen2", tmp_path, free_port(), ADMIN_TOKEN, device="cpu",
-                           env={"TRITON_INTERPRET": "1"})
+    managed = start_server(
+        "tiny-qwen2", tmp_path, free_port(), ADMIN_TOKEN, device="cpu", env={"TRITON_INTERPRET": "1"}
+    )
     yield managed
     managed.stop()
 

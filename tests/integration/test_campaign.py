@@ -26,8 +26,9 @@ def logits(url: str, headers: dict[str, str]) -> list[float]:
 
 
 def completion(url: str) -> str:
-    response = httpx.post(f"{url}/v1/completions",
-                          json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0}, timeout=120)
+    response = httpx.post(
+        f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0}, timeout=120
+    )
     response.raise_for_status()
     return response.json()["choices"][0]["text"]
 
@@ -36,8 +37,9 @@ def tiny_qwen2_rms_norm_names() -> set[str]:
     from serving.models import PRESETS
 
     layers = PRESETS["tiny-qwen2"]().num_hidden_layers
-    per_layer = {f"model.layers.{i}.{norm}" for i in range(layers)
-                 for norm in ("input_layernorm", "post_attention_layernorm")}
+    per_layer = {
+        f"model.layers.{i}.{norm}" for i in range(layers) for norm in ("input_layernorm", "post_attention_layernorm")
+    }
     return per_layer | {"model.norm"}
 
 
@@ -52,8 +54,9 @@ def rms_norm_module_count(url: str, headers: dict[str, str]) -> int:
 
 async def run_campaign(temporal: Managed, params: CampaignInput) -> dict:
     client = await Client.connect(temporal.info["address"])
-    return await client.execute_workflow("OptimizeCampaign", params, id=f"test-{uuid.uuid4().hex[:8]}",
-                                         task_queue=CONTROL_TASK_QUEUE)
+    return await client.execute_workflow(
+        "OptimizeCampaign", params, id=f"test-{uuid.uuid4().hex[:8]}", task_queue=CONTROL_TASK_QUEUE
+    )
 
 
 async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, workers, served_model, admin_headers):
@@ -62,8 +65,9 @@ async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, wor
     expected_modules = rms_norm_module_count(url, admin_headers)
     assert expected_modules >= 3
 
-    result = await run_campaign(temporal, CampaignInput(server_url=url, ops=["rms_norm"], min_reward=1,
-                                                        max_iterations=3))
+    result = await run_campaign(
+        temporal, CampaignInput(server_url=url, ops=["rms_norm"], min_reward=1, max_iterations=3)
+    )
 
     assert [d["op"] for d in result["deployed"]] == ["rms_norm"], result
     deployed = result["deployed"][0]
@@ -90,12 +94,31 @@ def test_stock_temporal_cli_starts_the_campaign(temporal, workers, served_model,
     payload = json.dumps({"server_url": url, "ops": ["rms_norm"], "min_reward": 1, "max_iterations": 2})
     base = [temporal_binary(), "workflow"]
     address = ["--address", temporal.info["address"]]
-    started = subprocess.run(base + ["start", "--type", "OptimizeCampaign", "--task-queue", CONTROL_TASK_QUEUE,
-                                     "--workflow-id", workflow_id, "--input", payload, *address],
-                             capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        base
+        + [
+            "start",
+            "--type",
+            "OptimizeCampaign",
+            "--task-queue",
+            CONTROL_TASK_QUEUE,
+            "--workflow-id",
+            workflow_id,
+            "--input",
+            payload,
+            *address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert started.returncode == 0, started.stderr
-    finished = subprocess.run(base + ["result", "--workflow-id", workflow_id, "--output", "json", *address],
-                              capture_output=True, text=True, timeout=600)
+    finished = subprocess.run(
+        base + ["result", "--workflow-id", workflow_id, "--output", "json", *address],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "rms_norm" in finished.stdout and '"deployed"' in finished.stdout
     kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
@@ -124,12 +147,35 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     import sys
 
     url = served_model.info["url"]
-    env = {**os.environ, "GPUYANTRA_ADMIN_TOKEN": admin_headers["Authorization"].split()[1],
-           "GPUYANTRA_STATE_DIR": str(tmp_path)}
-    finished = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "optimize", "--server", url, "--ops", "rms_norm",
-                               "--min-reward", "1", "--max-iterations", "2", "--wait", "--json",
-                               "--temporal", temporal.info["address"]],
-                              capture_output=True, text=True, timeout=600, env=env)
+    env = {
+        **os.environ,
+        "GPUYANTRA_ADMIN_TOKEN": admin_headers["Authorization"].split()[1],
+        "GPUYANTRA_STATE_DIR": str(tmp_path),
+    }
+    finished = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuyantra.cli",
+            "optimize",
+            "--server",
+            url,
+            "--ops",
+            "rms_norm",
+            "--min-reward",
+            "1",
+            "--max-iterations",
+            "2",
+            "--wait",
+            "--json",
+            "--temporal",
+            temporal.info["address"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     result = json.loads(finished.stdout.strip().splitlines()[-1])
     assert result["server"] == url and [d["op"] for d in result["deployed"]] == ["rms_norm"]
@@ -144,9 +190,20 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     assert "speed is not judged" in page and "@triton.jit" in page and "<svg" in page
     # Findable by the README's query (registered by start_temporal, as `gpuyantra up` does).
     for _ in range(25):  # visibility may lag the close by a moment
-        listed = subprocess.run([temporal_binary(), "workflow", "list", "--address", temporal.info["address"],
-                                 "--query", 'GpuyantraModel="tiny-qwen2" AND GpuyantraDeployed=1'],
-                                capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            [
+                temporal_binary(),
+                "workflow",
+                "list",
+                "--address",
+                temporal.info["address"],
+                "--query",
+                'GpuyantraModel="tiny-qwen2" AND GpuyantraDeployed=1',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if workflow_id in listed.stdout:
             break
         time.sleep(0.2)
@@ -156,8 +213,7 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
 async def test_rope_campaign_swaps_the_attention_function(temporal, workers, served_model, admin_headers):
     url = served_model.info["url"]
     before_logits = logits(url, admin_headers)
-    result = await run_campaign(temporal, CampaignInput(server_url=url, ops=["rope"], min_reward=1,
-                                                        max_iterations=2))
+    result = await run_campaign(temporal, CampaignInput(server_url=url, ops=["rope"], min_reward=1, max_iterations=2))
     assert [d["op"] for d in result["deployed"]] == ["rope"], result
     kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
     assert [(k["op"], k.get("binding")) for k in kernels["active"]] == [("rope", "function")]

@@ -37,14 +37,20 @@ async def test_campaign_survives_worker_and_server_crashes(served_model, worker_
     port = free_port()
     temporal = start_temporal(state, port=port, headless=True)
     address = temporal.info["address"]
-    processes = [temporal, start_worker("cpu", address, state, worker_env),
-                 start_worker("gpu", address, state, worker_env)]
+    processes = [
+        temporal,
+        start_worker("cpu", address, state, worker_env),
+        start_worker("gpu", address, state, worker_env),
+    ]
     try:
         client = await Client.connect(address)
         workflow_id = f"durable-{uuid.uuid4().hex[:8]}"
-        await client.start_workflow("OptimizeCampaign", CampaignInput(server_url=served_model.info["url"],
-                                                                       ops=["rms_norm"], min_reward=1),
-                                    id=workflow_id, task_queue=CONTROL_TASK_QUEUE)
+        await client.start_workflow(
+            "OptimizeCampaign",
+            CampaignInput(server_url=served_model.info["url"], ops=["rms_norm"], min_reward=1),
+            id=workflow_id,
+            task_queue=CONTROL_TASK_QUEUE,
+        )
         await wait_for_stage(client, workflow_id, "verify")
 
         crash(processes[2])  # the GPU worker dies in the middle of verifying
@@ -57,9 +63,11 @@ async def test_campaign_survives_worker_and_server_crashes(served_model, worker_
         result = await asyncio.wait_for(handle.result(), timeout=300)
         assert [d["op"] for d in result["deployed"]] == ["rms_norm"], result
 
-        verify_attempts = [event.activity_task_started_event_attributes.attempt
-                           async for event in handle.fetch_history_events()
-                           if event.HasField("activity_task_started_event_attributes")]
+        verify_attempts = [
+            event.activity_task_started_event_attributes.attempt
+            async for event in handle.fetch_history_events()
+            if event.HasField("activity_task_started_event_attributes")
+        ]
         assert max(verify_attempts) >= 2  # the interrupted activity was retried, not lost
     finally:
         for managed in reversed(processes):

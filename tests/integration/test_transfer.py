@@ -12,8 +12,10 @@ from tests.integration.conftest import ADMIN_TOKEN
 from tests.integration.test_campaign import run_campaign
 from workflows.types import CampaignInput
 
-RMS_ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"},
-               {"kernel_param": "eps", "module_attr": "variance_epsilon"}]
+RMS_ADAPTER = [
+    {"kernel_param": "weight", "module_attr": "weight"},
+    {"kernel_param": "eps", "module_attr": "variance_epsilon"},
+]
 
 
 def store_rms_norm_skill(qdrant_path, hardware: str) -> str:
@@ -22,10 +24,18 @@ def store_rms_norm_skill(qdrant_path, hardware: str) -> str:
     from gpuyantra.authors.template import STRATEGY_SPACES
 
     strategy = {**STRATEGY_SPACES["rms_norm"][0], **strategy}
-    skill = Skill(op="rms_norm", hardware=hardware, source=render("rms_norm", strategy, RMS_ADAPTER),
-                  adapter=RMS_ADAPTER, strategy=strategy, reward=1.0, shapes=[[1, 64]], dtypes=["float32"],
-                  fingerprint=Fingerprint.from_target(target, hardware).to_payload(),
-                  provenance={"campaign": "seeded-by-test", "iteration": 1, "author": "template"})
+    skill = Skill(
+        op="rms_norm",
+        hardware=hardware,
+        source=render("rms_norm", strategy, RMS_ADAPTER),
+        adapter=RMS_ADAPTER,
+        strategy=strategy,
+        reward=1.0,
+        shapes=[[1, 64]],
+        dtypes=["float32"],
+        fingerprint=Fingerprint.from_target(target, hardware).to_payload(),
+        provenance={"campaign": "seeded-by-test", "iteration": 1, "author": "template"},
+    )
     with SkillStore(path=qdrant_path) as store:
         assert store.list(op="layer_norm") == []
         return store.upsert(skill)
@@ -41,8 +51,9 @@ async def test_layer_norm_campaign_starts_from_rms_norm_skill(temporal, workers,
         assert layer_norms and layer_norms[0]["module_class"] == "LayerNorm"
         store_rms_norm_skill(state_dir / "qdrant", profile["hardware"])
 
-        result = await run_campaign(temporal, CampaignInput(server_url=url, ops=["layer_norm"], min_reward=1,
-                                                            max_iterations=3))
+        result = await run_campaign(
+            temporal, CampaignInput(server_url=url, ops=["layer_norm"], min_reward=1, max_iterations=3)
+        )
 
         assert [d["op"] for d in result["deployed"]] == ["layer_norm"], result
         deployed = result["deployed"][0]

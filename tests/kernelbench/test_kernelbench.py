@@ -47,7 +47,7 @@ def get_init_inputs():
     return [features, 1e-6]
 '''
 
-SOFTMAX = '''
+SOFTMAX = """
 import torch
 import torch.nn as nn
 
@@ -69,9 +69,9 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
-MATMUL = '''
+MATMUL = """
 import torch
 import torch.nn as nn
 
@@ -93,18 +93,18 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
-SYNTAX_ERROR = '''
+SYNTAX_ERROR = """
 import torch
 
 class Model(torch.nn.Module)
     def forward(self, x):
         return x
-'''
+"""
 
 # Has a `weight` equal to ones that it never uses: only randomized parameters expose it.
-UNUSED_WEIGHT = '''
+UNUSED_WEIGHT = """
 import torch
 import torch.nn as nn
 
@@ -125,7 +125,7 @@ def get_inputs():
 
 def get_init_inputs():
     return [64]
-'''
+"""
 
 # Same math, but __init__ needs two positional ints: the verifier cannot build it on the meta device
 # (it tries Model(64), Model(hidden_size=64), Model()), so candidates are verified against the
@@ -135,7 +135,7 @@ RMS_NORM_TWO_ARGS = RMS_NORM.replace(
     "def __init__(self, features: int, groups: int, eps: float = 1e-6):",
 ).replace("return [features, 1e-6]", "return [features, 1, 1e-6]")
 
-HUGE = '''
+HUGE = """
 import torch
 import torch.nn as nn
 
@@ -151,7 +151,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def has_family(name: str) -> bool:
@@ -180,8 +180,9 @@ def write(folder: Path, name: str, source: str) -> Path:
 
 
 def gpuyantra(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuyantra.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def import_file(path: Path, name: str):
@@ -205,8 +206,10 @@ def bound(tmp_path: Path, name: str, source: str):
 def test_rms_norm_problem_binds_rms_norm_with_its_own_attribute_names(tmp_path):
     family, adapter = bound(tmp_path, "rms.py", RMS_NORM)
     assert family.name == "rms_norm"
-    assert adapter == [{"kernel_param": "weight", "module_attr": "weight"},
-                       {"kernel_param": "eps", "module_attr": "eps"}]
+    assert adapter == [
+        {"kernel_param": "weight", "module_attr": "weight"},
+        {"kernel_param": "eps", "module_attr": "eps"},
+    ]
 
 
 def test_row_softmax_binds_softmax_whichever_way_the_last_dim_is_named(tmp_path):
@@ -264,8 +267,11 @@ def test_a_model_new_that_computes_something_else_is_caught(tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()
     candidate = folder / "candidate_1.py"
-    candidate.write_text(get_author().write(WriteRequest(op="softmax", module_class="Model", adapter=[],
-                                                         shapes=[[4, 64]], iteration=1)).source)
+    candidate.write_text(
+        get_author()
+        .write(WriteRequest(op="softmax", module_class="Model", adapter=[], shapes=[[4, 64]], iteration=1))
+        .source
+    )
     model_new = folder / "ModelNew.py"
     model_new.write_text(kb.model_new_source(problem.read_text(), problem, candidate, "softmax", [], ["x"], 1))
     correct, why, _, _ = kb.check_model_new(module, model_new, get_op("rms_norm"), "cpu")
@@ -273,10 +279,12 @@ def test_a_model_new_that_computes_something_else_is_caught(tmp_path):
 
 
 def test_fast_p_counts_every_problem_in_the_denominator():
-    results = [kb.ProblemResult("a", "a.py", status="optimized", correct=True, speedup=2.5),
-               kb.ProblemResult("b", "b.py", status="optimized", correct=True, speedup=1.2),
-               kb.ProblemResult("c", "c.py", status="optimized", correct=True, speedup=0.8),
-               kb.ProblemResult("d", "d.py", status="unsupported")]
+    results = [
+        kb.ProblemResult("a", "a.py", status="optimized", correct=True, speedup=2.5),
+        kb.ProblemResult("b", "b.py", status="optimized", correct=True, speedup=1.2),
+        kb.ProblemResult("c", "c.py", status="optimized", correct=True, speedup=0.8),
+        kb.ProblemResult("d", "d.py", status="unsupported"),
+    ]
     assert kb.fast_p(results, 0, "cuda") == 0.75
     assert kb.fast_p(results, 1, "cuda") == 0.5
     assert kb.fast_p(results, 2, "cuda") == 0.25
@@ -436,8 +444,9 @@ def test_cuda_without_cuda_is_a_usage_error(tmp_path):
 
 def test_unsupported_only_run_exits_0(tmp_path):
     write(tmp_path, "3_Matmul.py", MATMUL)
-    proc = gpuyantra("kernelbench", str(tmp_path / "3_Matmul.py"), "--device", "cpu", "--json",
-                     "--out", str(tmp_path / "out"))
+    proc = gpuyantra(
+        "kernelbench", str(tmp_path / "3_Matmul.py"), "--device", "cpu", "--json", "--out", str(tmp_path / "out")
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["problems"][0]["status"] == "unsupported" and report["fast_0"] == 0.0
@@ -448,9 +457,23 @@ def test_default_out_is_the_state_folder_not_the_working_directory(tmp_path):
     work, state = tmp_path / "work", tmp_path / "state"
     work.mkdir()
     env = {**os.environ, "GPUYANTRA_STATE_DIR": str(state)}
-    proc = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "kernelbench", str(tmp_path / "3_Matmul.py"),
-                           "--device", "cpu", "--json"], capture_output=True, text=True, timeout=600,
-                          cwd=work, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuyantra.cli",
+            "kernelbench",
+            str(tmp_path / "3_Matmul.py"),
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=work,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["out"] == str((state / "kernelbench").resolve())

@@ -20,15 +20,24 @@ from gpuyantra.authors.template import (
 )
 from gpuyantra.candidate import load_candidate
 
-NORM_ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"},
-                {"kernel_param": "eps", "module_attr": "variance_epsilon"}]
+NORM_ADAPTER = [
+    {"kernel_param": "weight", "module_attr": "weight"},
+    {"kernel_param": "eps", "module_attr": "variance_epsilon"},
+]
 FAMILIES = ["rms_norm", "gemma_rms_norm", "layer_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul", "rope", "softmax"]
 
 
 def request(op="rms_norm", shapes=((32768, 4096),), history=(), hardware="cuda", **kw):
-    return WriteRequest(op=op, module_class="m", adapter=NORM_ADAPTER if op == "rms_norm" else [],
-                        shapes=[list(s) for s in shapes], dtype="bfloat16", hardware=hardware,
-                        history=list(history), **kw)
+    return WriteRequest(
+        op=op,
+        module_class="m",
+        adapter=NORM_ADAPTER if op == "rms_norm" else [],
+        shapes=[list(s) for s in shapes],
+        dtype="bfloat16",
+        hardware=hardware,
+        history=list(history),
+        **kw,
+    )
 
 
 def ok(strategy, us, floor=125.0):
@@ -184,9 +193,16 @@ def test_a_whole_search_renders_loadable_candidates(op, tmp_path):
     author = TemplateAuthor()
     history: list[Attempt] = []
     for i in range(30):
-        req = WriteRequest(op=op, module_class="m", adapter=NORM_ADAPTER if op == "rms_norm" else [],
-                           shapes=[list(s) for s in shapes], dtype="bfloat16", hardware="cuda",
-                           history=list(history), iteration=i)
+        req = WriteRequest(
+            op=op,
+            module_class="m",
+            adapter=NORM_ADAPTER if op == "rms_norm" else [],
+            shapes=[list(s) for s in shapes],
+            dtype="bfloat16",
+            hardware="cuda",
+            history=list(history),
+            iteration=i,
+        )
         written = author.write(req)
         path = tmp_path / f"{op}_{i}.py"
         path.write_text(written.source)

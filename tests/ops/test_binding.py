@@ -12,9 +12,19 @@ import torch
 from gpuyantra.binding import find_module_groups
 from gpuyantra.ops import get_op
 
-COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-              num_hidden_layers=2, vocab_size=128, head_dim=16, max_position_embeddings=64,
-              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=2,
+    vocab_size=128,
+    head_dim=16,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 ARCHS = {
     # model_type: (extra config, expected {(op, module class)})
@@ -30,8 +40,10 @@ ARCHS = {
     "granite": ({}, {("rms_norm", "GraniteRMSNorm"), ("silu_mul", "GraniteMLP")}),
     "olmo2": ({}, {("rms_norm", "Olmo2RMSNorm"), ("silu_mul", "Olmo2MLP")}),
     # MoE: the shared parts bind (norms, the shared expert MLP); fused experts are not a family.
-    "qwen2_moe": (dict(moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
-                       num_experts_per_tok=2), {("rms_norm", "Qwen2MoeRMSNorm"), ("silu_mul", "Qwen2MoeMLP")}),
+    "qwen2_moe": (
+        dict(moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2),
+        {("rms_norm", "Qwen2MoeRMSNorm"), ("silu_mul", "Qwen2MoeMLP")},
+    ),
     "mixtral": (dict(num_local_experts=4, num_experts_per_tok=2), {("rms_norm", "MixtralRMSNorm")}),
 }
 

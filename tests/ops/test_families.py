@@ -146,8 +146,7 @@ def test_add_rms_norm_reference_is_the_decoder_residual_then_norm():
     torch.nn.init.normal_(norm.weight)
     x, residual = torch.randn(3, 32, dtype=torch.bfloat16), torch.randn(3, 32, dtype=torch.bfloat16)
     hidden = residual + x  # what the decoder layer does
-    normed, new_residual = get_op("add_rms_norm").reference(x, residual, weight=norm.weight,
-                                                             eps=norm.variance_epsilon)
+    normed, new_residual = get_op("add_rms_norm").reference(x, residual, weight=norm.weight, eps=norm.variance_epsilon)
     torch.testing.assert_close(new_residual, hidden, atol=0, rtol=0)
     torch.testing.assert_close(normed, norm(hidden), atol=0, rtol=0)
 
@@ -168,13 +167,16 @@ def test_bytes_moved_counts_each_input_and_output_once(name, dtype):
 
 # ------------------------------------------------------------------------- binding by computation
 
+
 def test_gemma_norms_never_bind_rms_norm_and_llama_norms_never_bind_gemma():
     rms, gemma = get_op("rms_norm"), get_op("gemma_rms_norm")
     for dotted in gemma.known_modules:
         module = build_instance(import_class(dotted))
         assert computes_family(module, rms) is None, dotted
-        assert computes_family(module, gemma) == [{"kernel_param": "weight", "module_attr": "weight"},
-                                                  {"kernel_param": "eps", "module_attr": "eps"}]
+        assert computes_family(module, gemma) == [
+            {"kernel_param": "weight", "module_attr": "weight"},
+            {"kernel_param": "eps", "module_attr": "eps"},
+        ]
     for dotted in rms.known_modules:
         module = build_instance(import_class(dotted))
         assert computes_family(module, gemma) is None, dotted
@@ -200,8 +202,10 @@ def test_mlp_binds_by_its_activation_not_its_class():
 def test_layer_norm_binds_torch_layer_norm_only():
     ln = torch.nn.LayerNorm(32)
     assert computes_family(ln, get_op("layer_norm")) == [
-        {"kernel_param": "weight", "module_attr": "weight"}, {"kernel_param": "bias", "module_attr": "bias"},
-        {"kernel_param": "eps", "module_attr": "eps"}]
+        {"kernel_param": "weight", "module_attr": "weight"},
+        {"kernel_param": "bias", "module_attr": "bias"},
+        {"kernel_param": "eps", "module_attr": "eps"},
+    ]
     assert computes_family(ln, get_op("rms_norm")) is None
     assert computes_family(torch.nn.LayerNorm(32, bias=False), get_op("layer_norm")) is not None
 

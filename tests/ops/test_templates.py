@@ -81,8 +81,11 @@ WIDE = {"BLOCK_H_MAX": 64, "CHUNK": 32}  # forces the chunked kernel on rows wid
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "gemma_rms_norm", "layer_norm", "add_rms_norm", "softmax"])
-@pytest.mark.parametrize("strategy", [WIDE, {**WIDE, "MAX_PROGRAMS": 2}, {"ROWS_PER_PROGRAM": 4, "MAX_PROGRAMS": 3}],
-                         ids=["chunked", "chunked-persistent", "tiles-persistent"])
+@pytest.mark.parametrize(
+    "strategy",
+    [WIDE, {**WIDE, "MAX_PROGRAMS": 2}, {"ROWS_PER_PROGRAM": 4, "MAX_PROGRAMS": 3}],
+    ids=["chunked", "chunked-persistent", "tiles-persistent"],
+)
 def test_row_templates_chunked_and_persistent_paths(op, strategy, load_rendered):
     candidate = load_rendered(op, {**default_strategy(op), **strategy})
     for dtype in DTYPES:
@@ -99,18 +102,27 @@ def test_rms_norm_mixed_dtypes_and_strided_input(load_rendered):
     assert out.dtype == torch.float32
     assert_matches_reference(family, out, (x,), {"weight": weight, "eps": 1e-6}, dtype=torch.float16)
     xt = torch.randn(80, 5, dtype=torch.float32).t()  # last dim not contiguous
-    assert_matches_reference(family, candidate.entry(xt, weight=weight, eps=1e-6), (xt,),
-                             {"weight": weight, "eps": 1e-6})
+    assert_matches_reference(
+        family, candidate.entry(xt, weight=weight, eps=1e-6), (xt,), {"weight": weight, "eps": 1e-6}
+    )
 
 
 def test_layer_norm_without_affine_and_with_shifted_stats(load_rendered):
     family = get_op("layer_norm")
     x = torch.randn(6, 120) * 3 + 40  # large mean: the shifted moments must not cancel
     lean = {"SHIFTED_STATS": True, "RELOAD_AFFINE": True}
-    for strategy in ({}, {"SHIFTED_STATS": True}, {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 4},
-                     {**WIDE, "SHIFTED_STATS": True}, {**WIDE, "SHIFTED_STATS": True, "MAX_PROGRAMS": 2},
-                     {"RELOAD_AFFINE": True}, lean, {**lean, "ROWS_PER_PROGRAM": 4, "NUM_WARPS": 2},
-                     {**lean, "ROWS_PER_PROGRAM": 2, "MAX_PROGRAMS": 2}, {**WIDE, **lean}):
+    for strategy in (
+        {},
+        {"SHIFTED_STATS": True},
+        {"SHIFTED_STATS": True, "ROWS_PER_PROGRAM": 4},
+        {**WIDE, "SHIFTED_STATS": True},
+        {**WIDE, "SHIFTED_STATS": True, "MAX_PROGRAMS": 2},
+        {"RELOAD_AFFINE": True},
+        lean,
+        {**lean, "ROWS_PER_PROGRAM": 4, "NUM_WARPS": 2},
+        {**lean, "ROWS_PER_PROGRAM": 2, "MAX_PROGRAMS": 2},
+        {**WIDE, **lean},
+    ):
         candidate = load_rendered("layer_norm", {**default_strategy("layer_norm"), **strategy})
         for weight, bias in ((torch.randn(120), torch.randn(120)), (None, None), (torch.randn(120), None)):
             params = {"weight": weight, "bias": bias, "eps": 1e-5}
@@ -152,14 +164,26 @@ def test_rope_layouts_broadcast_cos_partial_rotary_and_float32_cos(load_rendered
     assert out[0].stride() == q.stride()
     assert_matches_reference(family, out, (q, k, cos, sin), {})
     # OLMo2 passes float32 cos/sin with 16-bit q/k; Phi-3 may rotate only part of the head.
-    assert_matches_reference(family, candidate.entry(q, k, cos.float(), sin.float()), (q, k, cos.float(), sin.float()),
-                             {}, dtype=torch.float16)
+    assert_matches_reference(
+        family,
+        candidate.entry(q, k, cos.float(), sin.float()),
+        (q, k, cos.float(), sin.float()),
+        {},
+        dtype=torch.float16,
+    )
     part = (q, k, cos[..., :16].contiguous(), sin[..., :16].contiguous())
     assert_matches_reference(family, candidate.entry(*part), part, {})
-    for strategy in ({"HEAD_BLOCK": 2}, {"MAX_PROGRAMS": 3, "NUM_WARPS": 2}, {"FLAT_ROWS": 16},
-                     {"FLAT_ROWS": 32, "NUM_WARPS": 2}, {"TOKENS_PER_PROGRAM": 2}, {"TOKENS_PER_PROGRAM": 4},
-                     {"TOKENS_PER_PROGRAM": 4, "HEAD_BLOCK": 2}, {"TOKENS_PER_PROGRAM": 8, "NUM_WARPS": 1},
-                     {"TOKENS_PER_PROGRAM": 2, "MAX_PROGRAMS": 2}):
+    for strategy in (
+        {"HEAD_BLOCK": 2},
+        {"MAX_PROGRAMS": 3, "NUM_WARPS": 2},
+        {"FLAT_ROWS": 16},
+        {"FLAT_ROWS": 32, "NUM_WARPS": 2},
+        {"TOKENS_PER_PROGRAM": 2},
+        {"TOKENS_PER_PROGRAM": 4},
+        {"TOKENS_PER_PROGRAM": 4, "HEAD_BLOCK": 2},
+        {"TOKENS_PER_PROGRAM": 8, "NUM_WARPS": 1},
+        {"TOKENS_PER_PROGRAM": 2, "MAX_PROGRAMS": 2},
+    ):
         other = load_rendered("rope", {**default_strategy("rope"), **strategy})
         assert_matches_reference(family, other.entry(q, k, cos, sin), (q, k, cos, sin), {})
         assert_matches_reference(family, other.entry(*part), part, {})

@@ -12,8 +12,24 @@ from gpuyantra.hardware import HardwareSpec, class_from_name, get_hardware, hard
 from gpuyantra.ops import all_ops
 from gpuyantra.profiler import IN_SITU_LAUNCH_FACTOR, estimate_gain, profile_model
 
-TARGET_FIELDS = {"op", "module_class", "qualified_class", "modules", "adapter", "shapes", "dtype", "regime", "share",
-                 "device_us", "host_us", "launches", "arithmetic_intensity", "floor_us", "est_gain", "why"}
+TARGET_FIELDS = {
+    "op",
+    "module_class",
+    "qualified_class",
+    "modules",
+    "adapter",
+    "shapes",
+    "dtype",
+    "regime",
+    "share",
+    "device_us",
+    "host_us",
+    "launches",
+    "arithmetic_intensity",
+    "floor_us",
+    "est_gain",
+    "why",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +42,14 @@ def tiny():
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                         num_hidden_layers=2, vocab_size=256)
+    config = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=256,
+    )
     return AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -63,8 +85,10 @@ def test_positional_form_on_cpu(tiny):
     assert norm["module_class"] == "Qwen2RMSNorm"
     assert norm["qualified_class"] == "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm"
     assert norm["modules"] == 5  # 2 layers x 2 norms + the final norm
-    assert norm["adapter"] == [{"kernel_param": "weight", "module_attr": "weight"},
-                               {"kernel_param": "eps", "module_attr": "variance_epsilon"}]
+    assert norm["adapter"] == [
+        {"kernel_param": "weight", "module_attr": "weight"},
+        {"kernel_param": "eps", "module_attr": "variance_epsilon"},
+    ]
     assert norm["shapes"] == [[2, 16, 64]] and norm["dtype"] == "float32"
     assert norm["calls"] == 5 and norm["launches"] >= 5 and norm["launches_per_call"] >= 1
     assert norm["regime"] == "memory-bound"  # AI ~0.5 FLOP/B, far below the CPU ridge
@@ -83,8 +107,13 @@ def test_positional_form_on_cpu(tiny):
 
 def test_decode_and_prefill_probes(tiny):
     ids = torch.randint(0, 256, (2, 16))
-    result = profile_model(tiny, probes={"prefill": lambda: tiny(input_ids=ids, use_cache=False),
-                                         "decode": decode_probe(tiny)}, device="cpu", repeat=2, profile_steps=1)
+    result = profile_model(
+        tiny,
+        probes={"prefill": lambda: tiny(input_ids=ids, use_cache=False), "decode": decode_probe(tiny)},
+        device="cpu",
+        repeat=2,
+        profile_steps=1,
+    )
     assert set(result["phases"]) == {"prefill", "decode"} and result["primary_phase"] == "decode"
     assert result["weights"] == {"prefill": 1.0, "decode": 32.0}
     assert result["step_ms"] == result["phases"]["decode"]["step_ms"]
@@ -109,8 +138,9 @@ def test_leaves_the_model_as_it_was(tiny):
     with torch.no_grad():
         before = tiny(input_ids=ids).logits
     groups = find_module_groups(tiny, ["rms_norm"])
-    result = profile_model(tiny, {"probe": lambda: tiny(input_ids=ids)}, "cpu", groups=groups, repeat=1,
-                           profile_steps=1)
+    result = profile_model(
+        tiny, {"probe": lambda: tiny(input_ids=ids)}, "cpu", groups=groups, repeat=1, profile_steps=1
+    )
     assert [t["op"] for t in result["targets"]] == ["rms_norm"]
     for module in tiny.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
@@ -124,38 +154,87 @@ def test_probe_arguments_are_checked(tiny):
         profile_model(tiny, None, "cpu")
 
 
-H200 = HardwareSpec(name="nvidia-h200", device="cuda", device_name="NVIDIA H200", copy_bytes_per_s=4.3e12,
-                    matmul_flops_per_s=780e12, launch_us=5.0, triton_launch_us=15.0, measured=True)
+H200 = HardwareSpec(
+    name="nvidia-h200",
+    device="cuda",
+    device_name="NVIDIA H200",
+    copy_bytes_per_s=4.3e12,
+    matmul_flops_per_s=780e12,
+    launch_us=5.0,
+    triton_launch_us=15.0,
+    measured=True,
+)
 
 
 def test_launch_bound_gain_comes_only_from_fewer_launches():
     # Batch-1 decode: GPU busy ~25%. 57 eager RMSNorm calls of 8 launches each.
     regime, cost, after, gain = estimate_gain(
-        cuda=True, host_bound=True, spec=H200, host_us=57 * 50.0, device_us=57 * 8 * 2.5, calls=57,
-        launches=57 * 8, floor_us=57 * 0.002, arithmetic_intensity=0.67)
+        cuda=True,
+        host_bound=True,
+        spec=H200,
+        host_us=57 * 50.0,
+        device_us=57 * 8 * 2.5,
+        calls=57,
+        launches=57 * 8,
+        floor_us=57 * 0.002,
+        arithmetic_intensity=0.67,
+    )
     assert regime == "launch-bound"
     assert cost == 57 * 50.0 and after == pytest.approx(57 * 15.0 * IN_SITU_LAUNCH_FACTOR)
     assert gain == pytest.approx(57 * (50.0 - 15.0 * IN_SITU_LAUNCH_FACTOR))
     # Same module class already at one launch per call: no gain however fast the kernel.
     regime, _, _, gain = estimate_gain(
-        cuda=True, host_bound=True, spec=H200, host_us=57 * 12.0, device_us=57 * 3.0, calls=57, launches=57,
-        floor_us=57 * 0.002, arithmetic_intensity=0.67)
+        cuda=True,
+        host_bound=True,
+        spec=H200,
+        host_us=57 * 12.0,
+        device_us=57 * 3.0,
+        calls=57,
+        launches=57,
+        floor_us=57 * 0.002,
+        arithmetic_intensity=0.67,
+    )
     assert regime == "launch-bound" and gain <= 0
     # A swap whose Triton launch costs more host time than the eager path makes decode slower.
     _, _, _, gain = estimate_gain(
-        cuda=True, host_bound=True, spec=H200, host_us=57 * 20.0, device_us=57 * 4.0, calls=57, launches=57 * 2,
-        floor_us=1.0, arithmetic_intensity=0.67)
+        cuda=True,
+        host_bound=True,
+        spec=H200,
+        host_us=57 * 20.0,
+        device_us=57 * 4.0,
+        calls=57,
+        launches=57 * 2,
+        floor_us=1.0,
+        arithmetic_intensity=0.67,
+    )
     assert gain < 0
 
 
 def test_device_bound_gain_is_the_distance_to_the_roofline():
     regime, cost, after, gain = estimate_gain(
-        cuda=True, host_bound=False, spec=H200, host_us=900.0, device_us=1200.0, calls=57, launches=57 * 8,
-        floor_us=400.0, arithmetic_intensity=0.67)
+        cuda=True,
+        host_bound=False,
+        spec=H200,
+        host_us=900.0,
+        device_us=1200.0,
+        calls=57,
+        launches=57 * 8,
+        floor_us=400.0,
+        arithmetic_intensity=0.67,
+    )
     assert regime == "memory-bound" and cost == 1200.0
     assert after == pytest.approx(500.0) and gain == pytest.approx(700.0)
-    regime, *_ = estimate_gain(cuda=True, host_bound=False, spec=H200, host_us=1.0, device_us=500.0, calls=1,
-                               launches=1, floor_us=100.0, arithmetic_intensity=5000.0)
+    regime, *_ = estimate_gain(
+        cuda=True,
+        host_bound=False,
+        spec=H200,
+        host_us=1.0,
+        device_us=500.0,
+        calls=1,
+        launches=1,
+        floor_us=100.0,
+        arithmetic_intensity=5000.0,
+    )
     assert regime == "compute-bound"
 
 

@@ -19,8 +19,11 @@ PROGRESS = [
     {"stage": "profile", "targets": {}, "deploying": None, "notices": []},  # no change: no line
     {"stage": "targets", "targets": {"rms_norm:Qwen2RMSNorm": {"stage": "write", "iteration": 1}}, "notices": []},
     {"stage": "targets", "targets": {"rms_norm:Qwen2RMSNorm": {"stage": "verify", "iteration": 1}}, "notices": []},
-    {"stage": "targets", "targets": {"rms_norm:Qwen2RMSNorm": {"stage": "verify", "iteration": 2}},
-     "notices": ["approve 'x' matches no target of this campaign (rms_norm)"]},
+    {
+        "stage": "targets",
+        "targets": {"rms_norm:Qwen2RMSNorm": {"stage": "verify", "iteration": 2}},
+        "notices": ["approve 'x' matches no target of this campaign (rms_norm)"],
+    },
     {"stage": "done", "targets": {"rms_norm:Qwen2RMSNorm": {"stage": "deployed", "iteration": 2}}, "notices": []},
 ]
 
@@ -75,8 +78,18 @@ def fake(monkeypatch, tmp_path):
     return client
 
 
-ARGS = ["optimize", "--server", "http://127.0.0.1:8000", "--ops", "rms_norm", "--min-reward", "1",
-        "--temporal", "127.0.0.1:7233", "--wait"]
+ARGS = [
+    "optimize",
+    "--server",
+    "http://127.0.0.1:8000",
+    "--ops",
+    "rms_norm",
+    "--min-reward",
+    "1",
+    "--temporal",
+    "127.0.0.1:7233",
+    "--wait",
+]
 
 
 def test_wait_prints_where_to_look_then_progress_then_summary_and_report(fake, capsys, tmp_path):
@@ -89,11 +102,17 @@ def test_wait_prints_where_to_look_then_progress_then_summary_and_report(fake, c
         f"Campaign {workflow_id} started.",
         f"  Web UI: http://127.0.0.1:8233/namespaces/default/workflows/{workflow_id}",
         f"  show:   temporal workflow show --address 127.0.0.1:7233 --workflow-id {workflow_id}",
-        f"  cancel: temporal workflow cancel --address 127.0.0.1:7233 --workflow-id {workflow_id}"]
+        f"  cancel: temporal workflow cancel --address 127.0.0.1:7233 --workflow-id {workflow_id}",
+    ]
     assert lines[4:11] == [
-        "stage profile", "stage targets", "rms_norm:Qwen2RMSNorm: write (iteration 1)",
-        "rms_norm:Qwen2RMSNorm: verify (iteration 1)", "rms_norm:Qwen2RMSNorm: verify (iteration 2)",
-        "notice: approve 'x' matches no target of this campaign (rms_norm)", "stage done"]
+        "stage profile",
+        "stage targets",
+        "rms_norm:Qwen2RMSNorm: write (iteration 1)",
+        "rms_norm:Qwen2RMSNorm: verify (iteration 1)",
+        "rms_norm:Qwen2RMSNorm: verify (iteration 2)",
+        "notice: approve 'x' matches no target of this campaign (rms_norm)",
+        "stage done",
+    ]
     assert lines[11] == "rms_norm:Qwen2RMSNorm: deployed (iteration 2)"
     assert lines[12].startswith(f"Campaign {workflow_id} finished: 1 deployed, 2 rejected")
     assert any("rms_norm (Qwen2RMSNorm): deployed, reward +3" in line for line in lines[13:])

@@ -19,8 +19,12 @@ def report_of(result: dict, tmp_path: Path) -> str:
     saved = tmp_path / "result.json"
     saved.write_text(json.dumps(result))
     out = tmp_path / "out" / "report.html"
-    done = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "report", "--from-json", str(saved),
-                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", "report", "--from-json", str(saved), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out)
     return out.read_text()
@@ -38,8 +42,14 @@ def test_gpu_result_report_shows_every_target_and_figure(tmp_path):
     source.write_text(KERNEL)
     page = report_of(gpu_result(str(source)), tmp_path)
     assert_offline(page)
-    for name in ("rms_norm (Qwen2RMSNorm)", "silu_mul (Qwen2MLP)", "rope", "qwen2.5-1.5b", "NVIDIA H200",
-                 "127.0.0.1:8000"):
+    for name in (
+        "rms_norm (Qwen2RMSNorm)",
+        "silu_mul (Qwen2MLP)",
+        "rope",
+        "qwen2.5-1.5b",
+        "NVIDIA H200",
+        "127.0.0.1:8000",
+    ):
         assert name in page
     assert page.count("<svg") == 3  # speedups, roofline, served speed
     assert "Kernel speedup" in page and "Time vs bytes moved" in page and "Served decode tokens/s" in page
@@ -69,11 +79,16 @@ def test_report_escapes_what_the_result_holds():
 
 
 def test_report_without_id_or_json_is_a_usage_error(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "report"], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", "report"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "CAMPAIGN_ID or --from-json" in done.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    done = subprocess.run([sys.executable, "-m", "gpuyantra.cli", "report", "--from-json", str(bad)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", "report", "--from-json", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and "holds no campaign result" in done.stderr

@@ -1,6 +1,6 @@
 """Candidate kernel sources for the serving tests (each written to a real file before use)."""
 
-TEMPLATE = '''import torch
+TEMPLATE = """import torch
 import triton
 import triton.language as tl
 
@@ -34,7 +34,7 @@ def entry(x, *, weight, eps):
     y = torch.empty_like(x2, dtype=torch.promote_types(x.dtype, weight.dtype))
     _rms_norm[(x2.shape[0],)](x2, weight, y, hidden, eps, SCALE, BLOCK=triton.next_power_of_2(hidden))
     return y.reshape(*x.shape[:-1], hidden)
-'''
+"""
 
 
 def rms_norm_source(scale: float = 1.0, max_rows: int = 0) -> str:

@@ -43,5 +43,3 @@ def shared_server(tmp_path_factory):
         yield server
     finally:
         server.kill()
-
-

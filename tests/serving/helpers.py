@@ -23,8 +23,9 @@ TOKEN = "test-admin-token"
 READY_TIMEOUT_S = 90
 
 
-def attested(source: str | bytes, op: str = "rms_norm", reward: int = 1, device: str = "cpu",
-             key: bytes | None = None) -> dict:
+def attested(
+    source: str | bytes, op: str = "rms_norm", reward: int = 1, device: str = "cpu", key: bytes | None = None
+) -> dict:
     """The attestation the verifier would give these bytes (key: $GPUYANTRA_ATTESTATION_KEY, set by
     tests/conftest.py and inherited by the servers the tests start)."""
     return attestation.record(attestation.source_sha256(source), op, reward, device, key)
@@ -39,8 +40,9 @@ def free_port() -> int:
 class ServerProcess:
     """One `python -m gpuyantra.cli serve` subprocess; stdout/stderr go to a log file."""
 
-    def __init__(self, state_dir: Path, log_path: Path, *args: str, token: str = TOKEN,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self, state_dir: Path, log_path: Path, *args: str, token: str = TOKEN, env: dict[str, str] | None = None
+    ):
         self.state_dir = state_dir
         self.log_path = log_path
         self.token = token
@@ -48,14 +50,39 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **(env or {})}
-        env.update({"TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1", "GPUYANTRA_ADMIN_TOKEN": token,
-                    "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
-        cmd = [sys.executable, "-m", "gpuyantra.cli", "serve", "--model", "tiny-qwen2", "--device", "cpu",
-               "--dtype", "float32", "--host", "127.0.0.1", "--port", str(self.port),
-               "--state-dir", str(state_dir), "--log-level", "warning", *self.args]
+        env.update(
+            {
+                "TRITON_INTERPRET": "1",
+                "PYTHONUNBUFFERED": "1",
+                "GPUYANTRA_ADMIN_TOKEN": token,
+                "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            }
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpuyantra.cli",
+            "serve",
+            "--model",
+            "tiny-qwen2",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(state_dir),
+            "--log-level",
+            "warning",
+            *self.args,
+        ]
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     @property
     def admin(self) -> dict[str, str]:
@@ -111,7 +138,7 @@ def complete(client: httpx.Client, prompt, max_tokens: int = 4, stream: bool = F
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 done = True
                 break
@@ -146,17 +173,24 @@ def reference_greedy(model, prompt, steps):
     with torch.no_grad():
         for _ in range(steps):
             ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
+    return ids[len(prompt) :]
 
 
 # A chat template in the ChatML style of Qwen2 (the cached test model's tokenizer carries it).
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-def write_hf_cache_model(cache: Path, repo_id: str = "gpuyantra-test/tiny-chat", *, chat_template: bool = True,
-                         tokenizer: str = "ok", commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+def write_hf_cache_model(
+    cache: Path,
+    repo_id: str = "gpuyantra-test/tiny-chat",
+    *,
+    chat_template: bool = True,
+    tokenizer: str = "ok",
+    commit: str = "0123456789abcdef0123456789abcdef01234567",
+) -> Path:
     """A model in the Hugging Face hub cache layout under `cache` (what HF_HUB_CACHE points at):
     `models--org--name/refs/main` holding `commit`, `snapshots/<commit>/` holding the tiny-qwen2
     config.json (no weights: serve it with --random-weights) and, with tokenizer="ok", a byte-level
@@ -180,8 +214,9 @@ def write_hf_cache_model(cache: Path, repo_id: str = "gpuyantra-test/tiny-chat",
         backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
-        tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
-                                      additional_special_tokens=["<|im_start|>"])
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=backend, eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"]
+        )
         if chat_template:
             tok.chat_template = CHAT_TEMPLATE
         tok.save_pretrained(snapshot)

@@ -13,9 +13,13 @@ from tests.serving.candidates import rms_norm_source
 from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ADMIN_ROUTES = [("get", "/admin/kernels", None), ("post", "/admin/swap", {"path": str(RMS_NORM_KERNEL)}),
-                ("post", "/admin/rollback", {"all": True}), ("post", "/admin/profile", {}),
-                ("post", "/admin/benchmark", {"max_tokens": 2})]
+ADMIN_ROUTES = [
+    ("get", "/admin/kernels", None),
+    ("post", "/admin/swap", {"path": str(RMS_NORM_KERNEL)}),
+    ("post", "/admin/rollback", {"all": True}),
+    ("post", "/admin/profile", {}),
+    ("post", "/admin/benchmark", {"max_tokens": 2}),
+]
 
 
 def wait_ready(client: TestClient, timeout: float = 60) -> None:
@@ -29,8 +33,15 @@ def wait_ready(client: TestClient, timeout: float = 60) -> None:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    config = ServeConfig(model="tiny-qwen2", device="cpu", dtype="float32", admin_token=TOKEN, max_batch=4,
-                         max_seq_len=256, state_dir=str(tmp_path_factory.mktemp("app-state")))
+    config = ServeConfig(
+        model="tiny-qwen2",
+        device="cpu",
+        dtype="float32",
+        admin_token=TOKEN,
+        max_batch=4,
+        max_seq_len=256,
+        state_dir=str(tmp_path_factory.mktemp("app-state")),
+    )
     with TestClient(create_app(config)) as c:
         wait_ready(c)
         yield c
@@ -43,8 +54,9 @@ def completion(client, **body):
 
 # ---------------------------------------------------------------------- auth
 @pytest.mark.parametrize("method, path, body", ADMIN_ROUTES)
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
-                                     {"Authorization": "Basic " + TOKEN}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic " + TOKEN}]
+)
 def test_admin_routes_need_the_token(client, method, path, body, headers):
     r = getattr(client, method)(path, headers=headers, **({"json": body} if body is not None else {}))
     assert r.status_code == 401
@@ -77,46 +89,59 @@ def test_token_from_environment(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- 422
-@pytest.mark.parametrize("path, body, message", [
-    ("/admin/swap", {}, "give exactly one of 'source'"),
-    ("/admin/swap", {"source": "x", "path": "/a.py"}, "give exactly one of 'source'"),
-    ("/admin/swap", {"path": "relative/file.py"}, "'path' must be absolute"),
-    ("/admin/swap", {"path": "/a.py", "modul_class": "X"}, "modul_class: Extra inputs are not permitted"),
-    ("/admin/swap", {"source": 3}, "source: Input should be a valid string"),
-    ("/admin/swap", {"source": "x", "shapes": [[0, 64]]}, "positive dims"),
-    ("/admin/swap", [1, 2], "Input should be a valid dictionary"),
-    ("/admin/swap", {"source": "x", "attestation": {"digest": "ab"}}, "attestation.digest: String should match"),
-    ("/admin/rollback", {}, "give either 'swap_id' or 'all'"),
-    ("/admin/rollback", {"swap_id": "a", "all": True}, "give either 'swap_id' or 'all'"),
-    ("/admin/rollback", {"all": "maybe"}, "all: Input should be a valid boolean"),
-    ("/admin/benchmark", {"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
-    ("/admin/benchmark", {"batch": 1000}, "batch must be between 1 and max_batch"),
-    ("/admin/benchmark", {"max_tokens": True}, "max_tokens: Input should be a valid integer"),
-    ("/admin/benchmark", {"repeats": "2"}, "repeats: Input should be a valid integer"),
-    ("/admin/logits", {"prompt": [1, True]}, "prompt"),  # token ids are integers, not booleans
-    ("/admin/logits", {"prompt": [10**9]}, "prompt must encode to token ids in [0, "),
-    ("/admin/swap", {"source": "x", "shapes": [[True, 64]]}, "shapes.0.0: Input should be a valid integer"),
-    ("/admin/profile", {"ops": ["rms_norm"]}, "ops: Extra inputs are not permitted"),
-    ("/v1/completions", {"max_tokens": 3}, "prompt: Field required"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
-    ("/v1/completions", {"prompt": "x", "n": 0}, "n: Input should be greater than or equal to 1"),
-    ("/v1/completions", {"prompt": [1, True]}, "prompt"),  # token ids are integers, not booleans
-    ("/v1/completions", {"prompt": [[1], [False]]}, "prompt"),
-    ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs: Input should be a valid integer"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
-    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop takes at most 4"),
-    ("/v1/completions", {"prompt": "x", "echo": True}, "echo is not supported"),
-    ("/v1/completions", {"prompt": "x", "seed": 2**64}, "seed: Input should be less than or equal to"),
-    ("/v1/chat/completions", {"messages": []}, "messages: List should have at least 1 item"),
-    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages.0.role: Field required"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "only text content parts"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-     "top_logprobs needs logprobs: true"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": True}, "n: Input should be"),
-    ("/v1/completions", {"prompt": []}, "prompt must not be an empty list"),
-    ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature: Input should be greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "path, body, message",
+    [
+        ("/admin/swap", {}, "give exactly one of 'source'"),
+        ("/admin/swap", {"source": "x", "path": "/a.py"}, "give exactly one of 'source'"),
+        ("/admin/swap", {"path": "relative/file.py"}, "'path' must be absolute"),
+        ("/admin/swap", {"path": "/a.py", "modul_class": "X"}, "modul_class: Extra inputs are not permitted"),
+        ("/admin/swap", {"source": 3}, "source: Input should be a valid string"),
+        ("/admin/swap", {"source": "x", "shapes": [[0, 64]]}, "positive dims"),
+        ("/admin/swap", [1, 2], "Input should be a valid dictionary"),
+        ("/admin/swap", {"source": "x", "attestation": {"digest": "ab"}}, "attestation.digest: String should match"),
+        ("/admin/rollback", {}, "give either 'swap_id' or 'all'"),
+        ("/admin/rollback", {"swap_id": "a", "all": True}, "give either 'swap_id' or 'all'"),
+        ("/admin/rollback", {"all": "maybe"}, "all: Input should be a valid boolean"),
+        ("/admin/benchmark", {"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+        ("/admin/benchmark", {"batch": 1000}, "batch must be between 1 and max_batch"),
+        ("/admin/benchmark", {"max_tokens": True}, "max_tokens: Input should be a valid integer"),
+        ("/admin/benchmark", {"repeats": "2"}, "repeats: Input should be a valid integer"),
+        ("/admin/logits", {"prompt": [1, True]}, "prompt"),  # token ids are integers, not booleans
+        ("/admin/logits", {"prompt": [10**9]}, "prompt must encode to token ids in [0, "),
+        ("/admin/swap", {"source": "x", "shapes": [[True, 64]]}, "shapes.0.0: Input should be a valid integer"),
+        ("/admin/profile", {"ops": ["rms_norm"]}, "ops: Extra inputs are not permitted"),
+        ("/v1/completions", {"max_tokens": 3}, "prompt: Field required"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+        ("/v1/completions", {"prompt": "x", "n": 0}, "n: Input should be greater than or equal to 1"),
+        ("/v1/completions", {"prompt": [1, True]}, "prompt"),  # token ids are integers, not booleans
+        ("/v1/completions", {"prompt": [[1], [False]]}, "prompt"),
+        ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs: Input should be a valid integer"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
+        ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop takes at most 4"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, "echo is not supported"),
+        ("/v1/completions", {"prompt": "x", "seed": 2**64}, "seed: Input should be less than or equal to"),
+        ("/v1/chat/completions", {"messages": []}, "messages: List should have at least 1 item"),
+        ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages.0.role: Field required"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "only text content parts",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            "top_logprobs needs logprobs: true",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": True}, "n: Input should be"),
+        ("/v1/completions", {"prompt": []}, "prompt must not be an empty list"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "temperature": -1},
+            "temperature: Input should be greater than or equal to 0",
+        ),
+    ],
+)
 def test_malformed_bodies_get_422_with_a_message(client, path, body, message):
     r = client.post(path, json=body, headers=AUTH)
     assert r.status_code == 422, r.text
@@ -142,8 +167,10 @@ def test_undecodable_body_gets_422_with_the_validation_shape(client):
 
 def test_admin_routes_declare_their_real_422_bodies(client):
     schema = client.get("/openapi.json").json()
-    ref = {path: schema["paths"][path]["post"]["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
-           for path in ("/admin/benchmark", "/admin/logits", "/admin/swap")}
+    ref = {
+        path: schema["paths"][path]["post"]["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
+        for path in ("/admin/benchmark", "/admin/logits", "/admin/swap")
+    }
     assert ref["/admin/benchmark"].endswith("/RequestErrorBody") and ref["/admin/logits"].endswith("/RequestErrorBody")
     assert ref["/admin/swap"].endswith("/SwapUnprocessable")
     assert set(schema["components"]["schemas"]["RequestErrorBody"]["required"]) == {"detail", "message"}
@@ -159,10 +186,15 @@ def test_503_while_loading_says_when_to_retry(tmp_path, monkeypatch):
         raise RuntimeError("no model here")
 
     monkeypatch.setattr(app_module, "load_model", slow_load)
-    with TestClient(create_app(ServeConfig(model="tiny-qwen2", device="cpu", admin_token=TOKEN,
-                                           state_dir=str(tmp_path)))) as c:
-        for r in (c.get("/v1/models"), c.get("/readyz"), c.post("/admin/logits", json={"prompt": [1]}, headers=AUTH),
-                  c.post("/v1/completions", json={"prompt": [1]})):
+    with TestClient(
+        create_app(ServeConfig(model="tiny-qwen2", device="cpu", admin_token=TOKEN, state_dir=str(tmp_path)))
+    ) as c:
+        for r in (
+            c.get("/v1/models"),
+            c.get("/readyz"),
+            c.post("/admin/logits", json={"prompt": [1]}, headers=AUTH),
+            c.post("/v1/completions", json={"prompt": [1]}),
+        ):
             assert r.status_code == 503 and r.headers["retry-after"] == "5", (r.request.url, r.text)
         release.set()
         c.app.state.loader.join(30)
@@ -179,8 +211,10 @@ def test_swap_parity_failure_is_409_and_rollback_errors(client):
     detail = r.json()["detail"]
     assert detail["status"] == "rolled_back" and "parity failed" in detail["reason"]
     after = client.get("/metrics").text
-    assert metric_value(after, "gpuyantra_parity_failures_total") == \
-        metric_value(before, "gpuyantra_parity_failures_total") + 1
+    assert (
+        metric_value(after, "gpuyantra_parity_failures_total")
+        == metric_value(before, "gpuyantra_parity_failures_total") + 1
+    )
     r = client.post("/admin/rollback", json={"swap_id": detail["swap_id"]}, headers=AUTH)
     assert r.status_code == 409 and r.json()["detail"]["status"] == "not_active"
     r = client.post("/admin/rollback", json={"swap_id": "swap-9999-none"}, headers=AUTH)
@@ -189,12 +223,23 @@ def test_swap_parity_failure_is_409_and_rollback_errors(client):
 
 def test_swap_kernels_rollback_roundtrip(client):
     want = completion(client, prompt="roundtrip", max_tokens=5).json()["choices"][0]["token_ids"]
-    r = client.post("/admin/swap", json={"path": str(RMS_NORM_KERNEL), "module_class": "Qwen2RMSNorm",
-                                         "attestation": attested(RMS_NORM_KERNEL.read_bytes())}, headers=AUTH)
+    r = client.post(
+        "/admin/swap",
+        json={
+            "path": str(RMS_NORM_KERNEL),
+            "module_class": "Qwen2RMSNorm",
+            "attestation": attested(RMS_NORM_KERNEL.read_bytes()),
+        },
+        headers=AUTH,
+    )
     assert r.status_code == 200, r.text
     swap = r.json()
     assert {k: swap[k] for k in ("op", "module_class", "modules", "status")} == {
-        "op": "rms_norm", "module_class": "Qwen2RMSNorm", "modules": 5, "status": "committed"}
+        "op": "rms_norm",
+        "module_class": "Qwen2RMSNorm",
+        "modules": 5,
+        "status": "committed",
+    }
     assert set(swap["parity"]) >= {"max_abs_err", "max_rel_err", "checked"}
     assert completion(client, prompt="roundtrip", max_tokens=5).json()["choices"][0]["token_ids"] == want
     kernels = client.get("/admin/kernels", headers=AUTH).json()
@@ -235,10 +280,18 @@ def test_probes_models_metrics(client):
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny-qwen2"
     completion(client, prompt="metrics", max_tokens=2)
     text = client.get("/metrics").text
-    for name in ("gpuyantra_requests_total", "gpuyantra_generated_tokens_total", "gpuyantra_tokens_per_second",
-                 "gpuyantra_request_latency_seconds_bucket", "gpuyantra_time_to_first_token_seconds_bucket",
-                 "gpuyantra_swaps_total", "gpuyantra_rollbacks_total", "gpuyantra_parity_failures_total",
-                 "gpuyantra_kernel_fallbacks_total", "gpuyantra_active_swaps"):
+    for name in (
+        "gpuyantra_requests_total",
+        "gpuyantra_generated_tokens_total",
+        "gpuyantra_tokens_per_second",
+        "gpuyantra_request_latency_seconds_bucket",
+        "gpuyantra_time_to_first_token_seconds_bucket",
+        "gpuyantra_swaps_total",
+        "gpuyantra_rollbacks_total",
+        "gpuyantra_parity_failures_total",
+        "gpuyantra_kernel_fallbacks_total",
+        "gpuyantra_active_swaps",
+    ):
         assert name in text, name
     assert metric_value(text, "gpuyantra_requests_total", 'status="ok"') >= 1
 
@@ -255,9 +308,17 @@ def test_completions_text_ids_batch_and_stream(client):
     many = completion(client, prompt=["Hello", "other"], max_tokens=6).json()["choices"]
     assert [c["index"] for c in many] == [0, 1] and many[0]["token_ids"] == choice["token_ids"]
     # Streaming: same tokens and text, SSE chunks, [DONE].
-    with client.stream("POST", "/v1/completions", json={"prompt": "Hello", "max_tokens": 6, "stream": True,
-                                                        "temperature": 0,
-                                                        "stream_options": {"include_usage": True}}) as r:
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "prompt": "Hello",
+            "max_tokens": 6,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     import json
@@ -279,7 +340,7 @@ def test_completions_errors_and_stop(client):
     full = completion(client, prompt="Hello", max_tokens=8).json()["choices"][0]["text"]
     stop = full[2:4]
     cut = completion(client, prompt="Hello", max_tokens=8, stop=[stop]).json()["choices"][0]
-    assert cut["text"] == full[:full.find(stop)] and cut["finish_reason"] == "stop"
+    assert cut["text"] == full[: full.find(stop)] and cut["finish_reason"] == "stop"
 
 
 def test_openai_routes_declare_their_error_bodies(client):
@@ -315,7 +376,7 @@ def test_completions_n_logprobs_and_stop(client):
     # A stop string: text cut before it, token ids and logprobs up to the token that completed it.
     stop = next(ch for ch in base["text"][1:] if ch.isascii() and ch.isprintable())
     cut = completion(client, prompt="Hello", max_tokens=6, stop=stop, logprobs=0).json()["choices"][0]
-    assert cut["text"] == base["text"][:base["text"].index(stop)] and cut["finish_reason"] == "stop"
+    assert cut["text"] == base["text"][: base["text"].index(stop)] and cut["finish_reason"] == "stop"
     k = len(cut["token_ids"])
     assert cut["token_ids"] == base["token_ids"][:k] and len(cut["logprobs"]["tokens"]) == k
     assert all(len(t) == 1 for t in cut["logprobs"]["top_logprobs"])  # logprobs 0: the chosen token only

@@ -25,8 +25,8 @@ def test_kernel_matches_oracle(dtype, q_heads, kv_heads, dim):
     keys, values, gen = _cache(3, kv_heads, 40, dim, dtype)
     query = torch.randn(3, q_heads, 1, dim, generator=gen).to(dtype)
     positions = torch.tensor([0, 17, 38])
-    got = decode_attention(query, keys, values, positions, dim ** -0.5)
-    want = reference_decode_attention(query, keys, values, positions, dim ** -0.5)
+    got = decode_attention(query, keys, values, positions, dim**-0.5)
+    want = reference_decode_attention(query, keys, values, positions, dim**-0.5)
     assert got.shape == (3, 1, q_heads, dim)
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -51,8 +51,9 @@ def test_split_keys_merge_like_one_pass(monkeypatch):
     assert attention._splits_for(100) == 8
     split = decode_attention(query, keys, values, positions, 0.25)
     torch.testing.assert_close(split, one_pass, atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(split, reference_decode_attention(query, keys, values, positions, 0.25),
-                               atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(
+        split, reference_decode_attention(query, keys, values, positions, 0.25), atol=2e-5, rtol=2e-5
+    )
 
 
 def test_scratch_rows_attend_to_their_own_slot_only():
@@ -71,8 +72,14 @@ def test_engine_with_triton_decode_attention_generates_the_reference_tokens(tmp_
     from serving.models import load_model
     from tests.serving.helpers import PROMPTS, reference_greedy
 
-    engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=4, max_seq_len=64,
-                    cuda_graphs=cuda_graphs, decode_attention="triton")
+    engine = Engine(
+        load_model("tiny-qwen2"),
+        state_dir=tmp_path,
+        max_batch=4,
+        max_seq_len=64,
+        cuda_graphs=cuda_graphs,
+        decode_attention="triton",
+    )
     assert engine.decode_attention is not None and engine.self_check_report["ok"]
     want = [reference_greedy(engine.model, p, 5) for p in PROMPTS]  # prefill path: SDPA, full forward
     engine.start()
@@ -104,8 +111,9 @@ def test_new_key_value_are_attended_and_written_at_the_position(monkeypatch, spl
     new_v = torch.randn(2, 2, 1, 16, generator=gen)
     positions = torch.tensor([20, 29])  # row 1 sits at the scratch slot
     keys[:, :, 20] = 50.0  # stale slot content must be replaced, not attended
-    got = decode_attention(query, keys[:, :, :21], values[:, :, :21], positions, 0.25, scratch=29,
-                           new_kv=(new_k, new_v))
+    got = decode_attention(
+        query, keys[:, :, :21], values[:, :, :21], positions, 0.25, scratch=29, new_kv=(new_k, new_v)
+    )
     torch.testing.assert_close(keys[0, :, 20], new_k[0, :, 0])
     torch.testing.assert_close(values[1, :, 29], new_v[1, :, 0])
     want = reference_decode_attention(query, keys[:, :, :21], values[:, :, :21], positions, 0.25, scratch=29)

@@ -21,8 +21,20 @@ SOURCE = rms_norm_source()
 
 
 def make_client(state, **config) -> TestClient:
-    return TestClient(create_app(ServeConfig(model="tiny-qwen2", device="cpu", dtype="float32", admin_token=TOKEN,
-                                             max_batch=4, max_seq_len=256, state_dir=str(state), **config)))
+    return TestClient(
+        create_app(
+            ServeConfig(
+                model="tiny-qwen2",
+                device="cpu",
+                dtype="float32",
+                admin_token=TOKEN,
+                max_batch=4,
+                max_seq_len=256,
+                state_dir=str(state),
+                **config,
+            )
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,37 +79,49 @@ def test_attested_source_and_path_are_swapped(client, tmp_path):
 
 
 def test_unattested_swap_is_refused(client):
-    assert_refused(client, {"source": SOURCE},
-                   "no attestation: start the server with --allow-unverified-swaps to swap unverified kernels")
-    assert_refused(client, {"path": str(RMS_NORM_KERNEL)},
-                   "no attestation: start the server with --allow-unverified-swaps to swap unverified kernels")
+    assert_refused(
+        client,
+        {"source": SOURCE},
+        "no attestation: start the server with --allow-unverified-swaps to swap unverified kernels",
+    )
+    assert_refused(
+        client,
+        {"path": str(RMS_NORM_KERNEL)},
+        "no attestation: start the server with --allow-unverified-swaps to swap unverified kernels",
+    )
 
 
 def test_bytes_edited_after_attestation_are_refused(client, tmp_path):
     proof = attested(SOURCE)
     edited = SOURCE.replace("SCALE = 1.0", "SCALE = 1.5")
     assert len(edited) == len(SOURCE) and sum(a != b for a, b in zip(edited, SOURCE)) == 1
-    assert_refused(client, {"source": edited, "attestation": proof},
-                   "source digest does not match the attested digest")
+    assert_refused(client, {"source": edited, "attestation": proof}, "source digest does not match the attested digest")
     path = tmp_path / "candidate.py"
     path.write_text(SOURCE)
     path.write_text(edited)  # the file changed on disk between verification and the swap
-    assert_refused(client, {"path": str(path), "attestation": proof},
-                   "source digest does not match the attested digest")
+    assert_refused(
+        client, {"path": str(path), "attestation": proof}, "source digest does not match the attested digest"
+    )
 
 
 def test_forged_attestations_are_refused(client):
-    assert_refused(client, {"source": SOURCE, "attestation": attested(SOURCE, key=b"some other key")},
-                   "attestation signature invalid")
+    assert_refused(
+        client,
+        {"source": SOURCE, "attestation": attested(SOURCE, key=b"some other key")},
+        "attestation signature invalid",
+    )
     tampered = {**attested(SOURCE, reward=-1), "reward": 1}  # a rejected verdict's record, promoted
     assert_refused(client, {"source": SOURCE, "attestation": tampered}, "attestation signature invalid")
 
 
-@pytest.mark.parametrize("proof, reason", [
-    (dict(reward=-1), "attested reward -1 is not accepted"),
-    (dict(device="cuda"), "attested on cuda, server runs on cpu"),
-    (dict(op="silu_mul"), "attested op 'silu_mul' is not the candidate's OP 'rms_norm'"),
-])
+@pytest.mark.parametrize(
+    "proof, reason",
+    [
+        (dict(reward=-1), "attested reward -1 is not accepted"),
+        (dict(device="cuda"), "attested on cuda, server runs on cpu"),
+        (dict(op="silu_mul"), "attested op 'silu_mul' is not the candidate's OP 'rms_norm'"),
+    ],
+)
 def test_validly_signed_but_wrong_records_are_refused(client, proof, reason):
     assert_refused(client, {"source": SOURCE, "attestation": attested(SOURCE, **proof)}, reason)
 
@@ -122,8 +146,7 @@ def test_allow_unverified_swaps_swaps_with_a_warning(tmp_path, caplog):
         assert r.status_code == 200 and r.json()["status"] == "committed", r.text
         assert any("UNVERIFIED SWAP" in m and "no attestation" in m for m in caplog.messages)
         caplog.clear()
-        r = c.post("/admin/swap", json={"source": SOURCE, "attestation": attested(SOURCE, key=b"other")},
-                   headers=AUTH)
+        r = c.post("/admin/swap", json={"source": SOURCE, "attestation": attested(SOURCE, key=b"other")}, headers=AUTH)
         assert r.status_code == 200, r.text
         assert any("attestation signature invalid" in m for m in caplog.messages)
         caplog.clear()

@@ -29,7 +29,7 @@ def test_fused_model_matches_and_weights_stay_live():
     torch.testing.assert_close(logits(model), logits(plain), atol=1e-5, rtol=1e-5)
     attn = model.model.layers[0].self_attn
     fused_weight = model._gpuyantra_fused[0].weight
-    assert attn.k_proj.weight.data_ptr() == fused_weight[attn.q_proj.weight.shape[0]:].data_ptr()
+    assert attn.k_proj.weight.data_ptr() == fused_weight[attn.q_proj.weight.shape[0] :].data_ptr()
     with torch.no_grad():  # an in-place update through the sibling's parameter reaches the fused GEMM
         attn.k_proj.weight.mul_(1.5)
         plain.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
@@ -47,8 +47,15 @@ def test_engine_with_fusion_attention_and_swaps_serves_the_reference_tokens(tmp_
 
     loaded = load_model("tiny-qwen2")
     want = [reference_greedy(loaded.model, p, 4) for p in PROMPTS]
-    engine = Engine(loaded, state_dir=tmp_path, max_batch=4, max_seq_len=64, cuda_graphs=True,
-                    decode_attention="triton", fuse_projections="on")
+    engine = Engine(
+        loaded,
+        state_dir=tmp_path,
+        max_batch=4,
+        max_seq_len=64,
+        cuda_graphs=True,
+        decode_attention="triton",
+        fuse_projections="on",
+    )
     assert engine.fused_projections == 2 * len(loaded.model.model.layers)
     engine.start()
     try:

@@ -33,8 +33,14 @@ def test_same_preset_and_seed_give_identical_weights():
 
 def test_qwen25_preset_is_the_real_architecture():
     cfg = PRESETS["qwen2.5-1.5b"]()
-    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.vocab_size) == (1536, 8960, 28, 12, 2, 151936)
+    assert (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.vocab_size,
+    ) == (1536, 8960, 28, 12, 2, 151936)
     assert cfg.tie_word_embeddings and cfg.rms_norm_eps == 1e-6
 
 

@@ -21,21 +21,31 @@ from serving.openai_api import (
 )
 
 
-@pytest.mark.parametrize("text, stops, want", [
-    ("hello", None, ("hello", False)),
-    ("hello", ["x"], ("hello", False)),
-    ("hello world", ["o"], ("hell", True)),
-    ("hello world", ["world", "lo"], ("hel", True)),  # the earliest stop wins, whichever is listed first
-    ("stop", ["stop"], ("", True)),
-])
+@pytest.mark.parametrize(
+    "text, stops, want",
+    [
+        ("hello", None, ("hello", False)),
+        ("hello", ["x"], ("hello", False)),
+        ("hello world", ["o"], ("hell", True)),
+        ("hello world", ["world", "lo"], ("hel", True)),  # the earliest stop wins, whichever is listed first
+        ("stop", ["stop"], ("", True)),
+    ],
+)
 def test_truncate_at_stop(text, stops, want):
     assert truncate_at_stop(text, stops) == want
 
 
-@pytest.mark.parametrize("text, stops, want", [
-    ("abc", None, 0), ("abc", ["x"], 0), ("abST", ["STOP"], 2), ("abSTO", ["STOP", "O"], 3),
-    ("S", ["STOP"], 1), ("abSTOP", ["STOP"], 0),  # a whole stop is truncate_at_stop's business
-])
+@pytest.mark.parametrize(
+    "text, stops, want",
+    [
+        ("abc", None, 0),
+        ("abc", ["x"], 0),
+        ("abST", ["STOP"], 2),
+        ("abSTO", ["STOP", "O"], 3),
+        ("S", ["STOP"], 1),
+        ("abSTOP", ["STOP"], 0),  # a whole stop is truncate_at_stop's business
+    ],
+)
 def test_stop_overlap(text, stops, want):
     assert stop_overlap(text, stops) == want
 
@@ -68,9 +78,15 @@ def test_logprob_objects():
     assert legacy["top_logprobs"][2] == {"\ufffd": -0.2}  # the chosen token is always there
     assert legacy["text_offset"] == [0, 1, 1]
     chat = chat_logprobs(tok, ids, entries)["content"]
-    assert chat[0] == {"token": "h", "logprob": -0.1, "bytes": [104],
-                       "top_logprobs": [{"token": "h", "logprob": -0.1, "bytes": [104]},
-                                        {"token": "i", "logprob": -2.0, "bytes": [105]}]}
+    assert chat[0] == {
+        "token": "h",
+        "logprob": -0.1,
+        "bytes": [104],
+        "top_logprobs": [
+            {"token": "h", "logprob": -0.1, "bytes": [104]},
+            {"token": "i", "logprob": -2.0, "bytes": [105]},
+        ],
+    }
     assert bytes(chat[1]["bytes"] + chat[2]["bytes"]).decode() == "é" and chat[2]["top_logprobs"] == []
 
 
@@ -91,7 +107,7 @@ class ScriptedEngine:
     def submit(self, req: GenRequest) -> None:
         def run():
             reason = "length"
-            for k, token in enumerate(self.script[:req.max_tokens]):
+            for k, token in enumerate(self.script[: req.max_tokens]):
                 if req.cancelled:
                     reason = "cancelled"
                     break
@@ -105,11 +121,13 @@ class ScriptedEngine:
             req.finish_reason = reason
             req.done.set()
             req.on_finish(req)
+
         threading.Thread(target=run, daemon=True).start()
 
 
 def run_generation(engine, **kw):
     """(all deltas, the Generation) of one prompt [1, 2] on `engine`."""
+
     async def collect(gen):
         return [d async for d in gen.deltas()]
 
@@ -118,6 +136,7 @@ def run_generation(engine, **kw):
         gen = Generation(engine, [[1, 2]], **{**params, **kw})
         gen.start()
         return await asyncio.wait_for(collect(gen), 10), gen
+
     return asyncio.run(go())
 
 

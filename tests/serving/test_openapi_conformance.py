@@ -19,8 +19,15 @@ CHECKS = [not_a_server_error, response_schema_conformance, negative_data_rejecti
 MAX_EXAMPLES = 25
 REQUEST_TIMEOUT_S = 60
 # Valid bodies may ask for long runs (max_tokens up to 1e6, 20 benchmark repeats of 5 s): capped, in range.
-CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "prompt_tokens": 8, "repeats": 2, "min_repeat_s": 0.0,
-        "batch": 2, "n": 2}
+CAPS = {
+    "max_tokens": 4,
+    "max_completion_tokens": 4,
+    "prompt_tokens": 8,
+    "repeats": 2,
+    "min_repeat_s": 0.0,
+    "batch": 2,
+    "n": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +42,20 @@ def api_schema(shared_server):
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 @pytest.mark.parametrize("route", ROUTES)
 def test_api_conforms_to_its_schema(api_schema, shared_server, route, mode):
-    (operation,) = [result.ok() for result in api_schema.get_all_operations()
-                    if result.ok().path == route and result.ok().method.upper() == "POST"]
+    (operation,) = [
+        result.ok()
+        for result in api_schema.get_all_operations()
+        if result.ok().path == route and result.ok().method.upper() == "POST"
+    ]
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     def check(case):
         if mode == GenerationMode.POSITIVE and isinstance(case.body, dict):
             for key, cap in CAPS.items():

@@ -59,8 +59,9 @@ def test_rope_swap_in_engine_matches_and_rolls_back_to_the_original(tmp_path):
         req = engine.generate(prompt, 4, timeout=60)
         assert req.output_ids == want
         with torch.no_grad():
-            got_logits = engine.call(lambda: engine.model(input_ids=torch.tensor([prompt]), use_cache=False).logits
-                                     ).result()
+            got_logits = engine.call(
+                lambda: engine.model(input_ids=torch.tensor([prompt]), use_cache=False).logits
+            ).result()
         torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
         assert engine.swaps.get(record.swap_id)["calls"] > 0  # the kernel served
 

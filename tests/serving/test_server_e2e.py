@@ -21,8 +21,16 @@ from tests.serving.helpers import RMS_NORM_KERNEL, attested, complete, metric_va
 
 pytestmark = pytest.mark.integration
 
-PROMPTS = ["Hello", "The quick brown fox", "gpuyantra", "a", "Kernels swap live", "1 2 3 4 5 6",
-           "zzz", "serving under load!"]
+PROMPTS = [
+    "Hello",
+    "The quick brown fox",
+    "gpuyantra",
+    "a",
+    "Kernels swap live",
+    "1 2 3 4 5 6",
+    "zzz",
+    "serving under load!",
+]
 MAX_TOKENS = 4
 # Bounded by count, not by time (each swap's parity check runs Triton's interpreter on the CPU):
 # 30 cycles still mix path and source bodies and single and all-at-once rollbacks.
@@ -104,8 +112,10 @@ def test_load_with_swap_rollback_cycles(shared_server):
     assert metric_value(metrics, "gpuyantra_swaps_total", 'result="committed"') >= CYCLES
     assert metric_value(metrics, "gpuyantra_rollbacks_total", 'cause="admin"') >= CYCLES
     assert metric_value(metrics, "gpuyantra_requests_total", 'status="error"') == 0
-    print(f"\nload: {cycles} swap/rollback cycles, {sum(served)} requests by {CLIENTS} clients in {elapsed:.1f}s; "
-          f"kernel calls {sum(history[sid]['calls'] for sid in swap_ids)}")
+    print(
+        f"\nload: {cycles} swap/rollback cycles, {sum(served)} requests by {CLIENTS} clients in {elapsed:.1f}s; "
+        f"kernel calls {sum(history[sid]['calls'] for sid in swap_ids)}"
+    )
 
 
 def test_faulty_kernel_falls_back_and_rolls_back(shared_server, tmp_path):
@@ -114,14 +124,22 @@ def test_faulty_kernel_falls_back_and_rolls_back(shared_server, tmp_path):
     short_prompt = "hi"
     faulty = tmp_path / "faulty_rms_norm.py"
     faulty.write_text(rms_norm_source(max_rows=16))  # correct math, raises on more than 16 rows
-    with httpx.Client(base_url=server.url, timeout=60) as client, \
-            httpx.Client(base_url=server.url, timeout=120, headers=server.admin) as admin:
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as client,
+        httpx.Client(base_url=server.url, timeout=120, headers=server.admin) as admin,
+    ):
         ref_long = complete(client, long_prompt, 6)["token_ids"]
         ref_short = complete(client, short_prompt, 6)["token_ids"]
         before = admin.get("/metrics").text
 
-        r = admin.post("/admin/swap", json={"path": str(faulty), "shapes": [[1, 1, 64], [8, 1, 64], [1, 8, 64]],
-                                            "attestation": attested(faulty.read_bytes())})
+        r = admin.post(
+            "/admin/swap",
+            json={
+                "path": str(faulty),
+                "shapes": [[1, 1, 64], [8, 1, 64], [1, 8, 64]],
+                "attestation": attested(faulty.read_bytes()),
+            },
+        )
         assert r.status_code == 200, r.text
         swap_id = r.json()["swap_id"]
         assert r.json()["parity"]["shapes"] == [[1, 1, 64], [1, 8, 64], [8, 1, 64]]
@@ -144,10 +162,13 @@ def test_faulty_kernel_falls_back_and_rolls_back(shared_server, tmp_path):
         assert record["fallbacks"] >= 1 and record["calls"] > 0
         assert swap_id not in [r["swap_id"] for r in kernels["active"]]
         after = admin.get("/metrics").text
-        assert metric_value(after, "gpuyantra_kernel_fallbacks_total") > \
-            metric_value(before, "gpuyantra_kernel_fallbacks_total")
-        assert metric_value(after, "gpuyantra_rollbacks_total", 'cause="fallback"') == \
-            metric_value(before, "gpuyantra_rollbacks_total", 'cause="fallback"') + 1
+        assert metric_value(after, "gpuyantra_kernel_fallbacks_total") > metric_value(
+            before, "gpuyantra_kernel_fallbacks_total"
+        )
+        assert (
+            metric_value(after, "gpuyantra_rollbacks_total", 'cause="fallback"')
+            == metric_value(before, "gpuyantra_rollbacks_total", 'cause="fallback"') + 1
+        )
         assert metric_value(after, "gpuyantra_requests_total", 'status="error"') == 0
         # Still serving, on the original forward.
         assert complete(client, long_prompt, 6)["token_ids"] == ref_long
@@ -158,8 +179,10 @@ def test_restart_reapplies_manifest(start_server, tmp_path):
     candidate = tmp_path / "candidate_rms_norm.py"
     shutil.copyfile(RMS_NORM_KERNEL, candidate)
     first = start_server(state)
-    with httpx.Client(base_url=first.url, timeout=60) as client, \
-            httpx.Client(base_url=first.url, timeout=60, headers=first.admin) as admin:
+    with (
+        httpx.Client(base_url=first.url, timeout=60) as client,
+        httpx.Client(base_url=first.url, timeout=60, headers=first.admin) as admin,
+    ):
         reference = {p: complete(client, p, 5)["token_ids"] for p in PROMPTS[:4]}
         r = admin.post("/admin/swap", json={"path": str(candidate), "attestation": attested(candidate.read_bytes())})
         assert r.status_code == 200, r.text
@@ -175,8 +198,10 @@ def test_restart_reapplies_manifest(start_server, tmp_path):
     ready = second.wait_ready()
     assert ready["active_swaps"] == [swap_id]
     assert ready["reapplied"] == [{"swap_id": swap_id, "status": "committed", "reapplied": True}]
-    with httpx.Client(base_url=second.url, timeout=60) as client, \
-            httpx.Client(base_url=second.url, timeout=60, headers=second.admin) as admin:
+    with (
+        httpx.Client(base_url=second.url, timeout=60) as client,
+        httpx.Client(base_url=second.url, timeout=60, headers=second.admin) as admin,
+    ):
         assert {p: complete(client, p, 5)["token_ids"] for p in reference} == reference
         kernels = admin.get("/admin/kernels").json()
         active = kernels["active"]

@@ -77,12 +77,15 @@ def test_swap_commits_every_module_and_rollback_restores(model, tmp_path):
         engine.rollback("swap-nope")
 
 
-@pytest.mark.parametrize("source, error, reason", [
-    (rms_norm_source(scale=1.01), ParityError, "parity failed"),
-    (ALWAYS_RAISES, ParityError, "ValueError: boom"),
-    (BAD_ADAPTER, SwapRejected, "no_such_attr"),
-    (SYNTAX_ERROR, CandidateLoadError, "SyntaxError"),
-])
+@pytest.mark.parametrize(
+    "source, error, reason",
+    [
+        (rms_norm_source(scale=1.01), ParityError, "parity failed"),
+        (ALWAYS_RAISES, ParityError, "ValueError: boom"),
+        (BAD_ADAPTER, SwapRejected, "no_such_attr"),
+        (SYNTAX_ERROR, CandidateLoadError, "SyntaxError"),
+    ],
+)
 def test_failed_swap_changes_nothing(model, tmp_path, source, error, reason):
     engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2")
     want = logits(model, IDS)
@@ -136,8 +139,9 @@ def test_newer_swap_supersedes_and_rollback_restores_original(model, tmp_path):
 
 def test_kernel_raising_while_serving_falls_back_then_rolls_back(model, tmp_path):
     events = []
-    engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2",
-                        on_event=lambda k, r, **i: events.append((k, i.get("cause"))))
+    engine = SwapEngine(
+        model, tmp_path, model_id="tiny-qwen2", on_event=lambda k, r, **i: events.append((k, i.get("cause")))
+    )
     long_ids = torch.arange(1, 13)[None]  # 12 rows
     want = logits(model, long_ids)
     record = engine.swap(source=rms_norm_source(max_rows=8), live_shapes=[[1, 1, 64], [1, 8, 64]])
@@ -198,8 +202,13 @@ def test_before_commit_hook_failure_restores_and_recaptures(model, tmp_path):
             calls.append(("previous", bound(model)))
         raise RuntimeError("graph parity failed")
 
-    engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2", before_commit=before_commit,
-                        after_restore=lambda: calls.append(("restore", bound(model))))
+    engine = SwapEngine(
+        model,
+        tmp_path,
+        model_id="tiny-qwen2",
+        before_commit=before_commit,
+        after_restore=lambda: calls.append(("restore", bound(model))),
+    )
     with pytest.raises(ParityError, match="graph parity failed"):
         engine.swap(RMS_NORM_KERNEL)
     sid = engine.history()[0]["swap_id"]

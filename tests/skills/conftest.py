@@ -22,15 +22,31 @@ def qdrant_dir(tmp_path, monkeypatch) -> Path:
     return tmp_path / "qdrant"
 
 
-def make_skill(op: str = "rms_norm", hardware: str = "nvidia-h200", variant: str = "a", *,
-               shape=(1, 1, 1536), dtype: str = "bfloat16", regime: str = "launch-bound", reward: float = 3,
-               author: str = "template") -> Skill:
+def make_skill(
+    op: str = "rms_norm",
+    hardware: str = "nvidia-h200",
+    variant: str = "a",
+    *,
+    shape=(1, 1, 1536),
+    dtype: str = "bfloat16",
+    regime: str = "launch-bound",
+    reward: float = 3,
+    author: str = "template",
+) -> Skill:
     source = f"# {op} kernel {variant}\nOP = {op!r}\nADAPTER = []\n\ndef entry(x):\n    return x\n"
     target = {"op": op, "regime": regime, "shapes": [list(shape)], "dtype": dtype}
     return Skill(
-        op=op, hardware=hardware, source=source, adapter=[{"kernel_param": "weight", "module_attr": "weight"}],
-        strategy={"variant": variant, "BLOCK": 1024}, reward=reward, speedup_vs_eager=7.1, speedup_vs_compile=1.4,
-        shapes=[list(shape)], dtypes=[dtype], fingerprint=Fingerprint.from_target(target, hardware).to_payload(),
+        op=op,
+        hardware=hardware,
+        source=source,
+        adapter=[{"kernel_param": "weight", "module_attr": "weight"}],
+        strategy={"variant": variant, "BLOCK": 1024},
+        reward=reward,
+        speedup_vs_eager=7.1,
+        speedup_vs_compile=1.4,
+        shapes=[list(shape)],
+        dtypes=[dtype],
+        fingerprint=Fingerprint.from_target(target, hardware).to_payload(),
         provenance={"campaign": "wf-1", "iteration": 1, "author": author},
     )
 
@@ -39,8 +55,9 @@ def run_python(code: str, env_extra: dict | None = None, timeout: float = 120) -
     """Run `code` in a fresh interpreter (a process restart), from the repository root."""
     env = dict(os.environ, **(env_extra or {}))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, f"subprocess failed:\n{result.stdout}\n{result.stderr}"
     return result
 
@@ -48,5 +65,11 @@ def run_python(code: str, env_extra: dict | None = None, timeout: float = 120) -
 def run_cli(*args: str, env_extra: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env_extra or {}))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "gpuyantra.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

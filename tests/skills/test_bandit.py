@@ -19,6 +19,12 @@ def test_empty_and_unpulled_first_by_id():
     assert ucb1_choose([arm("c", 5, 15), arm("b")]).id == "b"
 
 
+def test_unpulled_skills_go_nearest_fingerprint_first():
+    near, far = arm("z"), arm("a")
+    near.score, far.score = 0.98, 0.40  # retrieval similarity: a larger score is a nearer fingerprint
+    assert ucb1_choose([far, near]).id == "z"
+
+
 def test_exploits_the_better_mean_and_explores_the_rarely_pulled():
     good, bad = arm("x", 10, 30.0), arm("y", 10, -10.0)
     assert ucb1_choose([bad, good]).id == "x"
@@ -36,7 +42,9 @@ def test_ties_break_by_id_and_scores_use_normalized_reward():
 
 
 def test_works_on_skills():
-    skills = [Skill(id="2", op="rms_norm", source="x", pulls=3, total_reward=9.0),
-              Skill(id="1", op="rms_norm", source="y", pulls=3, total_reward=-3.0)]
+    skills = [
+        Skill(id="2", op="rms_norm", source="x", pulls=3, total_reward=9.0),
+        Skill(id="1", op="rms_norm", source="y", pulls=3, total_reward=-3.0),
+    ]
     assert ucb1_choose(skills).id == "2"
     assert skills[0].mean_reward == 3.0 and Skill(op="a", source="z").mean_reward is None

@@ -16,18 +16,28 @@ def test_vector_is_fixed_size_unit_and_deterministic_across_processes():
     fp = Fingerprint.from_target(target("rms_norm", (1, 1, 1536)), "nvidia-h200")
     assert len(fp.vector) == FINGERPRINT_DIM
     assert math.isclose(sum(x * x for x in fp.vector), 1.0, rel_tol=1e-9)
-    code = ("from gpuyantra.skills import Fingerprint; "
-            "print(Fingerprint.from_target({'op': 'rms_norm', 'regime': 'launch-bound', 'shapes': [[1, 1, 1536]], "
-            "'dtype': 'bfloat16'}, 'nvidia-h200').vector)")
+    code = (
+        "from gpuyantra.skills import Fingerprint; "
+        "print(Fingerprint.from_target({'op': 'rms_norm', 'regime': 'launch-bound', 'shapes': [[1, 1, 1536]], "
+        "'dtype': 'bfloat16'}, 'nvidia-h200').vector)"
+    )
     other = run_python(code, env_extra={"PYTHONHASHSEED": "123"}).stdout.strip()
     assert other == str(fp.vector)
 
 
 def test_fields_from_a_profile_target():
-    fp = Fingerprint.from_target(target("rms_norm", (4, 512, 1536), regime="memory-bound", dtype="torch.float16",
-                                        arithmetic_intensity=0.9), "nvidia-h200")
+    fp = Fingerprint.from_target(
+        target("rms_norm", (4, 512, 1536), regime="memory-bound", dtype="torch.float16", arithmetic_intensity=0.9),
+        "nvidia-h200",
+    )
     assert (fp.op, fp.op_class, fp.regime, fp.hidden, fp.rows, fp.dtype) == (
-        "rms_norm", "norm", "memory-bound", 1536, 2048, "float16")
+        "rms_norm",
+        "norm",
+        "memory-bound",
+        1536,
+        2048,
+        "float16",
+    )
     assert fp.arithmetic_intensity == 0.9
     payload = fp.to_payload()
     assert payload["hardware"] == "nvidia-h200" and payload["version"] == 1 and payload["log_ai"] > 0

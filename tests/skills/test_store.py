@@ -57,8 +57,8 @@ def test_retrieval_filters_on_op_and_hardware(qdrant_dir):
         store.upsert(make_skill(hardware="nvidia-l4"))
         store.upsert(make_skill(op="silu_mul", shape=(1, 1, 8960)))
         query = Fingerprint.from_target(
-            {"op": "rms_norm", "regime": "launch-bound", "shapes": [[1, 1, 1536]], "dtype": "bfloat16"},
-            "nvidia-h200")
+            {"op": "rms_norm", "regime": "launch-bound", "shapes": [[1, 1, 1536]], "dtype": "bfloat16"}, "nvidia-h200"
+        )
         hits = store.retrieve(query, "rms_norm", "nvidia-h200", limit=8)
     assert sorted(h.id for h in hits) == sorted(h200)
     assert all(h.match == "exact" and h.op == "rms_norm" and h.hardware == "nvidia-h200" for h in hits)
@@ -69,11 +69,10 @@ def test_retrieval_filters_on_op_and_hardware(qdrant_dir):
 def test_layer_norm_retrieves_rms_norm_skills_by_nearest_fingerprint(qdrant_dir):
     """Transfer: only RMSNorm skills stored; a GPT-2-style LayerNorm target finds them."""
     with SkillStore(path=qdrant_dir) as store:
-        ids = {store.upsert(make_skill(variant=v, shape=(1, 1, h))) for v, h in (("a", 1536), ("b", 2048),
-                                                                                  ("c", 896))}
+        ids = {store.upsert(make_skill(variant=v, shape=(1, 1, h))) for v, h in (("a", 1536), ("b", 2048), ("c", 896))}
         layer_norm = Fingerprint.from_target(
-            {"op": "layer_norm", "regime": "launch-bound", "shapes": [[1, 1, 768]], "dtype": "bfloat16"},
-            "nvidia-h200")
+            {"op": "layer_norm", "regime": "launch-bound", "shapes": [[1, 1, 768]], "dtype": "bfloat16"}, "nvidia-h200"
+        )
         hits = store.retrieve(layer_norm, "layer_norm", "nvidia-h200", limit=8)
         assert {h.id for h in hits} == ids
         assert all(h.match == "transfer" and h.op == "rms_norm" for h in hits)
@@ -117,13 +116,21 @@ def test_bandit_statistics_survive_process_restarts(qdrant_dir):
 def test_two_processes_take_turns_on_the_folder(qdrant_dir):
     SkillStore(path=qdrant_dir).upsert(make_skill(variant="a"))
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys, time
             from gpuyantra.skills import SkillStore
             with SkillStore(path={str(qdrant_dir)!r}) as store:
                 print("holding", store.count(), flush=True)
                 time.sleep(1.5)
-        """)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().startswith("holding")
         started = time.monotonic()

@@ -15,14 +15,14 @@ CANDIDATES = Path(__file__).parent / "candidates"
 HEADER = (CANDIDATES / "_header.txt").read_text()
 
 # The honest body used where a test only changes one thing around it.
-HONEST_ENTRY = '''
+HONEST_ENTRY = """
 def entry(x, *, weight, eps):
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()
     y = torch.empty_like(x2)
     _rms_rows[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=triton.next_power_of_2(hidden))
     return y.view(x.shape)
-'''
+"""
 
 
 def candidate_path(name: str) -> Path:
@@ -40,6 +40,7 @@ def rules_of(verdict) -> set[tuple[str, str]]:
 @pytest.fixture
 def write_candidate(tmp_path):
     """Write `HEADER + body` (or a whole file) to a .py file and return its path."""
+
     def write(body: str, whole: bool = False, name: str = "candidate") -> Path:
         path = tmp_path / f"{name}.py"
         path.write_text(body if whole else HEADER + "\n" + body)

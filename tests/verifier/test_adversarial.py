@@ -47,8 +47,7 @@ RUNTIME_CHEATS = [
 ]
 
 
-@pytest.mark.parametrize("name,knobs,expected", RUNTIME_CHEATS,
-                         ids=[f"{n}-{e[1]}" for n, _, e in RUNTIME_CHEATS])
+@pytest.mark.parametrize("name,knobs,expected", RUNTIME_CHEATS, ids=[f"{n}-{e[1]}" for n, _, e in RUNTIME_CHEATS])
 def test_runtime_cheat_is_rejected(name, knobs, expected):
     verdict = run_verification(candidate_path(name), **{**QUICK, **knobs})
     assert expected in rules_of(verdict), verdict.failures
@@ -59,12 +58,12 @@ def test_runtime_cheat_is_rejected(name, knobs, expected):
 
 # The published exploits, through a whole verify: rejected before anything runs.
 STATIC_CHEATS = [
-    ("cheat_torch_fallback", "torch-compute"),       # Sakana AI CUDA Engineer / KernelBench
-    ("cheat_decoy_kernel", "kernel-not-launched"),   # decoy @triton.jit, getattr-aliased torch
-    ("cheat_try_fallback", "try-except"),             # Kevin-32B
-    ("cheat_shape_guard", "guarded-fallback"),        # KernelBench-Verified
-    ("cheat_cached_buffer", "mutable-state"),         # CUDA-L1 result caching
-    ("cheat_side_stream", "concurrency"),             # CUDA-L1 side streams
+    ("cheat_torch_fallback", "torch-compute"),  # Sakana AI CUDA Engineer / KernelBench
+    ("cheat_decoy_kernel", "kernel-not-launched"),  # decoy @triton.jit, getattr-aliased torch
+    ("cheat_try_fallback", "try-except"),  # Kevin-32B
+    ("cheat_shape_guard", "guarded-fallback"),  # KernelBench-Verified
+    ("cheat_cached_buffer", "mutable-state"),  # CUDA-L1 result caching
+    ("cheat_side_stream", "concurrency"),  # CUDA-L1 side streams
     ("cheat_fork", "import-not-allowed"),
     ("cheat_exit_fake_reward", "import-not-allowed"),
     ("cheat_adapter_mutation", "import-time-code"),
@@ -154,8 +153,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_honest_candidate_is_benchmarked():
-    verdict = verify(candidate_path("honest_rowwise"), device="cuda", shapes=[[1, 4096], [512, 4096]],
-                     dtypes=["float16"])
+    verdict = verify(
+        candidate_path("honest_rowwise"), device="cuda", shapes=[[1, 4096], [512, 4096]], dtypes=["float16"]
+    )
     assert verdict.failures == [] and verdict.reward >= 1
     assert verdict.kernel_us and verdict.eager_us and verdict.floor_us is not None
     assert verdict.speedup_vs_eager is not None and len(verdict.bench) == 2
@@ -165,6 +165,12 @@ def test_cuda_honest_candidate_is_benchmarked():
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_side_stream_is_caught_at_runtime():
-    verdict = run_verification(candidate_path("cheat_side_stream"), device="cuda", skip_static=True,
-                               seeds=(0,), dtypes=["float16"], benchmark=False)
+    verdict = run_verification(
+        candidate_path("cheat_side_stream"),
+        device="cuda",
+        skip_static=True,
+        seeds=(0,),
+        dtypes=["float16"],
+        benchmark=False,
+    )
     assert ("correctness", "stream-changed") in rules_of(verdict)

@@ -24,8 +24,9 @@ def test_accepted_verdict_carries_digest_and_a_valid_attestation():
     assert proof["digest"] == digest and proof["op"] == "rms_norm" and proof["reward"] == 1
     assert proof["device"] == "cpu"
     assert attestation.check(path.read_bytes(), proof, "cpu") is None
-    assert attestation.check(path.read_bytes() + b"\n", proof, "cpu") == \
-        "source digest does not match the attested digest"
+    assert (
+        attestation.check(path.read_bytes() + b"\n", proof, "cpu") == "source digest does not match the attested digest"
+    )
 
 
 def test_rejected_verdict_has_a_digest_and_no_attestation():

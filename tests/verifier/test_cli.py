@@ -13,8 +13,12 @@ from tests.verifier.test_judge import CONTRACT_KEYS, EXTRA_KEYS
 
 
 def gpuyantra(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuyantra.cli", "verify", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyantra.cli", "verify", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_json(stdout: str) -> dict:
@@ -39,8 +43,7 @@ def test_rejected_exits_1_with_layer_and_rule():
     assert result.returncode == 1
     data = one_json(result.stdout)
     assert data["accepted"] is False and data["reward"] == -1
-    assert {"layer": "static", "rule": "try-except"} in [{k: f[k] for k in ("layer", "rule")}
-                                                         for f in data["failures"]]
+    assert {"layer": "static", "rule": "try-except"} in [{k: f[k] for k in ("layer", "rule")} for f in data["failures"]]
 
 
 def test_human_output_names_rules():
@@ -64,13 +67,16 @@ def test_unknown_op_exits_1_clearly(tmp_path):
     assert "[contract/unknown-op]" in result.stdout and "warp_drive" in result.stdout
 
 
-@pytest.mark.parametrize("args", [
-    [],                                              # FILE is required
-    ["x.py", "--device", "tpu"],
-    ["x.py", "--shapes", "1xq"],
-    ["x.py", "--dtypes", "float12"],
-    ["x.py", "--no-such-flag"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # FILE is required
+        ["x.py", "--device", "tpu"],
+        ["x.py", "--shapes", "1xq"],
+        ["x.py", "--dtypes", "float12"],
+        ["x.py", "--no-such-flag"],
+    ],
+)
 def test_usage_errors_exit_2(args):
     result = gpuyantra(*args)
     assert result.returncode == 2 and "usage:" in result.stderr

@@ -9,8 +9,10 @@ from gpuyantra.verifier.contract import check_contract
 from gpuyantra.verifier.static import check_source
 from tests.verifier.conftest import HEADER, HONEST_ENTRY, rules_of
 
-GOOD_ADAPTER = ('ADAPTER = [\n    {"kernel_param": "weight", "module_attr": "weight"},\n'
-                '    {"kernel_param": "eps", "module_attr": "variance_epsilon"},\n]')
+GOOD_ADAPTER = (
+    'ADAPTER = [\n    {"kernel_param": "weight", "module_attr": "weight"},\n'
+    '    {"kernel_param": "eps", "module_attr": "variance_epsilon"},\n]'
+)
 
 
 def contract_rules(source: str, module_class: str | None = None) -> set[str]:
@@ -28,19 +30,36 @@ CASES = [
     ("unknown-op", with_adapter(GOOD_ADAPTER, op="OP = 'rms' + '_norm'"), None),
     ("adapter-invalid", with_adapter('ADAPTER = [{"kernel_param": "weight"}]'), None),
     ("adapter-invalid", with_adapter('ADAPTER = [dict(kernel_param="weight", module_attr="weight")]'), None),
-    ("adapter-params", with_adapter('ADAPTER = [{"kernel_param": "gamma", "module_attr": "weight"},'
-                                    ' {"kernel_param": "eps", "module_attr": "variance_epsilon"}]'), None),
+    (
+        "adapter-params",
+        with_adapter(
+            'ADAPTER = [{"kernel_param": "gamma", "module_attr": "weight"},'
+            ' {"kernel_param": "eps", "module_attr": "variance_epsilon"}]'
+        ),
+        None,
+    ),
     ("adapter-params", with_adapter('ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"}]'), None),
-    ("adapter-attr", with_adapter('ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"},'
-                                  ' {"kernel_param": "eps", "module_attr": "epsilon"}]'), None),
-    ("adapter-attr", with_adapter('ADAPTER = [{"kernel_param": "weight", "module_attr": "variance_epsilon"},'
-                                  ' {"kernel_param": "eps", "module_attr": "weight"}]'), None),
+    (
+        "adapter-attr",
+        with_adapter(
+            'ADAPTER = [{"kernel_param": "weight", "module_attr": "weight"},'
+            ' {"kernel_param": "eps", "module_attr": "epsilon"}]'
+        ),
+        None,
+    ),
+    (
+        "adapter-attr",
+        with_adapter(
+            'ADAPTER = [{"kernel_param": "weight", "module_attr": "variance_epsilon"},'
+            ' {"kernel_param": "eps", "module_attr": "weight"}]'
+        ),
+        None,
+    ),
     ("module-class", with_adapter(GOOD_ADAPTER), "gpuyantra.no_such_module.Norm"),
     ("module-class", with_adapter(GOOD_ADAPTER), "json.JSONDecoder"),
     ("entry-signature", with_adapter(GOOD_ADAPTER, entry="def entry(x, weight, eps):\n    return x\n"), None),
     ("entry-signature", with_adapter(GOOD_ADAPTER, entry="def entry(x, *, weight):\n    return x\n"), None),
-    ("entry-signature", with_adapter(GOOD_ADAPTER, entry="def entry(x, *, weight, eps, scale):\n    return x\n"),
-     None),
+    ("entry-signature", with_adapter(GOOD_ADAPTER, entry="def entry(x, *, weight, eps, scale):\n    return x\n"), None),
     ("entry-signature", with_adapter(GOOD_ADAPTER, entry="def helper(x):\n    return x\n"), None),
     ("entry-signature", with_adapter(GOOD_ADAPTER, entry=HONEST_ENTRY + HONEST_ENTRY), None),
 ]
@@ -63,14 +82,22 @@ def test_same_kernel_binds_to_another_norm_class_through_adapter():
 def test_parameter_specs_come_from_a_real_instance():
     result = check_contract(check_source(with_adapter(GOOD_ADAPTER)))
     assert result.failures == []
-    assert result.param_specs == [{"name": "weight", "kind": "tensor", "shape": ["H"]},
-                                  {"name": "eps", "kind": "float", "value": 1e-6}]
+    assert result.param_specs == [
+        {"name": "weight", "kind": "tensor", "shape": ["H"]},
+        {"name": "eps", "kind": "float", "value": 1e-6},
+    ]
 
 
 def test_contract_failure_through_verify_runs_nothing(write_candidate):
-    verdict = verify(write_candidate(with_adapter('ADAPTER = [{"kernel_param": "weight", "module_attr": "w"},'
-                                                  ' {"kernel_param": "eps", "module_attr": "variance_epsilon"}]'),
-                                     whole=True))
+    verdict = verify(
+        write_candidate(
+            with_adapter(
+                'ADAPTER = [{"kernel_param": "weight", "module_attr": "w"},'
+                ' {"kernel_param": "eps", "module_attr": "variance_epsilon"}]'
+            ),
+            whole=True,
+        )
+    )
     assert not verdict.accepted and verdict.reward == -1
     assert ("contract", "adapter-attr") in rules_of(verdict)
     assert verdict.checks == 0 and verdict.network_isolated is None

@@ -17,19 +17,37 @@ from gpuyantra.verifier.judge import Judgement, _Collector, _compare, _judge_ben
 from gpuyantra.verifier.sandbox import SandboxOutcome, scrubbed_env
 
 CONTRACT_KEYS = ["op", "accepted", "reward", "failures", "speedup_vs_eager", "speedup_vs_compile"]
-EXTRA_KEYS = ["kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "checks", "seconds", "shapes",
-              "dtypes", "device", "module_class", "network_isolated", "bench", "source_sha256", "attestation",
-              "timings"]
+EXTRA_KEYS = [
+    "kernel_us",
+    "eager_us",
+    "compile_us",
+    "compile_ro_us",
+    "floor_us",
+    "checks",
+    "seconds",
+    "shapes",
+    "dtypes",
+    "device",
+    "module_class",
+    "network_isolated",
+    "bench",
+    "source_sha256",
+    "attestation",
+    "timings",
+]
 
 
-@pytest.mark.parametrize("device,eager,compiled,reward", [
-    ("cuda", 1.00, 0.50, 1),   # correct, not faster
-    ("cuda", 1.05, 0.90, 1),   # 5% is not "more than 5%"
-    ("cuda", 1.06, 0.90, 2),   # faster than eager only
-    ("cuda", 7.24, 1.39, 3),   # faster than both
-    ("cuda", 2.00, None, 2),   # compile baseline unavailable: at most +2
-    ("cpu", 9.00, 9.00, 1),    # speed is not judged under the interpreter
-])
+@pytest.mark.parametrize(
+    "device,eager,compiled,reward",
+    [
+        ("cuda", 1.00, 0.50, 1),  # correct, not faster
+        ("cuda", 1.05, 0.90, 1),  # 5% is not "more than 5%"
+        ("cuda", 1.06, 0.90, 2),  # faster than eager only
+        ("cuda", 7.24, 1.39, 3),  # faster than both
+        ("cuda", 2.00, None, 2),  # compile baseline unavailable: at most +2
+        ("cpu", 9.00, 9.00, 1),  # speed is not judged under the interpreter
+    ],
+)
 def test_reward_ladder(device, eager, compiled, reward):
     assert compute_reward([], device, eager, compiled) == reward
 
@@ -39,9 +57,21 @@ def test_any_failure_is_minus_one():
 
 
 def bench_results(kernel_us, eager_us=10.0, compile_us=8.0, ro_us=6.0, nbytes=8 * 2**20, bandwidth=4000.0):
-    return {"copy_bandwidth_gbs": bandwidth, "bench": [
-        {"shape": [2048, 2048], "dtype": "float16", "kernel_us": kernel_us, "eager_us": eager_us,
-         "compile_us": compile_us, "compile_ro_us": ro_us, "bytes": nbytes, "errors": {}}]}
+    return {
+        "copy_bandwidth_gbs": bandwidth,
+        "bench": [
+            {
+                "shape": [2048, 2048],
+                "dtype": "float16",
+                "kernel_us": kernel_us,
+                "eager_us": eager_us,
+                "compile_us": compile_us,
+                "compile_ro_us": ro_us,
+                "bytes": nbytes,
+                "errors": {},
+            }
+        ],
+    }
 
 
 def test_benchmark_speedups_use_the_best_compile_mode():
@@ -66,16 +96,19 @@ def test_kernel_that_fails_under_timing():
     assert [(f.layer, f.rule) for f in j.failures] == [("benchmark", "benchmark-failed")]
 
 
-@pytest.mark.parametrize("outcome,rule", [
-    (SandboxOutcome(timed_out=True), "timeout"),
-    (SandboxOutcome(memory_exceeded=True, peak_rss=5 * 2**30), "memory-limit"),
-    (SandboxOutcome(returncode=-signal.SIGXCPU), "cpu-limit"),
-    (SandboxOutcome(returncode=-signal.SIGSEGV), "crash"),
-    (SandboxOutcome(returncode=-signal.SIGKILL), "crash"),
-    (SandboxOutcome(returncode=0), "early-exit"),
-    (SandboxOutcome(returncode=3, stderr_tail="Traceback ...\nSystemError: x"), "crash"),
-    (SandboxOutcome(returncode=0, results={"checks": []}, leftover=[12345]), "forked-process"),
-])
+@pytest.mark.parametrize(
+    "outcome,rule",
+    [
+        (SandboxOutcome(timed_out=True), "timeout"),
+        (SandboxOutcome(memory_exceeded=True, peak_rss=5 * 2**30), "memory-limit"),
+        (SandboxOutcome(returncode=-signal.SIGXCPU), "cpu-limit"),
+        (SandboxOutcome(returncode=-signal.SIGSEGV), "crash"),
+        (SandboxOutcome(returncode=-signal.SIGKILL), "crash"),
+        (SandboxOutcome(returncode=0), "early-exit"),
+        (SandboxOutcome(returncode=3, stderr_tail="Traceback ...\nSystemError: x"), "crash"),
+        (SandboxOutcome(returncode=0, results={"checks": []}, leftover=[12345]), "forked-process"),
+    ],
+)
 def test_sandbox_outcomes(outcome, rule):
     failures = sandbox_failures(outcome, timeout=10, memory_limit=2**30)
     assert rule in {f.rule for f in failures} and all(f.layer == "sandbox" for f in failures)
@@ -88,10 +121,30 @@ def test_scrubbed_environment_drops_secrets(monkeypatch, tmp_path):
     env = scrubbed_env("cpu", tmp_path, threads=2)
     assert not [k for k, v in env.items() if v == "secret"]
     assert env["HOME"] == str(tmp_path / "home") and env["TRITON_INTERPRET"] == "1"
-    assert set(env) <= {"PATH", "HOME", "TMPDIR", "XDG_CACHE_HOME", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
-                        "PYTHONHASHSEED", "PYTHONNOUSERSITE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRITON_HOME",
-                        "TRITON_INTERPRET", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "LANG", "LC_ALL",
-                        "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH"}
+    assert set(env) <= {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "XDG_CACHE_HOME",
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONHASHSEED",
+        "PYTHONNOUSERSITE",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "TRITON_HOME",
+        "TRITON_INTERPRET",
+        "TRITON_CACHE_DIR",
+        "CUDA_VISIBLE_DEVICES",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "LD_LIBRARY_PATH",
+        "VIRTUAL_ENV",
+        "CUDA_HOME",
+        "CUDA_PATH",
+    }
 
 
 def test_every_element_is_checked():
@@ -134,8 +187,13 @@ def test_plan_covers_seeds_shapes_distributions():
 
 
 def test_verdict_json_shape_is_stable():
-    verdict = Verdict(op="rms_norm", accepted=False, reward=-1,
-                      failures=[Failure("static", "torch-compute", "line 3: torch.rsqrt")], kernel_us=math.nan)
+    verdict = Verdict(
+        op="rms_norm",
+        accepted=False,
+        reward=-1,
+        failures=[Failure("static", "torch-compute", "line 3: torch.rsqrt")],
+        kernel_us=math.nan,
+    )
     data = verdict.to_dict()
     assert list(data)[:6] == CONTRACT_KEYS and list(data)[6:] == EXTRA_KEYS
     assert data["failures"] == [{"layer": "static", "rule": "torch-compute", "message": "line 3: torch.rsqrt"}]

@@ -115,15 +115,21 @@ def test_gates_pass_exps_overflow_point_and_other_roles_stay_as_made():
 def test_drawn_scalars_move_around_the_live_value_and_live_cases_keep_it():
     family = get_op("rms_norm")
     specs = [{"name": "weight", "kind": "tensor", "shape": ["H"]}, {"name": "eps", "kind": "float", "value": 1e-6}]
-    drawn = [make_case(family, Case(0, "main", "float32", (2, 64), seed, 1.0, draw_scalars=True), specs)[1]["eps"]
-             for seed in range(1, 40)]
+    drawn = [
+        make_case(family, Case(0, "main", "float32", (2, 64), seed, 1.0, draw_scalars=True), specs)[1]["eps"]
+        for seed in range(1, 40)
+    ]
     assert all(1e-7 <= e <= 1e-4 for e in drawn) and len(set(drawn)) == len(drawn)
     assert max(drawn) / min(drawn) > 100
     live = make_case(family, Case(0, "main", "float32", (2, 64), 0, 1.0), specs)[1]["eps"]
     assert live == 1e-6
     # One value per seed across shapes, dtypes and scales: a constexpr eps compiles a few times only.
-    same_seed = {make_case(family, Case(0, "main", dtype, shape, 3, scale, draw_scalars=True), specs)[1]["eps"]
-                 for dtype in ("float32", "float16") for shape in ((2, 64), (3, 96)) for scale in (1.0, 0.01)}
+    same_seed = {
+        make_case(family, Case(0, "main", dtype, shape, 3, scale, draw_scalars=True), specs)[1]["eps"]
+        for dtype in ("float32", "float16")
+        for shape in ((2, 64), (3, 96))
+        for scale in (1.0, 0.01)
+    }
     assert len(same_seed) == 1
 
 

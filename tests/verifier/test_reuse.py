@@ -50,9 +50,16 @@ def test_a_dead_spare_is_replaced_not_used(state):
 
 
 def test_compile_baselines_round_trip_per_op_shape_dtype_and_device(state):
-    rows = [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 17.5, "compile_ro_us": 22.0},
-            {"shape": [4096, 1536], "dtype": "bfloat16", "compile_us": 55.0, "compile_ro_us": None,
-             "errors": {"compile_ro_us": "failed"}}]
+    rows = [
+        {"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 17.5, "compile_ro_us": 22.0},
+        {
+            "shape": [4096, 1536],
+            "dtype": "bfloat16",
+            "compile_us": 55.0,
+            "compile_ro_us": None,
+            "errors": {"compile_ro_us": "failed"},
+        },
+    ]
     baselines.store_baselines("rms_norm", "M", rows, "H200")
     got = baselines.cached_baselines("rms_norm", "M", [[1, 1536], [4096, 1536], [8, 8]], "bfloat16", "H200")
     assert got == {"1x1536": {"compile_us": 17.5, "compile_ro_us": 22.0}, "4096x1536": {"compile_us": 55.0}}
@@ -60,8 +67,12 @@ def test_compile_baselines_round_trip_per_op_shape_dtype_and_device(state):
     assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H100") == {}
     assert baselines.cached_baselines("softmax", "M", [[1, 1536]], "bfloat16", "H200") == {}
     # A reused value is not written back as if measured again.
-    baselines.store_baselines("rms_norm", "M", [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 99.0,
-                                                 "cached": ["compile_us"]}], "H200")
+    baselines.store_baselines(
+        "rms_norm",
+        "M",
+        [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 99.0, "cached": ["compile_us"]}],
+        "H200",
+    )
     assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H200")["1x1536"]["compile_us"] == 17.5
 
 

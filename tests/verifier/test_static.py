@@ -26,7 +26,7 @@ def static_rules(source: str) -> set[str]:
 def entry_with(*lines: str, ret: str = "y.view(x.shape)") -> str:
     """An honest entry with `lines` inserted before the launch (4-space indented)."""
     body = "\n".join(f"    {line}" for line in lines)
-    return f'''
+    return f"""
 def entry(x, *, weight, eps):
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()
@@ -34,7 +34,7 @@ def entry(x, *, weight, eps):
 {body}
     _rms_rows[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=triton.next_power_of_2(hidden))
     return {ret}
-'''
+"""
 
 
 # (rule, id, code appended to the shared header). Each line of the issue's static layer has a row.
@@ -65,13 +65,17 @@ CHEATS = [
     ("torch-compute", "negation", entry_with("z = -weight")),
     ("torch-compute", "augmented", entry_with("y += 0")),
     ("torch-compute", "builtin-on-tensor", entry_with("z = sum(x)")),
-    ("torch-compute", "helper-taint",
-     "def _double(t):\n    return t * 2\n" + entry_with("z = _double(weight)")),
-    ("torch-compute", "inside-kernel", '''
+    ("torch-compute", "helper-taint", "def _double(t):\n    return t * 2\n" + entry_with("z = _double(weight)")),
+    (
+        "torch-compute",
+        "inside-kernel",
+        """
 @triton.jit
 def _k(X, BLOCK: tl.constexpr):
     v = torch.exp(tl.load(X + tl.arange(0, BLOCK)))
-''' + entry_with("_k[(1,)](x2, BLOCK=16)")),
+"""
+        + entry_with("_k[(1,)](x2, BLOCK=16)"),
+    ),
     # compile / capture
     ("torch-compile", "compile", entry_with("f = torch.compile(entry)")),
     ("torch-compile", "dynamo", entry_with("torch._dynamo.reset()")),
@@ -130,7 +134,10 @@ def _k(X, BLOCK: tl.constexpr):
     ("guarded-fallback", "shape-identity", entry_with("if x.shape[0] == 1:", "    return x")),
     ("guarded-fallback", "dtype-fallback", entry_with("if x.dtype == torch.bfloat16:", "    return y")),
     ("guarded-fallback", "derived-size", entry_with("rows = x2.shape[0]", "if rows < 2:", "    return x2")),
-    ("guarded-fallback", "guarded-launch-skip", '''
+    (
+        "guarded-fallback",
+        "guarded-launch-skip",
+        """
 def entry(x, *, weight, eps):
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()
@@ -138,17 +145,27 @@ def entry(x, *, weight, eps):
     if x2.shape[0] > 1:
         _rms_rows[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=triton.next_power_of_2(hidden))
     return y.view(x.shape)
-'''),
+""",
+    ),
     ("guarded-fallback", "ifexp-return", entry_with(ret="y if x.dim() == 2 else x")),
     # decoy kernels
     ("kernel-not-launched", "decoy", "@triton.jit\ndef _decoy(X):\n    pass\n" + HONEST_ENTRY),
     ("kernel-not-launched", "never-launches", "def entry(x, *, weight, eps):\n    return torch.empty_like(x)\n"),
-    ("kernel-not-launched", "no-kernels-at-all", "import torch\nOP = 'rms_norm'\nADAPTER = []\n"
-     "def entry(x, *, weight, eps):\n    return torch.empty_like(x)\n"),
-    ("kernel-not-launched", "launch-in-unreachable-helper",
-     "def _unused(x2, w, y):\n    _rms_rows[(1,)](x2, w, y, 1, 1e-6, BLOCK=1)\n"
-     "def entry(x, *, weight, eps):\n    return torch.empty_like(x)\n"),
-    ("kernel-not-launched", "unguarded-skip", '''
+    (
+        "kernel-not-launched",
+        "no-kernels-at-all",
+        "import torch\nOP = 'rms_norm'\nADAPTER = []\ndef entry(x, *, weight, eps):\n    return torch.empty_like(x)\n",
+    ),
+    (
+        "kernel-not-launched",
+        "launch-in-unreachable-helper",
+        "def _unused(x2, w, y):\n    _rms_rows[(1,)](x2, w, y, 1, 1e-6, BLOCK=1)\n"
+        "def entry(x, *, weight, eps):\n    return torch.empty_like(x)\n",
+    ),
+    (
+        "kernel-not-launched",
+        "unguarded-skip",
+        """
 def entry(x, *, weight, eps):
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()
@@ -156,22 +173,31 @@ def entry(x, *, weight, eps):
     if eps > 1e-5:
         _rms_rows[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=triton.next_power_of_2(hidden))
     return y.view(x.shape)
-'''),
+""",
+    ),
     # returned value not produced by the launch
     ("return-not-from-kernel", "returns-input", entry_with(ret="x")),
     ("return-not-from-kernel", "returns-unlaunched-buffer", entry_with("z = torch.empty_like(x)", ret="z")),
     ("return-not-from-kernel", "returns-weight", entry_with(ret="weight")),
     # host code inside kernels
-    ("kernel-host-code", "calls-host-helper", '''
+    (
+        "kernel-host-code",
+        "calls-host-helper",
+        """
 def _host(v):
     return v
 
 @triton.jit
 def _k(X, BLOCK: tl.constexpr):
     v = _host(tl.load(X + tl.arange(0, BLOCK)))
-''' + entry_with("_k[(1,)](x2, BLOCK=16)")),
+"""
+        + entry_with("_k[(1,)](x2, BLOCK=16)"),
+    ),
     ("kernel-host-code", "kernel-called-directly", entry_with("_rms_rows(x2, weight, y, hidden, eps, 16)")),
-    ("kernel-host-code", "nested-kernel", '''
+    (
+        "kernel-host-code",
+        "nested-kernel",
+        """
 def entry(x, *, weight, eps):
     @triton.jit
     def _inner(X):
@@ -180,26 +206,37 @@ def entry(x, *, weight, eps):
     y = torch.empty_like(x)
     _rms_rows[(1,)](x, weight, y, hidden, eps, BLOCK=16)
     return y
-'''),
-    ("kernel-host-code", "kernel-reads-mutable-global", '''
+""",
+    ),
+    (
+        "kernel-host-code",
+        "kernel-reads-mutable-global",
+        """
 TABLE = [1.0, 2.0]
 
 @triton.jit
 def _k(X, BLOCK: tl.constexpr):
     v = TABLE
-''' + entry_with("_k[(1,)](x2, BLOCK=16)")),
+"""
+        + entry_with("_k[(1,)](x2, BLOCK=16)"),
+    ),
     # module-level mutable caches and other state between calls
     ("mutable-state", "dict-cache", "_CACHE = {}\n" + entry_with("_CACHE[hidden] = y")),
     ("mutable-state", "list-append", "_SEEN = []\n" + entry_with("_SEEN.append(y)")),
     ("mutable-state", "global", "_LAST = None\n" + entry_with("global _LAST", "_LAST = y")),
-    ("mutable-state", "closure", '''
+    (
+        "mutable-state",
+        "closure",
+        """
 def _make():
     cache = {}
     def entry(x, *, weight, eps):
         cache["y"] = x
         return x
     return entry
-''' + HONEST_ENTRY),
+"""
+        + HONEST_ENTRY,
+    ),
     ("mutable-state", "mutable-default", HONEST_ENTRY.replace("eps):", "eps, _memo={}):")),
     ("mutable-state", "class", "class Holder:\n    value = None\n" + HONEST_ENTRY),
     ("mutable-state", "function-attribute", entry_with("entry.last = y")),
@@ -229,14 +266,17 @@ def test_every_static_rule_has_a_cheat():
 
 HONEST_SNIPPETS = {
     "plain": HONEST_ENTRY,
-    "isinstance-and-raise": entry_with("if not isinstance(x, torch.Tensor):",
-                                       "    raise TypeError('x must be a tensor')"),
-    "annotations-typing": "from typing import Optional\n" + HONEST_ENTRY.replace(
-        "def entry(x, *, weight, eps):", "def entry(x: torch.Tensor, *, weight: torch.Tensor, eps: float) "
-                                         "-> Optional[torch.Tensor]:"),
-    "math-and-constants": "import math\nBLOCKS = (64, 128)\nSCALE = math.sqrt(2.0)\n" + entry_with(
-        "b = BLOCKS[0]", "n = math.ceil(hidden / b)"),
-    "grid-lambda": '''
+    "isinstance-and-raise": entry_with(
+        "if not isinstance(x, torch.Tensor):", "    raise TypeError('x must be a tensor')"
+    ),
+    "annotations-typing": "from typing import Optional\n"
+    + HONEST_ENTRY.replace(
+        "def entry(x, *, weight, eps):",
+        "def entry(x: torch.Tensor, *, weight: torch.Tensor, eps: float) -> Optional[torch.Tensor]:",
+    ),
+    "math-and-constants": "import math\nBLOCKS = (64, 128)\nSCALE = math.sqrt(2.0)\n"
+    + entry_with("b = BLOCKS[0]", "n = math.ceil(hidden / b)"),
+    "grid-lambda": """
 def entry(x, *, weight, eps):
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()
@@ -244,14 +284,15 @@ def entry(x, *, weight, eps):
     grid = lambda meta: (triton.cdiv(x2.shape[0], meta["ROWS"]),)
     _rms_rows[grid](x2, weight, y, hidden, eps, BLOCK=triton.next_power_of_2(hidden), ROWS=1)
     return y.view(x.shape)
-''',
-    "main-guard-ignored": HONEST_ENTRY + '''
+""",
+    "main-guard-ignored": HONEST_ENTRY
+    + """
 if __name__ == "__main__":
     import os
     x = torch.randn(4, 64)
     print(torch.allclose(entry(x, weight=torch.ones(64), eps=1e-6), x))
-''',
-    "two-kernels-by-width": '''
+""",
+    "two-kernels-by-width": """
 @triton.jit
 def _rms_wide(X, W, Y, n_cols, eps, BLOCK: tl.constexpr):
     pass
@@ -268,8 +309,8 @@ def entry(x, *, weight, eps):
     else:
         _rms_wide[(x2.shape[0],)](x2, weight, y, hidden, eps, BLOCK=8192)
     return y.reshape(x.shape)
-''',
-    "libdevice-and-device-function": '''
+""",
+    "libdevice-and-device-function": """
 from triton.language.extra import libdevice
 
 @triton.jit
@@ -280,8 +321,9 @@ def _sq(v):
 def _k(X, Y, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(Y + offs, libdevice.tanh(_sq(tl.load(X + offs))))
-''' + entry_with("_k[(1,)](x2, y, BLOCK=16)"),
-    "autotune-configs": '''
+"""
+    + entry_with("_k[(1,)](x2, y, BLOCK=16)"),
+    "autotune-configs": """
 CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=2), triton.Config({"BLOCK": 128}, num_warps=4)]
 
 @triton.autotune(configs=CONFIGS, key=["n"])
@@ -289,9 +331,11 @@ CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=2), triton.Config({"BLOCK": 12
 def _k(X, Y, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
-''' + entry_with("_k[(1,)](x2, y, x2.numel())"),
-    "device-properties": entry_with("sms = torch.cuda.get_device_properties(x.device).multi_processor_count "
-                                    "if x.is_cuda else 1"),
+"""
+    + entry_with("_k[(1,)](x2, y, x2.numel())"),
+    "device-properties": entry_with(
+        "sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1"
+    ),
 }
 
 
@@ -300,8 +344,9 @@ def test_honest_code_passes(name):
     assert static_rules(HEADER + "\n" + HONEST_SNIPPETS[name]) == set()
 
 
-TEMPLATES = sorted(p for p in (Path(__file__).parents[2] / "gpuyantra" / "kernels").glob("*.py")
-                   if p.name != "__init__.py")
+TEMPLATES = sorted(
+    p for p in (Path(__file__).parents[2] / "gpuyantra" / "kernels").glob("*.py") if p.name != "__init__.py"
+)
 
 
 @pytest.mark.parametrize("path", TEMPLATES + sorted(CANDIDATES.glob("honest_*.py")), ids=lambda p: p.stem)
@@ -321,8 +366,10 @@ def _op_of(source: str) -> str:
 def test_reads_contract_literals_without_running_anything():
     report = check_source(HEADER + HONEST_ENTRY, "<test>", RMS)
     assert report.op == "rms_norm"
-    assert report.adapter == [{"kernel_param": "weight", "module_attr": "weight"},
-                              {"kernel_param": "eps", "module_attr": "variance_epsilon"}]
+    assert report.adapter == [
+        {"kernel_param": "weight", "module_attr": "weight"},
+        {"kernel_param": "eps", "module_attr": "variance_epsilon"},
+    ]
     assert report.entry.positional == ["x"] and report.entry.kwonly == ["weight", "eps"]
     assert report.kernels == ["_rms_rows"]
 

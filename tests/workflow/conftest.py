@@ -14,7 +14,8 @@ from gpuyantra.processes import temporal_binary
 
 @pytest.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                        dev_server_extra_args=["--headless", *search_attribute_args()])
+    environment = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), dev_server_extra_args=["--headless", *search_attribute_args()]
+    )
     yield environment
     await environment.shutdown()

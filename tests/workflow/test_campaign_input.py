@@ -37,9 +37,11 @@ async def workers(client: Client, script: Script) -> AsyncIterator[str]:
     gpu, cpu = script.activities()
     queue = CONTROL_TASK_QUEUE + uuid.uuid4().hex[:6]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        async with Worker(client, task_queue=queue, workflows=[OptimizeCampaign]), \
-                Worker(client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool), \
-                Worker(client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool):
+        async with (
+            Worker(client, task_queue=queue, workflows=[OptimizeCampaign]),
+            Worker(client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool),
+            Worker(client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool),
+        ):
             yield queue
 
 
@@ -48,8 +50,11 @@ async def awaiting_approval(client: Client, queue: str, server_url: str) -> Asyn
     """A campaign on rms_norm held at its approval step; terminated at the end if still running, since
     a leftover one would refuse later tests' campaigns on its server."""
     handle = await client.start_workflow(
-        OptimizeCampaign.run, CampaignInput(server_url=server_url, ops=["rms_norm"], require_approval=True),
-        id=f"held-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        OptimizeCampaign.run,
+        CampaignInput(server_url=server_url, ops=["rms_norm"], require_approval=True),
+        id=f"held-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+    )
     try:
         await wait_for_stage(handle, "awaiting-approval")
         yield handle
@@ -76,8 +81,13 @@ async def wait_for_stage(handle: WorkflowHandle, stage: str) -> dict[str, Any]:
 
 def temporal_cli(env: WorkflowEnvironment, *args: str) -> subprocess.CompletedProcess:
     address = env.client.service_client.config.target_host
-    return subprocess.run([temporal_binary(), *args, "--address", address], capture_output=True, text=True,
-                          timeout=HANG_GUARD_S, check=True)
+    return subprocess.run(
+        [temporal_binary(), *args, "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=True,
+    )
 
 
 def input_rows() -> list[tuple[str, str]]:
@@ -96,8 +106,9 @@ async def test_every_documented_bad_input_fails_its_run_naming_the_field(env):
         handles = []
         for raw, message in input_rows():
             args = [] if raw == "(no input)" else [json.loads(raw)]
-            handle = await env.client.start_workflow("OptimizeCampaign", args=args, id=f"bad-{uuid.uuid4().hex[:8]}",
-                                                     task_queue=queue)
+            handle = await env.client.start_workflow(
+                "OptimizeCampaign", args=args, id=f"bad-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
             handles.append((handle, message))
         for handle, message in handles:
             error = await failure_of(handle)
@@ -108,17 +119,28 @@ async def test_every_documented_bad_input_fails_its_run_naming_the_field(env):
 async def test_stock_cli_typo_fails_the_run_instead_of_hanging(env):
     async with workers(env.client, Script(rewards=[3])) as queue:
         workflow_id = f"typo-{uuid.uuid4().hex[:8]}"
-        temporal_cli(env, "workflow", "start", "--type", "OptimizeCampaign", "--task-queue", queue,
-                     "--workflow-id", workflow_id, "--input", '{"server": "http://127.0.0.1:8000"}')
+        temporal_cli(
+            env,
+            "workflow",
+            "start",
+            "--type",
+            "OptimizeCampaign",
+            "--task-queue",
+            queue,
+            "--workflow-id",
+            workflow_id,
+            "--input",
+            '{"server": "http://127.0.0.1:8000"}',
+        )
         error = await failure_of(env.client.get_workflow_handle(workflow_id))
-    assert error.message.startswith(
-        "invalid campaign input: unknown field 'server' (did you mean 'server_url'?)")
+    assert error.message.startswith("invalid campaign input: unknown field 'server' (did you mean 'server_url'?)")
 
 
 async def test_malformed_signals_leave_notices_and_a_bare_approve_deploys_every_op(env):
     script = Script(rewards=[3])
-    notices = [(signal, json.loads(f"[{args}]"), notice) for signal, args, _, notice in rows("Signals")
-               if notice != "—"]
+    notices = [
+        (signal, json.loads(f"[{args}]"), notice) for signal, args, _, notice in rows("Signals") if notice != "—"
+    ]
     async with workers(env.client, script) as queue, awaiting_approval(env.client, queue, "http://s.test") as handle:
         for signal, args, _ in notices:
             await handle.signal(signal, args=args)
@@ -138,22 +160,32 @@ async def test_malformed_signals_leave_notices_and_a_bare_approve_deploys_every_
 
 async def test_second_campaign_on_one_server_is_refused_naming_the_first(env):
     address = env.client.service_client.config.target_host
-    async with workers(env.client, Script(rewards=[3])) as queue, \
-            awaiting_approval(env.client, queue, "http://127.0.0.1:8123") as first:
+    async with (
+        workers(env.client, Script(rewards=[3])) as queue,
+        awaiting_approval(env.client, queue, "http://127.0.0.1:8123") as first,
+    ):
         # A stock start (any id), the same server spelled differently: refused by the run itself.
-        second = await env.client.start_workflow("OptimizeCampaign", {"server_url": "http://localhost:8123/"},
-                                                 id=f"second-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        second = await env.client.start_workflow(
+            "OptimizeCampaign",
+            {"server_url": "http://localhost:8123/"},
+            id=f"second-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
         error = await failure_of(second)
         assert error.type == "CampaignConflict" and error.non_retryable
         assert error.message == (
             f"campaign refused: workflow {first.id} is already optimizing http://localhost:8123/; wait for it "
-            f"or cancel it: temporal workflow cancel --workflow-id {first.id}")
+            f"or cancel it: temporal workflow cancel --workflow-id {first.id}"
+        )
         # `gpuyantra optimize`: refused before anything starts.
         with pytest.raises(CampaignRefused, match=f"workflow {first.id} is already optimizing"):
             await start_campaign(address, CampaignInput(server_url="http://127.0.0.1:8123"), wait=False)
         # Another server is not blocked by it.
         other = await env.client.start_workflow(
-            OptimizeCampaign.run, CampaignInput(server_url="http://127.0.0.1:8124", ops=["rms_norm"]),
-            id=f"other-{uuid.uuid4().hex[:8]}", task_queue=queue)
+            OptimizeCampaign.run,
+            CampaignInput(server_url="http://127.0.0.1:8124", ops=["rms_norm"]),
+            id=f"other-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
         assert (await asyncio.wait_for(other.result(), HANG_GUARD_S))["deployed"]
         assert (await first.describe()).status == WorkflowExecutionStatus.RUNNING

@@ -15,18 +15,42 @@ from temporalio.worker import Worker
 from activities.cpu import preflight_campaign  # the real one: op names and one campaign per server
 from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
 from workflows.campaign import OptimizeCampaign, select_targets
-from workflows.types import (CampaignInput, DeployInput, LearnInput, OutcomeInput, RetrieveInput, RetrieveResult,
-                             RollbackInput, ServerCall, VerifyInput, WriteInput, WriteResult)
+from workflows.types import (
+    CampaignInput,
+    DeployInput,
+    LearnInput,
+    OutcomeInput,
+    RetrieveInput,
+    RetrieveResult,
+    RollbackInput,
+    ServerCall,
+    VerifyInput,
+    WriteInput,
+    WriteResult,
+)
 
-TARGET = {"op": "rms_norm", "module_class": "Qwen2RMSNorm", "qualified_class": "x.Qwen2RMSNorm", "modules": 5,
-          "adapter": [], "shapes": [[1, 64]], "dtype": "float32"}
+TARGET = {
+    "op": "rms_norm",
+    "module_class": "Qwen2RMSNorm",
+    "qualified_class": "x.Qwen2RMSNorm",
+    "modules": 5,
+    "adapter": [],
+    "shapes": [[1, 64]],
+    "dtype": "float32",
+}
 
 
 class Script:
     """Rewards the fake verifier hands out, in order, and a log of what was called."""
 
-    def __init__(self, rewards: list[int], device: str = "cuda", slower_after_deploy: bool = False,
-                 verifications_meet: int = 0, model: str | None = None) -> None:
+    def __init__(
+        self,
+        rewards: list[int],
+        device: str = "cuda",
+        slower_after_deploy: bool = False,
+        verifications_meet: int = 0,
+        model: str | None = None,
+    ) -> None:
         self.rewards = rewards
         self.model = model  # what the fake profile names as the served model
         self.slower_after_deploy = slower_after_deploy
@@ -46,8 +70,11 @@ class Script:
         @activity.defn(name="profile_server")
         def profile_server(call: ServerCall) -> dict:
             self.calls.append("profile")
-            return {"hardware": "test-gpu", "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}],
-                    **({"model": self.model} if self.model else {})}
+            return {
+                "hardware": "test-gpu",
+                "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}],
+                **({"model": self.model} if self.model else {}),
+            }
 
         @activity.defn(name="benchmark_server")
         def benchmark_server(call: ServerCall) -> dict:
@@ -65,9 +92,14 @@ class Script:
             if self.meet is not None and request.iteration == 1:
                 self.meet.wait()
             self.event("verify-end", request.target["op"])
-            return {"reward": reward, "accepted": reward >= 1, "device": self.device,
-                    "failures": [] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
-                    "speedup_vs_eager": 2.0, "speedup_vs_compile": 1.1}
+            return {
+                "reward": reward,
+                "accepted": reward >= 1,
+                "device": self.device,
+                "failures": [] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
+                "speedup_vs_eager": 2.0,
+                "speedup_vs_compile": 1.1,
+            }
 
         @activity.defn(name="deploy_kernel")
         def deploy_kernel(request: DeployInput) -> dict:
@@ -99,8 +131,10 @@ class Script:
             self.calls.append("rollback")
             return {"rolled_back": [request.swap_id]}
 
-        return ([profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap],
-                [retrieve_skills, write_candidate, record_outcome, learn_skill, preflight_campaign])
+        return (
+            [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap],
+            [retrieve_skills, write_candidate, record_outcome, learn_skill, preflight_campaign],
+        )
 
 
 async def run(client: Client, script: Script, params: CampaignInput) -> dict:
@@ -109,11 +143,17 @@ async def run(client: Client, script: Script, params: CampaignInput) -> dict:
     gpu, cpu = script.activities()
     queue_suffix = uuid.uuid4().hex[:6]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        async with Worker(client, task_queue=CONTROL_TASK_QUEUE + queue_suffix, workflows=[OptimizeCampaign]), \
-                Worker(client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool), \
-                Worker(client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool):
-            return await client.execute_workflow(OptimizeCampaign.run, params, id=f"t-{uuid.uuid4().hex[:8]}",
-                                                 task_queue=CONTROL_TASK_QUEUE + queue_suffix)
+        async with (
+            Worker(client, task_queue=CONTROL_TASK_QUEUE + queue_suffix, workflows=[OptimizeCampaign]),
+            Worker(client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool),
+            Worker(client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool),
+        ):
+            return await client.execute_workflow(
+                OptimizeCampaign.run,
+                params,
+                id=f"t-{uuid.uuid4().hex[:8]}",
+                task_queue=CONTROL_TASK_QUEUE + queue_suffix,
+            )
 
 
 async def test_loop_stops_at_reward_three_and_deploys(env):
@@ -176,8 +216,14 @@ async def test_two_targets_verify_concurrently_and_deploy_one_at_a_time(env):
         assert order[("verify-start", op)] < order[("verify-end", other)]
     server_side = [name for name, _ in script.events if name.startswith(("deploy", "benchmark"))]
     swap_and_check = ["deploy-start", "deploy-end", "benchmark-start", "benchmark-end"]
-    assert server_side == ["benchmark-start", "benchmark-end", *swap_and_check, *swap_and_check,
-                           "benchmark-start", "benchmark-end"]  # before, two swaps each checked alone, after
+    assert server_side == [
+        "benchmark-start",
+        "benchmark-end",
+        *swap_and_check,
+        *swap_and_check,
+        "benchmark-start",
+        "benchmark-end",
+    ]  # before, two swaps each checked alone, after
 
 
 async def test_swap_that_speeds_served_decode_is_kept_with_e2e_numbers(env):
@@ -197,12 +243,17 @@ async def test_require_approval_waits_for_the_signal(env):
     gpu, cpu = script.activities()
     queue = CONTROL_TASK_QUEUE + uuid.uuid4().hex[:6]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        async with Worker(env.client, task_queue=queue, workflows=[OptimizeCampaign]), \
-                Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool), \
-                Worker(env.client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool):
+        async with (
+            Worker(env.client, task_queue=queue, workflows=[OptimizeCampaign]),
+            Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool),
+            Worker(env.client, task_queue=CPU_TASK_QUEUE, activities=cpu, activity_executor=pool),
+        ):
             handle = await env.client.start_workflow(
-                OptimizeCampaign.run, CampaignInput(server_url="http://x", ops=["rms_norm"], require_approval=True),
-                id=f"t-{uuid.uuid4().hex[:8]}", task_queue=queue)
+                OptimizeCampaign.run,
+                CampaignInput(server_url="http://x", ops=["rms_norm"], require_approval=True),
+                id=f"t-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+            )
             for _ in range(100):  # bounded: 10 s
                 progress = await handle.query(OptimizeCampaign.progress)
                 if any(t.get("stage") == "awaiting-approval" for t in progress["targets"].values()):

@@ -31,16 +31,30 @@ QUERY = 'GpuyantraModel="tiny-qwen2"'  # the README's query
 
 
 def test_workflow_keys_are_the_registered_ones():
-    assert {key.name: f"INDEXED_VALUE_TYPE_{key.indexed_value_type.name}" for key in SEARCH_KEYS} == \
-        {name: indexed_value_type(kind) for name, kind in SEARCH_ATTRIBUTES.items()}
+    assert {key.name: f"INDEXED_VALUE_TYPE_{key.indexed_value_type.name}" for key in SEARCH_KEYS} == {
+        name: indexed_value_type(kind) for name, kind in SEARCH_ATTRIBUTES.items()
+    }
 
 
 async def listed(env, query: str, workflow_id: str) -> list[str]:
     """Ids `temporal workflow list --query` answers (visibility lags a little: polled, bounded)."""
     for _ in range(50):
-        found = subprocess.run([temporal_binary(), "workflow", "list", "--address",
-                                env.client.service_client.config.target_host, "--query", query, "--output", "json"],
-                               capture_output=True, text=True, timeout=30)
+        found = subprocess.run(
+            [
+                temporal_binary(),
+                "workflow",
+                "list",
+                "--address",
+                env.client.service_client.config.target_host,
+                "--query",
+                query,
+                "--output",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert found.returncode == 0, found.stderr
         ids = [row["execution"]["workflowId"] for row in json.loads(found.stdout or "[]")]
         if workflow_id in ids:
@@ -56,8 +70,7 @@ async def test_demo_like_campaign_is_found_by_model_ops_and_deployed(env):
     assert result["model"] == "tiny-qwen2" and result["deployed"]
     workflow_id = result["workflow_id"]
     assert workflow_id in await listed(env, QUERY, workflow_id)
-    assert workflow_id in await listed(env, f'{QUERY} AND GpuyantraOps="rms_norm" AND GpuyantraDeployed=1',
-                                       workflow_id)
+    assert workflow_id in await listed(env, f'{QUERY} AND GpuyantraOps="rms_norm" AND GpuyantraDeployed=1', workflow_id)
     attributes = (await env.client.get_workflow_handle(workflow_id).describe()).typed_search_attributes
     assert attributes.get(MODEL_KEY) == "tiny-qwen2" and attributes.get(OPS_KEY) == ["rms_norm"]
     assert attributes.get(HARDWARE_KEY) == "test-gpu" and attributes.get(DEPLOYED_KEY) == 1
@@ -74,13 +87,22 @@ async def test_namespace_without_the_attributes_runs_campaigns_unsearchable(env)
     cpu = [a for a in cpu if a.__name__ != "preflight_campaign"]
     queue = CONTROL_TASK_QUEUE + uuid.uuid4().hex[:6]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        async with Worker(env.client, task_queue=queue, workflows=[OptimizeCampaign]), \
-                Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool), \
-                Worker(env.client, task_queue=CPU_TASK_QUEUE, activities=[*cpu, preflight_without_attributes],
-                       activity_executor=pool):
-            handle = await env.client.start_workflow(OptimizeCampaign.run,
-                                                     CampaignInput(server_url="http://y", ops=["rms_norm"]),
-                                                     id=f"t-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        async with (
+            Worker(env.client, task_queue=queue, workflows=[OptimizeCampaign]),
+            Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=gpu, activity_executor=pool),
+            Worker(
+                env.client,
+                task_queue=CPU_TASK_QUEUE,
+                activities=[*cpu, preflight_without_attributes],
+                activity_executor=pool,
+            ),
+        ):
+            handle = await env.client.start_workflow(
+                OptimizeCampaign.run,
+                CampaignInput(server_url="http://y", ops=["rms_norm"]),
+                id=f"t-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+            )
             result = await asyncio.wait_for(handle.result(), 60)
     assert result["deployed"]
     attributes = (await handle.describe()).typed_search_attributes

@@ -58,6 +58,12 @@ def test_slowdown_warning_for_any_drop():
 
 
 def test_figures_of_an_old_style_measurement():
-    assert figures({"tokens_per_s": 5.0}) == {"tokens_per_s": 5.0, "min": 5.0, "max": 5.0, "relative_spread": 0.0,
-                                              "repeats": 1, "measured": "benchmark"}
+    assert figures({"tokens_per_s": 5.0}) == {
+        "tokens_per_s": 5.0,
+        "min": 5.0,
+        "max": 5.0,
+        "relative_spread": 0.0,
+        "repeats": 1,
+        "measured": "benchmark",
+    }
     assert figures(None) is None
