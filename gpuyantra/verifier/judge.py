@@ -72,7 +72,7 @@ class References:
         activations, params = make_case(self.family, case, self.param_specs, self.device)
         return activations, params, float64_reference(self.family, activations, params)
 
-    def native(self, case: Case, activations: Any, params: Any) -> list[torch.Tensor] | None:
+    def float32(self, case: Case, activations: Any, params: Any) -> list[torch.Tensor] | None:
         """The module's math in float32 on these inputs, where the inputs are activation-like."""
         if case.dist == "normal":
             return None
@@ -241,7 +241,7 @@ def _judge_record(
     activations, params, reference = references.get(case)
     where += _drawn_scalars(case, params, references.param_specs)
     is_tuple, expected = references.expected(case, activations, params)
-    native = references.native(case, activations, params)
+    float32_ref = references.float32(case, activations, params)
     types = record.get("types") or []
     if is_tuple:
         if record.get("container") is None or len(types) != len(expected):
@@ -291,7 +291,7 @@ def _judge_record(
                 f"output {index} has shape {list(got.shape)}, expected {list(shape)} on {where}",
             )
             return
-        slack = _conditioning_slack(native[index], reference[index]) if native is not None else None
+        slack = _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None
         group = (case.phase, case.dtype, case.shape)
         rules = ("nan-output", "wrong-values") if group in c.plain_failed else _value_rules(case)
         got = got.to(reference[index].device)
@@ -326,11 +326,11 @@ def _drawn_scalars(case: Case, params: dict[str, Any], specs: Sequence[dict[str,
     return (", " + ", ".join(drawn)) if drawn else ""
 
 
-def _conditioning_slack(native: torch.Tensor | None, want: torch.Tensor) -> torch.Tensor | None:
+def _conditioning_slack(float32_ref: torch.Tensor | None, want: torch.Tensor) -> torch.Tensor | None:
     """CONDITIONING_SLACK x the per-row RMS error of the float32 computation (where finite)."""
-    if native is None or native.shape != want.shape:
+    if float32_ref is None or float32_ref.shape != want.shape:
         return None
-    err = (native.to(torch.float64) - want).abs()
+    err = (float32_ref.to(torch.float64) - want).abs()
     err = torch.where(torch.isfinite(err), err, torch.zeros_like(err))
     if err.dim() == 0:
         return CONDITIONING_SLACK * err
@@ -373,7 +373,7 @@ def _compare(
     if bool(wrong.any()):
         n = int(wrong.sum())
         first = _index(wrong)
-        extra = " plus 16x float32's own error on such inputs" if slack is not None else ""
+        extra = f" plus {CONDITIONING_SLACK:g}x float32's own error on such inputs" if slack is not None else ""
         c.add(
             "correctness",
             wrong_rule,
