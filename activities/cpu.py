@@ -17,6 +17,9 @@ from workflows.types import (
     OutcomeInput,
     RetrieveInput,
     RetrieveResult,
+    SkillSeed,
+    Target,
+    VerdictSummary,
     WriteInput,
     WriteResult,
 )
@@ -26,9 +29,9 @@ from workflows.types import (
 def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
     from gpuyantra.skills import Fingerprint, SkillStore, ucb1_choose
 
-    fingerprint = Fingerprint.from_target(request.target, request.hardware)
+    fingerprint = Fingerprint.from_target(request.target, request.hardware)  # reads profile fields Target omits
     with SkillStore() as store:
-        skills = store.retrieve(fingerprint, request.target["op"], request.hardware)
+        skills = store.retrieve(fingerprint, Target.from_dict(request.target).op, request.hardware)
     chosen = ucb1_choose(skills)
     return RetrieveResult(
         candidates=[
@@ -52,23 +55,26 @@ def record_outcome(request: OutcomeInput) -> None:
 def write_candidate(request: WriteInput) -> WriteResult:
     from gpuyantra.authors import Attempt, WriteRequest, get_author
 
-    target = request.target
-    seed = request.seed or {}
+    target = Target.from_dict(request.target)
+    seed = SkillSeed.from_dict(request.seed) if request.seed else None
     # A seed from another family (transfer) contributes the knobs both families share, not its source.
-    same_family = seed.get("op") == target["op"]
-    seed_strategy = seed.get("strategy") if same_family else shared_knobs(target["op"], seed.get("strategy"))
+    same_family = seed is not None and seed.op == target.op
+    seed_strategy = seed.strategy if seed is not None else None
+    if not same_family:
+        seed_strategy = shared_knobs(target.op, seed_strategy)
     written = get_author().write(
         WriteRequest(
-            op=target["op"],
-            module_class=target["module_class"],
-            adapter=target["adapter"],
-            shapes=target.get("shapes", []),
-            dtype=target.get("dtype", "float32"),
+            op=target.op,
+            module_class=target.module_class,
+            adapter=target.adapter,
+            shapes=target.shapes,
+            dtype=target.dtype or "float32",  # a target seen in no call has no dtype: the author's default
             hardware=request.hardware,
-            seed_source=seed.get("source") if same_family else None,
+            seed_source=seed.source if seed is not None and same_family else None,
             seed_strategy=seed_strategy,
             history=[Attempt(**attempt) for attempt in request.history],
             iteration=request.iteration,
+            param_shapes=target.param_shapes or {},
         )
     )
     return WriteResult(source=written.source, strategy=written.strategy, author=written.author, notes=written.notes)
@@ -94,26 +100,26 @@ def learn_skill(request: LearnInput) -> str:
 
     from gpuyantra.skills import Fingerprint, Skill, SkillStore
 
-    verdict, target = request.verdict, request.target
-    fingerprint = Fingerprint.from_target(target, request.hardware)
+    verdict, target = VerdictSummary.from_dict(request.verdict), Target.from_dict(request.target)
+    fingerprint = Fingerprint.from_target(request.target, request.hardware)  # reads profile fields Target omits
     skill = Skill(
-        op=target["op"],
+        op=target.op,
         hardware=request.hardware,
         source=request.source,
-        adapter=target["adapter"],
+        adapter=target.adapter,
         strategy=request.strategy,
-        reward=float(verdict["reward"]),
-        speedup_vs_eager=verdict.get("speedup_vs_eager"),
-        speedup_vs_compile=verdict.get("speedup_vs_compile"),
-        shapes=verdict.get("shapes") or target.get("shapes", []),
-        dtypes=verdict.get("dtypes") or [],
+        reward=float(verdict.reward),
+        speedup_vs_eager=verdict.speedup_vs_eager,
+        speedup_vs_compile=verdict.speedup_vs_compile,
+        shapes=verdict.shapes or target.shapes,
+        dtypes=verdict.dtypes or [],
         fingerprint=fingerprint.to_payload(),
-        module_class=target.get("qualified_class", ""),
+        module_class=target.qualified_class or "",
         provenance={
             "campaign": request.campaign_id,
             "iteration": request.iteration,
             "author": request.author,
-            "module_class": target["module_class"],
+            "module_class": target.module_class,
         },
         versions={"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ from activities.errors import as_application_error
 from activities.heartbeat import with_heartbeat
 from gpuyantra import config
 from gpuyantra.server_client import AdminClient, ServerError
-from workflows.types import DeployInput, RollbackInput, ServerCall, VerifyInput
+from workflows.types import DeployInput, RollbackInput, ServerCall, Target, VerifyInput
 
 
 def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -38,11 +39,14 @@ def benchmark_server(call: ServerCall) -> dict[str, Any]:
 
 @activity.defn(name="deploy_kernel")
 def deploy_kernel(request: DeployInput) -> dict[str, Any]:
+    target = Target.from_dict(request.target)
     body = {
         "source": request.source,
-        "module_class": request.target.get("qualified_class"),
+        "module_class": target.qualified_class,
         "attestation": request.attestation,
     }  # the server swaps only the bytes this attests
+    if target.param_shapes:  # linear: only the modules of the target's projection shape
+        body["param_shapes"] = target.param_shapes
     return admin_post(request.server_url, "/admin/swap", body)
 
 
@@ -60,21 +64,24 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     device = prepare(request.device)
     folder = config.candidates_dir() / request.campaign_id
     folder.mkdir(parents=True, exist_ok=True)
-    target = request.target
-    path = folder / f"{target['op']}_{target['module_class']}_{request.iteration}.py"
+    target = Target.from_dict(request.target)
+    # Linear targets share a class: their projection shape (variant) keeps their files apart.
+    variant = re.sub(r"[^0-9A-Za-z]+", "_", target.variant or "")
+    path = folder / f"{target.op}_{target.module_class}{'_' + variant if variant else ''}_{request.iteration}.py"
     path.write_text(request.source)
-    shapes = [list(s) for s in target.get("shapes", [])] or None
+    shapes = [list(s) for s in target.shapes] or None
     # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
-    dtypes = [target["dtype"]] if target.get("dtype") and device != "cpu" else None
+    dtypes = [target.dtype] if target.dtype and device != "cpu" else None
     # keep_warm: the next verification on this worker finds its sandbox child started.
     verdict = with_heartbeat(
         lambda: run_verification(
             path,
             device=device,
-            module_class=target.get("qualified_class"),
+            module_class=target.qualified_class,
             shapes=shapes,
             dtypes=dtypes,
             keep_warm=device == "cuda",
+            param_shapes=target.param_shapes or None,  # linear: the live weight's out-features
         )
     )
     result = verdict.to_dict()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuyantra.candidate import read_op
+from gpuyantra.rewards import REWARD_ACCEPTED
 
 KEY_ENV = "GPUYANTRA_ATTESTATION_KEY"
 KEY_FILE = "attestation.key"
@@ -92,7 +93,7 @@ def check(source: bytes, attested: Mapping[str, Any], device: str, key: bytes | 
     expected = sign(attested["digest"], attested["op"], attested["reward"], attested["device"], key)
     if not _same(expected, attested["signature"]):
         return "attestation signature invalid"
-    if attested["reward"] < 1:
+    if attested["reward"] < REWARD_ACCEPTED:
         return f"attested reward {attested['reward']} is not accepted"
     if attested["device"] != device:
         return f"attested on {attested['device']}, server runs on {device}"

@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from gpuyantra.ops import OpFamily, all_ops
+from gpuyantra.ops import OpFamily, UnknownOpError, all_ops, get_op
 from gpuyantra.ops.base import as_tuple, outputs_close
 
 PROBE_ROWS = (3,)
+OPEN_TARGETS_PER_MODEL = 12  # uncovered leaf classes made open targets, in first-call order
+# Leaf modules with nothing to compute (or nothing a kernel could replace).
+NO_COMPUTE = (torch.nn.Dropout, torch.nn.Identity, torch.nn.Embedding)
 FP64_TOLERANCE = (1e-8, 1e-6)  # (atol, rtol)
 
 
@@ -40,10 +44,31 @@ class ModuleGroup:
     qualified_class: str
     names: list[str] = field(default_factory=list)
     adapter: list[dict[str, str]] = field(default_factory=list)
+    # Live tensor shapes shared by the group's modules, for families that tell shapes apart
+    # (linear: {"weight": [N, K], "bias": [N] or None}); {} for every other family.
+    param_shapes: dict[str, list[int] | None] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return len(self.names)
+
+    @property
+    def variant(self) -> str:
+        """`weight=2048x1536,bias=none` (the `verify --param-shape` syntax), "" without param_shapes."""
+        return format_param_shapes(self.param_shapes)
+
+    @property
+    def key(self) -> str:
+        """The class, plus the variant where the family tells parameter shapes apart: what live
+        shapes are recorded under (a linear's K differs between its shapes)."""
+        return f"{self.qualified_class}[{self.variant}]" if self.param_shapes else self.qualified_class
+
+
+def format_param_shapes(param_shapes: dict[str, list[int] | None] | None) -> str:
+    return ",".join(
+        f"{name}={'none' if shape is None else 'x'.join(str(d) for d in shape)}"
+        for name, shape in (param_shapes or {}).items()
+    )
 
 
 def randomize_parameters(module: torch.nn.Module, generator: torch.Generator) -> None:
@@ -137,27 +162,128 @@ def computes_family(module: torch.nn.Module, family: OpFamily, seed: int = 0) ->
 
 
 def find_module_groups(model: torch.nn.Module, ops: Sequence[str] | None = None) -> list[ModuleGroup]:
-    """Group the model's modules by (family, class) for every family their computation matches."""
-    families = [f for f in all_ops() if ops is None or f.name in ops]
+    """Group the model's modules by (family, class) for every family their computation matches.
+    Named `ops` may include open targets (found by name, e.g. after a restart)."""
+    families = all_ops() if ops is None else _families_named(ops)
     verdict_cache: dict[tuple[str, type], list[dict[str, str]] | None] = {}
-    groups: dict[tuple[str, type], ModuleGroup] = {}
+    groups: dict[tuple[str, type, str], ModuleGroup] = {}
     for name, module in model.named_modules():
         cls = type(module)
         for family in families:
             key = (family.name, cls)
+            if not family.may_compute(module):
+                continue  # per module too: instances of a class may differ (a Linear fused away)
             if key not in verdict_cache:
                 verdict_cache[key] = computes_family(module, family)
             adapter = verdict_cache[key]
             if adapter is None:
                 continue
+            # Families that tell live shapes apart (linear) group each shape on its own.
+            shapes = family.param_shapes_of(module) if family.param_shapes_of is not None else {}
             group = groups.setdefault(
-                key,
+                (*key, format_param_shapes(shapes)),
                 ModuleGroup(
                     op=family.name,
                     module_class=cls.__name__,
                     qualified_class=f"{cls.__module__}.{cls.__qualname__}",
                     adapter=adapter,
+                    param_shapes=shapes,
                 ),
             )
             group.names.append(name)
     return list(groups.values())
+
+
+def _families_named(ops: Sequence[str]) -> list[OpFamily]:
+    families = []
+    for name in ops:
+        try:
+            families.append(get_op(name))
+        except UnknownOpError:
+            continue  # an op this process cannot know binds nothing
+    return families
+
+
+# ---------------------------------------------------------------------------------------------
+# Open targets: leaf modules no registered family covers
+
+
+def find_open_groups(
+    model: torch.nn.Module,
+    run_probe: Callable[[], Any],
+    covered: Sequence[ModuleGroup],
+    limit: int = OPEN_TARGETS_PER_MODEL,
+) -> list[ModuleGroup]:
+    """Open targets for the model's leaf module classes that no registered family covers.
+
+    One probe run records the first call of each uncovered leaf class (its positional tensor
+    inputs); each class becomes an open target built from that instance and call, saved by name.
+    Every instance of the class whose forward the target's reference reproduces with its own
+    parameters joins the group (binding by computation, as for a family); others stay out."""
+    from gpuyantra.ops.open import OpenTargetError, build_open_target, register_open
+
+    covered_names = {n for g in covered for n in g.names}
+    candidates = _uncovered_leaves(model, covered_names)
+    calls = _first_calls(candidates, run_probe)
+    groups: list[ModuleGroup] = []
+    for cls, (name, inputs) in list(calls.items())[:limit]:
+        module = candidates[name]
+        try:
+            target = build_open_target(module, inputs, name_hint=cls.__name__)
+        except OpenTargetError:
+            continue  # int-only inputs (embeddings), a forward that needs more than tensors...
+        family = register_open(target)
+        group = ModuleGroup(
+            op=family.name,
+            module_class=cls.__name__,
+            qualified_class=f"{cls.__module__}.{cls.__qualname__}",
+            adapter=target.adapter,
+        )
+        for other_name, other in candidates.items():
+            if type(other) is cls and computes_family(other, family) is not None:
+                group.names.append(other_name)
+        if group.names:
+            groups.append(group)
+    return groups
+
+
+def _uncovered_leaves(model: torch.nn.Module, covered: set[str]) -> dict[str, torch.nn.Module]:
+    """Leaf modules with something to compute, outside every module a family already binds."""
+    leaves: dict[str, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        if not name or any(True for _ in module.children()) or isinstance(module, NO_COMPUTE):
+            continue
+        if any(name == c or name.startswith(c + ".") for c in covered):
+            continue
+        leaves[name] = module
+    return leaves
+
+
+def _first_calls(
+    modules: dict[str, torch.nn.Module], run_probe: Callable[[], Any]
+) -> dict[type, tuple[str, tuple[torch.Tensor, ...]]]:
+    """(module name, positional tensor inputs) of the first call of each class during one probe;
+    classes called with keyword or non-tensor arguments are left out."""
+    calls: dict[type, tuple[str, tuple[torch.Tensor, ...]]] = {}
+    refused: set[type] = set()
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            cls = type(module)
+            if cls in calls or cls in refused:
+                return
+            if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
+                refused.add(cls)
+                return
+            calls[cls] = (name, tuple(a.detach().to("cpu").clone() for a in args))
+
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True) for n, m in modules.items()]
+    try:
+        with torch.no_grad():
+            run_probe()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls

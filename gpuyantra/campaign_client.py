@@ -12,11 +12,13 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError
 
 from gpuyantra import config
 from workflows.inputs import server_key
@@ -24,8 +26,14 @@ from workflows.types import CampaignInput
 
 CONNECT_WITHIN_S = 3.0  # a just-started dev server answers within this; a dead address fails fast
 RUNNING = "WorkflowType = 'OptimizeCampaign' AND ExecutionStatus = 'Running'"
+CAMPAIGNS = "WorkflowType = 'OptimizeCampaign'"
+QUERY_WITHIN_S = 2.0  # a running campaign whose worker is down does not answer its query: don't wait on it
 POLL_S = 1.0  # how often `optimize --wait` asks the campaign for its progress
 MAX_LISTED = 200  # running campaigns looked at, at most: one per server, so far more than any fleet
+# Search attributes a campaign sets as it learns them (config.SEARCH_ATTRIBUTES), shown per campaign.
+MODEL_KEY = SearchAttributeKey.for_keyword("GpuyantraModel")
+DEPLOYED_KEY = SearchAttributeKey.for_int("GpuyantraDeployed")
+BEST_SPEEDUP_KEY = SearchAttributeKey.for_float("GpuyantraBestSpeedup")
 
 
 class CampaignRefused(Exception):
@@ -68,13 +76,15 @@ def follow_commands(address: str, workflow_id: str) -> list[str]:
     ]
 
 
-async def connect(address: str, within_s: float = CONNECT_WITHIN_S) -> Client:
+async def connect(address: str, within_s: float = CONNECT_WITHIN_S, namespace: str = "default") -> Client:
     """Client.connect, retried for a bounded time (a server just started may not answer yet), then
     TemporalUnreachable; bounded too when the address drops packets instead of refusing."""
     deadline = time.monotonic() + within_s
     while True:
         try:
-            return await asyncio.wait_for(Client.connect(address), max(deadline - time.monotonic(), 0.5))
+            return await asyncio.wait_for(
+                Client.connect(address, namespace=namespace), max(deadline - time.monotonic(), 0.5)
+            )
         except (TimeoutError, RuntimeError) as exc:
             if time.monotonic() + 0.5 >= deadline:
                 raise TemporalUnreachable(address) from exc
@@ -192,3 +202,85 @@ def progress_lines(seen: dict[str, str], progress: Any) -> list[str]:
     lines += [f"notice: {notice}" for notice in notices[int(seen.get("notices", 0)) :]]
     seen.update(now, notices=str(len(notices)))
     return lines
+
+
+# ------------------------------------------------------------------------------- listing
+
+
+async def list_campaigns(
+    client: Client, limit: int = 50, query_within_s: float = QUERY_WITHIN_S
+) -> list[dict[str, Any]]:
+    """The newest `limit` campaigns, running ones first, each a `campaign_row`; running ones carry
+    their `progress` query's answer (asked concurrently, each bounded by `query_within_s`)."""
+    executions = [e async for e in client.list_workflows(CAMPAIGNS, limit=limit)]
+    answers = await asyncio.gather(*(_progress(client, e, query_within_s) for e in executions))
+    now = datetime.now(UTC)
+    rows = [campaign_row(e, answer, now) for e, answer in zip(executions, answers)]
+    return sorted(rows, key=lambda row: (row["status"] != "running", -row["started_ts"]))
+
+
+async def _progress(client: Client, execution: WorkflowExecution, within_s: float) -> tuple[Any, str | None]:
+    """(the progress query's answer, None), or (None, why there is none) as one line; closed
+    campaigns are not asked (their result, not their progress, tells what they did)."""
+    if execution.status != WorkflowExecutionStatus.RUNNING:
+        return None, None
+    handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+    try:
+        rpc = timedelta(seconds=within_s)
+        return await asyncio.wait_for(handle.query("progress", rpc_timeout=rpc), within_s + 0.5), None
+    except (TimeoutError, RPCError):
+        return None, f"no worker answered the progress query within {within_s:g} s (is `gpuyantra worker cpu` running?)"
+    except Exception as exc:  # noqa: BLE001 - shown as the campaign's one-line status, never raised
+        return None, f"progress query failed: {one_line(exc)}"
+
+
+def campaign_row(execution: WorkflowExecution, answer: tuple[Any, str | None], now: datetime) -> dict[str, Any]:
+    """One campaign as JSON: id, status, times and, for a running one, `progress_fields`."""
+    progress, problem = answer
+    started, closed = execution.start_time, execution.close_time
+    status = execution.status.name.lower() if execution.status is not None else "unknown"
+    return {
+        "id": execution.id,
+        "run_id": execution.run_id,
+        "status": status,
+        "model": execution.typed_search_attributes.get(MODEL_KEY),
+        "deployed": execution.typed_search_attributes.get(DEPLOYED_KEY),
+        "best_speedup": execution.typed_search_attributes.get(BEST_SPEEDUP_KEY),
+        "started": started.isoformat(timespec="seconds"),
+        "started_ts": started.timestamp(),
+        "closed": closed.isoformat(timespec="seconds") if closed else None,
+        "elapsed_s": round(((closed or now) - started).total_seconds(), 1),
+        **progress_fields(progress if status == "running" else None),
+        "progress_error": problem,
+    }
+
+
+def progress_fields(progress: Any) -> dict[str, Any]:
+    """Stage, per-target stage / iteration / best reward, and the best reward of all targets, from
+    the `progress` query's answer (workflows/campaign.py); empty values when there is none."""
+    if not isinstance(progress, dict):
+        return {"stage": None, "deploying": None, "targets": [], "best_reward": None, "notices": []}
+    targets = [
+        {
+            "target": key,
+            "stage": target.get("stage"),
+            "iteration": target.get("iteration"),
+            "best_reward": target.get("best_reward"),
+        }
+        for key, target in sorted((progress.get("targets") or {}).items())
+        if isinstance(target, dict)
+    ]
+    rewards = [t["best_reward"] for t in targets if isinstance(t["best_reward"], int)]
+    return {
+        "stage": progress.get("stage"),
+        "deploying": progress.get("deploying"),
+        "targets": targets,
+        "best_reward": max(rewards) if rewards else None,
+        "notices": list(progress.get("notices") or []),
+    }
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: what a status line shows of an error, never a traceback."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -66,10 +66,15 @@ def validate_adapter(adapter: Any) -> list[dict[str, str]]:
     if not isinstance(adapter, list) or not all(
         isinstance(b, dict)
         and set(b) == {"kernel_param", "module_attr"}
-        and all(isinstance(v, str) and v.isidentifier() for v in b.values())
+        and isinstance(b["kernel_param"], str)
+        and b["kernel_param"].isidentifier()
+        and isinstance(b["module_attr"], str)
+        and all(part.isidentifier() for part in b["module_attr"].split("."))
         for b in adapter
     ):
-        raise CandidateError("ADAPTER must be a list of {'kernel_param': str, 'module_attr': str} entries")
+        raise CandidateError(
+            "ADAPTER must be a list of {'kernel_param': identifier, 'module_attr': dotted attribute path} entries"
+        )
     return [dict(b) for b in adapter]
 
 

@@ -6,12 +6,26 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-COMMANDS = ["verify", "serve", "optimize", "worker", "up", "demo", "skills", "kernelbench", "report"]
+COMMANDS = [
+    "verify",
+    "serve",
+    "optimize",
+    "worker",
+    "up",
+    "demo",
+    "skills",
+    "kernelbench",
+    "report",
+    "kernels",
+    "status",
+    "dashboard",
+]
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,8 +73,25 @@ def _add_state_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = run(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the process's entry point (console script, `python -m`), not a caller in-process
+        _exit_past_temporal_threads(code)
+    return code
+
+
+def _exit_past_temporal_threads(code: int) -> None:
+    """A process that used a Temporal client can abort while Python finalizes (SIGABRT, exit 134,
+    "PyGILState_Release"): the SDK's Rust threads outlive the interpreter (temporalio/sdk-python#300).
+    The command is done by now, so flush and leave without finalizing."""
+    if "temporalio.bridge.temporal_sdk_bridge" in sys.modules:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def run(argv: list[str]) -> int:
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else argv
     if "--debug" in argv:  # anywhere on the line: moved before the command, where argparse takes it
         argv = ["--debug", *(a for a in argv if a != "--debug")]
     args = parser.parse_args(argv)  # exits 2 with a message on a bad flag

@@ -76,3 +76,31 @@ def reports_dir() -> Path:
     path = state_dir() / "reports"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def temporal_namespace() -> str:
+    return os.environ.get("TEMPORAL_NAMESPACE") or "default"
+
+
+def server_url() -> str:
+    """The serving process the CLI talks to when no --server is given."""
+    return os.environ.get("GPUYANTRA_SERVER_URL") or "http://127.0.0.1:8000"
+
+
+def admin_token_file() -> Path:
+    """Where `up` and `demo` keep the admin token they made (owner-only)."""
+    return state_dir() / "admin-token"
+
+
+def find_admin_token(flag: str | None = None) -> str | None:
+    """The admin token as `up` resolves it, without making one: the flag, else
+    `$GPUYANTRA_ADMIN_TOKEN`, else the one kept in `<state>/admin-token`, else None."""
+    return flag or admin_token() or _kept_admin_token()
+
+
+def _kept_admin_token() -> str | None:
+    kept = admin_token_file()
+    try:
+        return (kept.read_text().strip() or None) if kept.is_file() else None
+    except OSError:
+        return None

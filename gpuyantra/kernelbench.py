@@ -61,8 +61,12 @@ from gpuyantra.candidate import import_file
 from gpuyantra.ops import OpFamily, all_ops
 from gpuyantra.ops.base import adapter_kwargs, as_tuple, import_class, outputs_close
 
-# On CPU, kernels run in Triton's interpreter: inputs above this many elements are skipped.
+# On CPU, kernels run in Triton's interpreter: inputs above this many elements are reduced (the
+# same problem with its variable dims halved down to REDUCED_ELEMENTS per input), or skipped.
 CPU_MAX_ELEMENTS = 4 * 1024 * 1024
+REDUCED_ELEMENTS = 1 << 16
+# Binding probes (float64 copies of model and inputs) run on at most this many elements of input 0.
+PROBE_ELEMENTS = 1 << 20
 DEFAULT_MAX_ITERATIONS = 4
 FP64_TOLERANCE = (1e-8, 1e-6)  # (atol, rtol) for the float64 binding probes
 CHECK_DRAWS = 5
@@ -104,9 +108,11 @@ class ProblemResult:
     dtype: str | None = None
     model_us: float | None = None
     model_new_us: float | None = None
+    speedup_vs_best: float | None = None  # against the better of eager and torch.compile (CUDA)
     max_abs_err: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
     verified_against: str | None = None
+    reduced: str | None = None  # "live shape -> reduced shape" when run on reduced sizes
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -231,9 +237,43 @@ def to_device(value: Any, device: str) -> Any:
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
-def make_inputs(module: ModuleType, device: str, seed: int) -> list[Any]:
+def make_inputs(
+    module: ModuleType, device: str, seed: int, sizes: dict[tuple[int, ...], tuple[int, ...]] | None = None
+) -> list[Any]:
+    """The problem's own get_inputs(); with `sizes`, its factories draw the reduced shapes."""
     torch.manual_seed(seed)
-    return [to_device(v, device) for v in module.get_inputs()]
+    if not sizes:
+        return [to_device(v, device) for v in module.get_inputs()]
+    from gpuyantra.ops.open import ShrinkFactories
+
+    with ShrinkFactories(sizes):
+        return [to_device(v, device) for v in module.get_inputs()]
+
+
+def plan_reduced_sizes(
+    module: ModuleType, model: torch.nn.Module, cap: int
+) -> tuple[dict[tuple[int, ...], tuple[int, ...]] | None, str]:
+    """({live shape: reduced shape}, why) for a problem whose inputs are too large for the CPU
+    interpreter: the dims the Model accepts changing are halved until each input holds at most
+    `cap` elements. (None, why not) when that cannot be done."""
+    from gpuyantra.ops.open import OpenInput, dim_links, reduced_shapes
+
+    try:
+        with torch.device("meta"):
+            meta_inputs = list(module.get_inputs())
+    except Exception as exc:  # noqa: BLE001
+        return None, f"get_inputs() cannot run on the meta device to read its shapes ({type(exc).__name__})"
+    if not meta_inputs or not all(isinstance(t, torch.Tensor) for t in meta_inputs):
+        return None, "the problem has non-tensor inputs"
+    specs = [OpenInput(f"x{i}", tuple(t.shape), str(t.dtype).replace("torch.", "")) for i, t in enumerate(meta_inputs)]
+    links = dim_links(model, specs)
+    live = [s.shape for s in specs]
+    shapes = reduced_shapes(live, links, cap)
+    if shapes is None:
+        dims = [[own for own, _ in pairs] for pairs in links]
+        return None, f"its fixed dims alone exceed {cap:,} elements (variable dims per input: {dims})"
+    sizes = {tuple(a): tuple(b) for a, b in zip(live, shapes) if tuple(a) != tuple(b)}
+    return sizes, ", ".join(f"{list(a)} -> {list(b)}" for a, b in sizes.items())
 
 
 def build_model(module: ModuleType, cls: type, device: str, seed: int = SEED) -> torch.nn.Module:
@@ -305,6 +345,40 @@ def family_matches(
     dtype = inputs[0].dtype
     atol, rtol = family.tolerance(dtype)
     return _agrees(model, family, adapter, inputs, 2 * atol, 2 * rtol)
+
+
+def probe_inputs(model: torch.nn.Module, inputs: Sequence[Any], max_elements: int = PROBE_ELEMENTS) -> list[Any]:
+    """The problem's inputs cut to their first rows when large (every input whose dim 0 is input 0's
+    is cut alike), if the Model still runs on them; else the inputs as they are."""
+    from gpuyantra.ops.open import leading_rows
+
+    small = leading_rows(inputs, max_elements)
+    if small is inputs:
+        return list(inputs)
+    try:
+        with torch.no_grad():
+            model(*small)
+    except Exception:  # noqa: BLE001 - dim 0 is not free: bind on the full inputs
+        return list(inputs)
+    return list(small)
+
+
+def bind_open_target(
+    model: torch.nn.Module, inputs: Sequence[Any], file: Path, module: ModuleType, result: ProblemResult
+) -> tuple[OpFamily, list[dict[str, str]]] | None:
+    """An open target whose reference is the problem's own Model, registered (and saved) for the
+    verifier; None (with the reason in `result`) when the Model cannot be one."""
+    from gpuyantra.ops.open import OpenTargetError, build_open_target, register_open
+
+    try:
+        target = build_open_target(
+            model, inputs, name_hint=file.stem, source_file=str(file.resolve()), source_module=module.__name__
+        )
+    except OpenTargetError as exc:
+        result.status, result.reason = "unsupported", f"unsupported: {exc}"
+        return None
+    family = register_open(target)
+    return family, target.adapter
 
 
 def bind_family(
@@ -426,7 +500,12 @@ def load_model_new(path: Path) -> ModuleType:
 
 
 def check_model_new(
-    problem_module: ModuleType, model_new_path: Path, family: OpFamily, device: str, draws: int = CHECK_DRAWS
+    problem_module: ModuleType,
+    model_new_path: Path,
+    family: OpFamily,
+    device: str,
+    draws: int = CHECK_DRAWS,
+    sizes: dict[tuple[int, ...], tuple[int, ...]] | None = None,
 ) -> tuple[bool, str, float | None, tuple[torch.nn.Module, torch.nn.Module]]:
     """(correct, reason, max_abs_err, (model, model_new)): ModelNew vs Model on `draws` input draws."""
     new_module = load_model_new(model_new_path)
@@ -437,7 +516,7 @@ def check_model_new(
         return False, "ModelNew's parameters/state differ from Model's", None, (model, model_new)
     worst = 0.0
     for draw in range(draws):
-        inputs = make_inputs(problem_module, device, SEED + 1000 + draw)
+        inputs = make_inputs(problem_module, device, SEED + 1000 + draw, sizes)
         with torch.no_grad():
             want = model(*inputs)
             got = model_new(*inputs)
@@ -527,6 +606,8 @@ def verification_target(
     copy of the candidate whose ADAPTER is that module's (same kernel code)."""
     from gpuyantra.ops.meta import meta_instance
 
+    if family.open_target is not None:
+        return None, None, f"verified against the problem's own Model (open target {family.name})"
     meta = meta_instance(model_cls)
     if meta is not None and all(hasattr(meta, b["module_attr"]) for b in adapter):
         return dotted, None, f"verified against the problem's Model ({dotted})"
@@ -579,8 +660,9 @@ def optimize(
         )
         try:
             written = author.write(request)
-        except ValueError as exc:
-            stop = f"the {getattr(author, 'name', 'configured')} author cannot write {family.name}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - an author that cannot write this problem ends its loop, not the run
+            why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            stop = f"the {getattr(author, 'name', 'configured')} author cannot write {family.name}: {why}"
             break
         if any(a.strategy == written.strategy for a in attempts):
             stop = f"the author's strategies are exhausted after {len(attempts)} candidates"
@@ -678,22 +760,40 @@ def _run_problem(
     if why_not:
         result.reason = why_not
         return
+    sizes: dict[tuple[int, ...], tuple[int, ...]] | None = None
+    elements: int | None = None
+    params: int | None = None
     if max_elements is not None:
         elements, params = input_elements(module), parameter_elements(module)
-        if elements is not None and elements + (params or 0) > max_elements:
+        if params is not None and params > max_elements:
             result.status = "skipped"
             result.reason = (
-                f"skipped for size: inputs hold {elements:,} elements"
-                + (f" and parameters {params:,}" if params else "")
-                + f", over the {max_elements:,} cap on {device} (kernels run in Triton's "
-                "interpreter there); run on --device cuda or raise --max-elements"
+                f"skipped for size: the Model's parameters hold {params:,} elements, over the "
+                f"{max_elements:,} cap on {device} (kernels run in Triton's interpreter there); "
+                "run on --device cuda or raise --max-elements"
             )
             return
     try:
         model = build_model(module, module.Model, device)
-        inputs = make_inputs(module, device, SEED)
     except Exception as exc:  # noqa: BLE001
-        result.reason = f"cannot build the problem's Model or inputs: {type(exc).__name__}: {exc}"
+        result.reason = f"cannot build the problem's Model: {type(exc).__name__}: {exc}"
+        return
+    if max_elements is not None and elements is not None and elements + (params or 0) > max_elements:
+        # Too large for the interpreter: the same problem at reduced sizes, drawn by its own get_inputs().
+        sizes, how = plan_reduced_sizes(module, model, REDUCED_ELEMENTS)
+        if sizes is None:
+            result.status = "skipped"
+            result.reason = (
+                f"skipped for size: inputs hold {elements:,} elements, over the {max_elements:,} cap on "
+                f"{device}, and they cannot be reduced: {how}; run on --device cuda or raise --max-elements"
+            )
+            return
+        result.reduced = how
+        log(f"  {result.name}: inputs reduced for the {device} interpreter: {how}")
+    try:
+        inputs = make_inputs(module, device, SEED, sizes)
+    except Exception as exc:  # noqa: BLE001
+        result.reason = f"cannot build the problem's inputs: {type(exc).__name__}: {exc}"
         return
     if max_elements is not None:
         total = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
@@ -715,11 +815,10 @@ def _run_problem(
         result.reason = f"the problem's Model does not run on its inputs: {type(exc).__name__}: {exc}"
         return
 
-    # 2. bind by computation
-    bound = bind_family(model, inputs)
+    # 2. bind by computation: a registered family first, else an open target (the Model itself)
+    probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
+    bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
     if bound is None:
-        result.status = "unsupported"
-        result.reason = "unsupported: no registered op family computes this Model"
         return
     family, adapter = bound
     result.op, result.adapter = family.name, adapter
@@ -730,7 +829,12 @@ def _run_problem(
     folder.mkdir(parents=True, exist_ok=True)
     for stale in [*folder.glob("candidate_*.py"), folder / "ModelNew.py"]:
         stale.unlink(missing_ok=True)  # files of an earlier run of this problem
-    shapes = [list(inputs[0].shape)]
+    shapes, dtype, n_inputs = [list(inputs[0].shape)], inputs[0].dtype, len(inputs)
+    # The verifier's sandbox draws its own inputs: give the device memory back before it runs
+    # (KernelBench inputs reach several GB each).
+    del inputs, probe
+    if device == "cuda":
+        torch.cuda.empty_cache()
     try:
         attempts, best, stop, verified_against = optimize(
             family,
@@ -738,7 +842,7 @@ def _run_problem(
             module.Model,
             f"{module.__name__}.Model",
             shapes,
-            inputs[0].dtype,
+            dtype,
             device,
             folder,
             max_iterations,
@@ -748,6 +852,9 @@ def _run_problem(
         result.reason = f"the verifier is not available: {exc}"
         return
     result.attempts, result.verified_against = attempts, verified_against
+    if not attempts:
+        result.status, result.reason = "unsupported", f"unsupported: {stop}"
+        return
     if best is None:
         result.status = "rejected"
         result.reward = max((a.reward for a in attempts), default=None)
@@ -768,13 +875,13 @@ def _run_problem(
             Path(best.candidate),
             family.name,
             adapter,
-            _forward_params(module.Model, len(inputs)),
+            _forward_params(module.Model, n_inputs),
             best.reward,
         )
     )
     result.model_new = str(model_new_path)
     try:
-        correct, why, worst, (model, model_new) = check_model_new(module, model_new_path, family, device)
+        correct, why, worst, (model, model_new) = check_model_new(module, model_new_path, family, device, sizes=sizes)
     except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
         result.status, result.correct = "incorrect", False
         result.reason = f"ModelNew.py failed against Model: {type(exc).__name__}: {exc}"
@@ -785,6 +892,8 @@ def _run_problem(
         return
     result.status = "optimized"
     result.reason = f"candidate_{best.iteration}.py, reward {best.reward:+d}; {why}"
+    if result.reduced:
+        result.reason += f"; verified on reduced sizes of the problem ({result.reduced})"
     if device != "cuda":
         result.reason += "; speed not measured on CPU"
         return
@@ -799,6 +908,12 @@ def _run_problem(
     result.reason += (
         f"; Model {result.model_us:.1f} us, ModelNew {result.model_new_us:.1f} us (median of triton.testing.do_bench)"
     )
+    # Against the better of eager and torch.compile: the verifier timed torch.compile of the same
+    # computation at the same shapes beside the kernel (no second compile here).
+    ratios = [r for r in (result.speedup, best.speedup_vs_compile) if r is not None]
+    result.speedup_vs_best = min(ratios) if ratios else None
+    if best.speedup_vs_compile is not None:
+        result.reason += f"; {best.speedup_vs_compile:.2f}x torch.compile (verifier)"
 
 
 def fast_p(results: Sequence[ProblemResult], p: float, device: str) -> float | None:
@@ -842,13 +957,19 @@ def run(
         result = run_problem(name, file, device, out, max_iterations, max_elements, log)
         results.append(result)
         on_result(result)
+        _summary(results, device, out)  # after every problem: an interrupted run keeps what it did
+    return _summary(results, device, out)
+
+
+def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:
+    """The run so far, also written to OUT/kernelbench.json."""
     note = "fast_p: share of all problems whose ModelNew is correct and more than p times faster than Model"
     if device != "cuda":
         note += "; speed is not measured on CPU (Triton's interpreter), so fast_1 and fast_2 are null"
     run_result = RunResult(
         device=device,
         out=str(out),
-        problems=results,
+        problems=list(results),
         fast_0=fast_p(results, 0, device),
         fast_1=fast_p(results, 1, device),
         fast_2=fast_p(results, 2, device),

@@ -242,6 +242,7 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
     for rank, t in enumerate(targets, 1):
         t["rank"] = rank
     classes, matmul = _class_breakdown(ctx, modules, by_index, captured)
+    _mark_coverage(classes, groups, modules)
     regime = _phase_regime(ctx, matmul)
     return {
         "step_ms": round(step_us / 1e3, 4),
@@ -624,8 +625,13 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
         "qualified_class": group.qualified_class,
         "modules": group.count,
         "adapter": [dict(b) for b in group.adapter],
-        **_cost_fields(ctx, family, seen, ctx.steps, host_us, device_us, calls_ps, launches, launches_per_call),
+        **_cost_fields(
+            ctx, family, seen, ctx.steps, host_us, device_us, calls_ps, launches, launches_per_call, group.param_shapes
+        ),
     }
+    if group.param_shapes:  # linear: one target per projection shape, verified and swapped at it
+        target["param_shapes"] = {k: None if v is None else list(v) for k, v in group.param_shapes.items()}
+        target["variant"] = group.variant
     target["why"] = _why(ctx, target)
     return target
 
@@ -640,17 +646,19 @@ def _cost_fields(
     calls: float,
     launches: float,
     launches_per_call: float,
+    param_shapes: dict[str, list[int] | None] | None = None,
 ) -> dict[str, Any]:
     """The measured and estimated fields of a target: its shapes (most frequent first), the roofline
-    on them, and the swap's estimated gain. `seen` counts (shape, dtype) over `steps` steps."""
+    on them (with the live parameter shapes where the family has them: a linear's weight), and the
+    swap's estimated gain. `seen` counts (shape, dtype) over `steps` steps."""
     shape_counts: Counter = Counter()
     dtype_counts: Counter = Counter()
     bytes_ps = flops_ps = floor_ps = 0.0
     for (shape, dtype_name), n in seen.items():
         shape_counts[shape] += n
         dtype_counts[dtype_name] += n
-        nbytes = float(family.bytes_moved(shape, getattr(torch, dtype_name, torch.float32)))
-        nflops = float(family.flops(shape))
+        cost = family.cost(shape, getattr(torch, dtype_name, torch.float32), param_shapes or None)
+        nbytes, nflops = float(cost[0]), float(cost[1])
         bytes_ps += nbytes * n / steps
         flops_ps += nflops * n / steps
         floor_ps += ctx.spec.floor_us(nbytes, nflops) * n / steps
@@ -946,6 +954,28 @@ def _class_breakdown(ctx: _PhaseContext, modules, by_index, captured):
     return out, matmul
 
 
+def _mark_coverage(classes: list[dict[str, Any]], groups: Sequence[ModuleGroup], modules) -> None:
+    """Say for each module class what could replace it: a registered family (`family:<op>`, its
+    tuned templates), an open target made for it (`open:<op>`), a leaf class an open target could
+    be made for (`open`), or nothing (`none`: containers, whose time is the glue between children,
+    and leaves with nothing to compute)."""
+    from gpuyantra.binding import NO_COMPUTE
+
+    by_class = {g.qualified_class: g.op for g in groups}
+    leaves = {
+        f"{type(m).__module__}.{type(m).__qualname__}"
+        for _, m in modules
+        if not any(True for _ in m.children()) and not isinstance(m, NO_COMPUTE)
+    }
+    for row in classes:
+        key = row["qualified_class"]
+        op = by_class.get(key)
+        if op is not None:
+            row["covered_by"] = f"open:{op}" if op.startswith("open.") else f"family:{op}"
+        else:
+            row["covered_by"] = "open" if key in leaves else "none"
+
+
 def _phase_regime(ctx: _PhaseContext, matmul) -> str:
     if ctx.host_bound:
         return "launch-bound"
@@ -1001,11 +1031,11 @@ def _primary_phase(phases, weights) -> str:
 def _combine_targets(phases, weights, primary) -> list[dict[str, Any]]:
     """One entry per (op, class); share and gain over a request that runs each phase `weights` times."""
     total_us = sum(weights[p] * phases[p]["step_ms"] * 1e3 for p in phases)
-    keyed: dict[tuple[str, str], dict[str, Any]] = {}
+    keyed: dict[tuple[str, str, str], dict[str, Any]] = {}
     order = [primary] + [p for p in phases if p != primary]
     for phase in order:
         for t in phases[phase]["targets"]:
-            key = (t["op"], t["qualified_class"])
+            key = (t["op"], t["qualified_class"], t.get("variant", ""))
             entry = keyed.get(key)
             if entry is None:
                 entry = {k: v for k, v in t.items() if k != "rank"}

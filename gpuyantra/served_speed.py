@@ -61,6 +61,9 @@ def judge_swap(
     b, a = before.get("tokens_per_s"), after.get("tokens_per_s")
     if not b or a is None:
         return {"decision": "keep", "drop": None, "noise": None}
+    if before.get("measured", "benchmark") != after.get("measured", "benchmark"):
+        # Live traffic and a paused benchmark measure different things: never roll back on that.
+        return {"decision": "keep", "drop": (b - a) / b, "noise": None, "note": "measured differently"}
     drop = (b - a) / b
     noise = floor
     if use_spread:

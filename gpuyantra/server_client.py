@@ -77,3 +77,39 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:500]
     detail = body.get("detail", body) if isinstance(body, dict) else body
     return detail if isinstance(detail, str) else str(detail)[:1000]
+
+
+# ------------------------------------------------------------------------------- kernels and health
+
+LIST_TIMEOUT_S = 5.0  # listing answers at once; a rollback may wait behind a benchmark on the engine thread
+ROLLBACK_TIMEOUT_S = 120.0
+
+
+def active_kernels(client: AdminClient) -> list[dict[str, Any]]:
+    """The swaps bound in the live model now (GET /admin/kernels `active`)."""
+    return list(client.get("/admin/kernels").get("active") or [])
+
+
+def rollback(client: AdminClient, target: str) -> list[dict[str, Any]]:
+    """Roll back the active swap with id `target`, or every active swap of op `target`; the records
+    rolled back. BadRequest naming what is active when nothing matches."""
+    active = active_kernels(client)
+    ids = [k["swap_id"] for k in active if target in (k.get("swap_id"), k.get("op"))]
+    if not ids:
+        now = ", ".join(f"{k.get('op')} ({k.get('swap_id')})" for k in active) or "none"
+        raise ServerError("BadRequest", f"no active kernel is op or swap id {target!r}; active: {now}")
+    done: list[dict[str, Any]] = []
+    for swap_id in ids:
+        done += client.post("/admin/rollback", {"swap_id": swap_id}).get("rolled_back") or []
+    return done
+
+
+def readiness(server_url: str, timeout_s: float = LIST_TIMEOUT_S) -> dict[str, Any]:
+    """GET /readyz's answer (ready or still loading, both as JSON); ServerError when it does not answer."""
+    try:
+        response = httpx.get(f"{server_url.rstrip('/')}/readyz", timeout=timeout_s)
+        return dict(response.json())
+    except httpx.TransportError as exc:
+        raise ServerError("ServerUnreachable", f"server not reachable at {server_url}: {exc}") from exc
+    except ValueError as exc:
+        raise ServerError("ServerFailure", f"{server_url}/readyz answered no JSON: {exc}") from exc

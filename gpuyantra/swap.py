@@ -50,7 +50,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from gpuyantra.binding import ModuleGroup, find_module_groups
+from gpuyantra.binding import ModuleGroup, find_module_groups, format_param_shapes
 from gpuyantra.candidate import Candidate, CandidateError, load_candidate
 from gpuyantra.ops import OpFamily, UnknownOpError, get_op
 from gpuyantra.ops.base import as_tuple
@@ -128,6 +128,8 @@ class SwapRecord:
     qualified_class: str | None = None
     module_classes: list[str] = field(default_factory=list)
     requested_module_class: str | None = None
+    # The live parameter shapes the swap was restricted to (linear: one projection shape), or None.
+    requested_param_shapes: dict[str, list[int] | None] | None = None
     modules: int = 0
     module_names: list[str] = field(default_factory=list)
     adapter: list[dict[str, str]] = field(default_factory=list)
@@ -283,9 +285,13 @@ class SwapEngine:
         live_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[Sequence[int]]] | None = None,
         swap_id: str | None = None,
         admit: Callable[[bytes], str | None] | None = None,
+        param_shapes: Mapping[str, Sequence[int] | None] | None = None,
         _reapply_record: SwapRecord | None = None,
     ) -> SwapRecord:
         """Load, bind, check parity, commit. Raises a `SwapError` subclass when nothing changed.
+
+        `param_shapes` restricts the swap to modules with those live parameter shapes (a profile
+        target's `param_shapes`: one linear projection shape, e.g. {"weight": [2048, 1536], ...}).
 
         `admit` sees the exact bytes about to be imported (the kept copy) and returns why they may
         not be, or None; it runs before the candidate's code does.
@@ -325,7 +331,10 @@ class SwapEngine:
                     f"ADAPTER binds kernel parameters {bound}, but {family.name} entry takes {wanted}"
                 )
 
-            groups = self._select_groups(family, module_class)
+            wanted_shapes = _shapes_dict(param_shapes)
+            if _reapply_record is not None:
+                wanted_shapes = _reapply_record.requested_param_shapes
+            groups = self._select_groups(family, module_class, wanted_shapes)
             if not groups and family.known_functions:
                 sites = [s for s in self.function_sites(family.name) if site_matches(s, family, module_class)]
                 if sites:
@@ -348,6 +357,7 @@ class SwapEngine:
                 file=str(kept),
                 digest=candidate.digest,
                 requested_module_class=module_class,
+                requested_param_shapes=wanted_shapes,
                 adapter=candidate.adapter,
                 origin=origin,
                 source_path=source_path,
@@ -356,6 +366,7 @@ class SwapEngine:
                 record.created_at = _reapply_record.created_at
             if not groups:
                 where = f" of class {module_class}" if module_class else ""
+                where += f" with parameters {format_param_shapes(wanted_shapes)}" if wanted_shapes else ""
                 reason = f"no module{where} of the served model computes {family.name}"
                 self._finish_failed(record, reason, kept_file=_reapply_record is None)
                 raise SwapRejected(reason, record)
@@ -381,7 +392,7 @@ class SwapEngine:
             before = {name: module.__dict__.get("forward", _CLASS_FORWARD) for name, module in targets}
             hook_called = False
             try:
-                rows_by_group = {g.qualified_class: self._parity_rows(g, live_shapes) for g in groups}
+                rows_by_group = {g.key: self._parity_rows(g, live_shapes) for g in groups}
                 record.parity = self._bind_and_check(live, targets, groups, rows_by_group)
                 if self.before_commit is not None:
                     hook_called = True
@@ -569,20 +580,29 @@ class SwapEngine:
             raise CandidateLoadError(f"cannot copy candidate file {src}: {exc}") from exc
         return kept, "path", str(src.resolve())
 
-    def _select_groups(self, family: OpFamily, module_class: str | None) -> list[ModuleGroup]:
+    def _select_groups(
+        self, family: OpFamily, module_class: str | None, param_shapes: dict[str, list[int] | None] | None = None
+    ) -> list[ModuleGroup]:
         groups = self.groups(family.name)
         if module_class:
             groups = [g for g in groups if module_class in (g.module_class, g.qualified_class)]
+        if param_shapes:
+            groups = [g for g in groups if all(g.param_shapes.get(k, "?") == v for k, v in param_shapes.items())]
         return groups
 
     def _parity_rows(self, group: ModuleGroup, live_shapes) -> list[Shape]:
         """Leading dims ("rows") of the inputs to check: the live shapes' minus their last dim."""
         if isinstance(live_shapes, Mapping):
-            chosen = live_shapes.get(group.qualified_class) or live_shapes.get(group.module_class) or []
+            chosen = (
+                live_shapes.get(group.key)
+                or live_shapes.get(group.qualified_class)
+                or live_shapes.get(group.module_class)
+                or []
+            )
         elif live_shapes is not None:
             chosen = live_shapes
         elif self.shapes_provider is not None:
-            chosen = self.shapes_provider(group.qualified_class)
+            chosen = self.shapes_provider(group.key)
         else:
             chosen = []
         rows: list[Shape] = []
@@ -611,7 +631,7 @@ class SwapEngine:
                 )
                 _set_forward(module, original)
                 wants = []
-                for k, rows in enumerate(rows_by_group[group_of[name].qualified_class]):
+                for k, rows in enumerate(rows_by_group[group_of[name].key]):
                     gen = torch.Generator().manual_seed(self.seed + 7919 * k + index)
                     acts = family.activations_for_module(module, rows, dtype, device, gen)
                     # The first rows run once more with every bound float attribute moved off its
@@ -919,6 +939,13 @@ class SwapEngine:
 
 
 # ---------------------------------------------------------------------- binding helpers
+def _shapes_dict(param_shapes: Mapping[str, Sequence[int] | None] | None) -> dict[str, list[int] | None] | None:
+    """A JSON-able copy of requested parameter shapes ({} and None: no restriction)."""
+    if not param_shapes:
+        return None
+    return {str(k): None if v is None else [int(d) for d in v] for k, v in param_shapes.items()}
+
+
 def _param_dtype_device(model: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
     for p in model.parameters():
         if p.is_floating_point():

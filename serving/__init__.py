@@ -6,10 +6,15 @@ admin API that hot-swaps verified Triton kernels into the live model between for
 - `serving.engine`: the generation loop (one worker thread, continuous batching over cache slots),
   and the coordination of swaps, rollbacks, profiling and benchmarks between forward passes.
 - `serving.graphs`: CUDA-graph decode (one graph per batch-size bucket).
-- `serving.app`: the FastAPI application (`create_app`).
+- `serving.app`: the FastAPI application (`create_app`): model loading, error bodies, assembly.
+- `serving.state`: `ServeConfig`, `ServerState` and the `State` dependency routes reach them through.
+- `serving.auth`: the admin bearer token (middleware and the admin routes' dependency).
+- `serving.routes_health`: `/healthz`, `/readyz`, `/metrics`, `/v1/models`.
 - `serving.openai_api`: `/v1/completions` and `/v1/chat/completions` (bodies, stop strings,
-  logprobs, streaming), used by `serving.app`.
+  logprobs, streaming).
+- `serving.routes_admin` (bodies in `serving.admin_schema`): `/admin/...`.
 
-Only `serving.app`, `serving.openai_api` and `serving.metrics` import FastAPI and prometheus-client,
-so the engine can be driven directly (benchmarks, tests) where the web stack is not installed.
+Only the web layer (`app`, `state`, `auth`, `routes_*`, `admin_schema`, `openai_api`, `metrics`) imports
+FastAPI and prometheus-client, so the engine can be driven directly (benchmarks, tests) where the web
+stack is not installed.
 """

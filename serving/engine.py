@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from gpuyantra.binding import ModuleGroup, find_module_groups
+from gpuyantra.binding import ModuleGroup, find_module_groups, find_open_groups
 from gpuyantra.served_speed import repeat_spread
 from gpuyantra.swap import SwapEngine, SwapRecord
 from serving.cache import SlotCache, decode_mask, prefill_mask
@@ -61,6 +61,7 @@ log = logging.getLogger("gpuyantra.serving")
 # Tokens (rows x longest prompt, padding included) one batched prefill pass may hold.
 PREFILL_TOKEN_BUDGET = 8192
 MAX_GENERATIONS_PER_REPEAT = 1000  # bounds one benchmark repeat however small min_repeat_s is against the step time
+LIVE_STEPS_KEPT = 65536  # served decode steps remembered for live speed measurements
 
 
 class EngineObserver:
@@ -137,14 +138,14 @@ class ShapeRecorder:
         modules = dict(model.named_modules())
         self._live_ids: set[int] = set()
         for group in groups:
-            for name in group.names:
+            # A linear shape group (every q_proj of the model, ...) sees one traffic pattern: one hook
+            # per group, not one per Linear (a Python hook on ~200 projections costs each eager step).
+            for name in group.names[:1] if group.param_shapes else group.names:
                 module = modules[name]
                 if id(module) in self._live_ids:
                     continue
                 self._live_ids.add(id(module))
-                self._handles.append(
-                    module.register_forward_pre_hook(self._hook(group.qualified_class), with_kwargs=True)
-                )
+                self._handles.append(module.register_forward_pre_hook(self._hook(group.key), with_kwargs=True))
         self.enabled = True
 
     def _hook(self, key: str):
@@ -225,6 +226,7 @@ class Engine:
         self.decode_attention = self._install_decode_attention(decode_attention)
         self.fused_projections = self._fuse_projections(fuse_projections)
         self.groups = find_module_groups(self.model)
+        self._open_groups_found = False
         self.shapes = ShapeRecorder(self.model, self.groups)
         self.slots: list[_Slot | None] = [None] * max_batch
         self._pending: deque[GenRequest] = deque()
@@ -237,6 +239,9 @@ class Engine:
         self.forward_passes = 0
         self._recent_prompt_lens: deque[int] = deque(maxlen=64)
         self._recent_batches: deque[int] = deque(maxlen=256)
+        # Served decode steps (end time, rows, active rows, seconds): served speed judged from live
+        # traffic without pausing it.
+        self._live_steps: deque[tuple[float, int, int, float]] = deque(maxlen=LIVE_STEPS_KEPT)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
@@ -581,7 +586,9 @@ class Engine:
         chosen = self._select(logits, rows)
         logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
         active = sum(1 for s in rows if s is not None)
-        self.observer.on_forward("decode", n, active, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.observer.on_forward("decode", n, active, elapsed)
+        self._live_steps.append((time.monotonic(), n, active, elapsed))
         self._recent_batches.append(active)
         for index, slot in enumerate(rows):
             if slot is not None:
@@ -705,7 +712,7 @@ class Engine:
         ]
 
     def live_shapes(self) -> dict[str, list[list[int]]]:
-        return {g.qualified_class: [list(s) for s in self.shapes.shapes_for(g.qualified_class)] for g in self.groups}
+        return {g.key: [list(s) for s in self.shapes.shapes_for(g.key)] for g in self.groups}
 
     # ================================================================== benchmark / profile (model thread, exclusive)
     def benchmark(
@@ -784,14 +791,53 @@ class Engine:
             "max_tokens": max_tokens,
             "prompt_tokens": prompt_tokens,
             "repeats": len(results),
-            "path": "cuda-graphs"
-            if (self.graphs is not None and self.graphs.capture_enabled)
-            else ("static-eager" if self.graphs is not None else "eager"),
+            **self._served_state(),
+            "output_ids": results[-1][2][0][:8],
+        }
+
+    def _served_state(self) -> dict[str, Any]:
+        """What a speed figure was measured on: decode path, swaps in, device, dtype, model."""
+        path = "eager"
+        if self.graphs is not None:
+            path = "cuda-graphs" if self.graphs.capture_enabled else "static-eager"
+        return {
+            "path": path,
             "active_swaps": self.swaps.active_ids(),
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
             "model": self.model_name,
-            "output_ids": results[-1][2][0][:8],
+        }
+
+    def live_speed(self, batch: int, window_s: float, min_steps: int, repeats: int = 5) -> dict[str, Any]:
+        """Served decode speed from the live steps of the next `window_s` seconds at `batch` full rows
+        (called off the engine thread; traffic is not paused). `{"measured": "none", "reason": ...}`
+        when there is no such traffic: at once when nothing is decoding, else after the window."""
+        if not self.active_count:
+            return {"measured": "none", "reason": "no live traffic is decoding now"}
+        start = time.monotonic()
+        deadline = start + window_s
+        while time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        steps = [s for s in list(self._live_steps) if s[0] > start and s[1] == batch and s[2] == batch]
+        if len(steps) < min_steps:
+            return {
+                "measured": "none",
+                "reason": f"{len(steps)} live decode steps at {batch} row(s) in {window_s:g} s, fewer than {min_steps}",
+            }
+        # Consecutive chunks of steps play the part of a benchmark's repeats (their spread is the noise).
+        chunks = max(1, min(repeats, len(steps) // 5))
+        size = len(steps) // chunks
+        samples = [batch * size / max(sum(s[3] for s in steps[i * size : (i + 1) * size]), 1e-9) for i in range(chunks)]
+        seconds = sum(s[3] for s in steps)
+        return {
+            **repeat_spread(samples),
+            "measured": "live",
+            "batch": batch,
+            "steps": len(steps),
+            "window_s": window_s,
+            "ms_per_step": 1000 * seconds / len(steps),
+            "repeats": chunks,
+            **self._served_state(),
         }
 
     def _probe_rows(self) -> tuple[int, int]:
@@ -823,6 +869,7 @@ class Engine:
         if self.active_count:
             raise RuntimeError("profile needs an idle engine (run it through call(..., exclusive=True))")
         probes = self.probes()
+        self._add_open_groups(probes["decode"])
         source, error, result = "fallback", None, None
         try:
             result = run_profiler(
@@ -843,7 +890,9 @@ class Engine:
                 (
                     g
                     for g in self.groups
-                    if g.op == t.get("op") and t.get("module_class") in (g.module_class, g.qualified_class)
+                    if g.op == t.get("op")
+                    and t.get("module_class") in (g.module_class, g.qualified_class)
+                    and g.variant == t.get("variant", "")  # linear: one group per projection shape
                 ),
                 None,
             )
@@ -851,7 +900,7 @@ class Engine:
                 t.setdefault("qualified_class", group.qualified_class)
                 t.setdefault("adapter", group.adapter)
                 t.setdefault("modules", group.count)
-                live = [list(s) for s in self.shapes.shapes_for(group.qualified_class)]
+                live = [list(s) for s in self.shapes.shapes_for(group.key)]
                 if live:
                     t.setdefault("live_shapes", live)
                 t["swapped"] = sorted({self.swaps._owner.get(n) for n in group.names} - {None})
@@ -867,6 +916,20 @@ class Engine:
         result["model"] = self.model_name
         result["dtype"] = str(self.dtype).replace("torch.", "")
         return result
+
+    def _add_open_groups(self, decode: Callable[[], Any]) -> None:
+        """Once per process: open targets for the leaf module classes no registered family covers
+        (their own forward is the reference), profiled and offered to campaigns like families."""
+        if self._open_groups_found:
+            return
+        self._open_groups_found = True
+        try:
+            extra = find_open_groups(self.model, decode, self.groups)
+        except Exception:  # noqa: BLE001 - the registered families are still profiled
+            log.exception("open target discovery failed; profiling registered families only")
+            return
+        known = {(g.op, g.qualified_class) for g in self.groups}
+        self.groups = [*self.groups, *(g for g in extra if (g.op, g.qualified_class) not in known)]
 
     def _fallback_profile(self, probes: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
         """Rank (op, class) groups by measured share of a decode step, at the live shapes."""
@@ -894,7 +957,7 @@ class Engine:
         for group in self.groups:
             family = get_op(group.op)
             module = modules[group.names[0]]
-            recent = self.shapes.shapes_for(group.qualified_class)
+            recent = self.shapes.shapes_for(group.key)
             shapes = recent[:4] if recent else []
             rows = tuple(recent[0][:-1]) if recent else (1, 1)
             try:
@@ -915,6 +978,7 @@ class Engine:
                     "qualified_class": group.qualified_class,
                     "modules": group.count,
                     "adapter": group.adapter,
+                    **({"param_shapes": group.param_shapes, "variant": group.variant} if group.param_shapes else {}),
                     "shapes": [list(s) for s in shapes],
                     "dtype": str(self.dtype).replace("torch.", ""),
                     "regime": "unknown",

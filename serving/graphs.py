@@ -21,14 +21,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from serving.cache import decode_mask
+from serving.cache import SlotCache, decode_mask
 
-if TYPE_CHECKING:
-    from serving.engine import Engine
+
+class DecodeHost(Protocol):
+    """What a GraphDecoder uses of the engine that owns it (serving.engine.Engine). Typed here, not
+    imported: the engine imports this module, so this one names none of the engine's."""
+
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def cache(self) -> SlotCache: ...
+    @property
+    def _arange(self) -> torch.Tensor: ...  # positions 0..max_len-1 on the device
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, positions, V] of one forward pass over the engine's cache."""
+        ...
 
 
 def default_buckets(max_batch: int) -> list[int]:
@@ -41,7 +60,7 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class GraphDecoder:
-    def __init__(self, engine: Engine, buckets: Sequence[int] | None = None, warmup: int = 2):
+    def __init__(self, engine: DecodeHost, buckets: Sequence[int] | None = None, warmup: int = 2):
         self.engine = engine
         self.device = engine.device
         self.capture_enabled = self.device.type == "cuda"

@@ -78,6 +78,14 @@ def _tiny_llama():
     )
 
 
+def _tiny_llama_gelu():
+    """tiny-llama with an exact-GELU gated MLP: no registered family computes its activation, so
+    its costliest uncovered module is an open target."""
+    config = _tiny_llama()
+    config.hidden_act = "gelu"
+    return config
+
+
 def _tiny_gpt2():
     from transformers import GPT2Config
 
@@ -123,6 +131,7 @@ def _qwen25_15b():
 PRESETS: dict[str, Callable[[], Any]] = {
     "tiny-qwen2": _tiny_qwen2,
     "tiny-llama": _tiny_llama,
+    "tiny-llama-gelu": _tiny_llama_gelu,
     "tiny-gpt2": _tiny_gpt2,
     "qwen2.5-1.5b": _qwen25_15b,
 }

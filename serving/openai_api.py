@@ -1,4 +1,4 @@
-"""The OpenAI-compatible public API: `POST /v1/completions` and `POST /v1/chat/completions`.
+"""The OpenAI-compatible public API: `POST /v1/completions` and `POST /v1/chat/completions` (`add_routes`).
 
 Request bodies, the error bodies (declared in the OpenAPI schema), and one generation core both
 routes share: `Generation` submits one engine request per (prompt, sample), turns the engine's
@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from serving.engine import Engine, GenRequest, RequestError
+from serving.state import State
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -631,3 +633,17 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
         yield "data: [DONE]\n\n"
 
     return _streaming(events())
+
+
+# ====================================================================== the routes
+async def completions(body: CompletionRequest, state: State):
+    return await create_completion(state.require_engine(), body)
+
+
+async def chat_completions(body: ChatCompletionRequest, state: State):
+    return await create_chat_completion(state.require_engine(), body)
+
+
+def add_routes(app: FastAPI) -> None:
+    app.add_api_route("/v1/completions", completions, methods=["POST"], responses=ERROR_RESPONSES)
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], responses=ERROR_RESPONSES)

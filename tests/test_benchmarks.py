@@ -50,3 +50,29 @@ def test_http_serving_bench_smoke(tmp_path):
     assert result["during_swaps"]["failed"] == 0
     assert result["rollback"]["http"] == 200 and result["rollback"]["active"] == []
     assert result["after_rollback_equals_before"]
+
+
+def test_linear_gemv_dry_run(tmp_path):
+    """benchmarks/linear_gemv.py on tiny shapes in the interpreter: every method times, the template's
+    best point is checked against F.linear."""
+    out = tmp_path / "linear.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    script = str(REPO / "benchmarks" / "linear_gemv.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--dry-run", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["dry_run"] and result["copy_bandwidth_gbs"] > 0
+    assert {(r["shape"], r["batch"]) for r in result["rows"]} == {
+        (name, batch) for name in ("tiny_qkv", "tiny_down") for batch in (1, 8)
+    }
+    for row in result["rows"]:
+        for method in ("cublas", "compile", "template"):
+            assert row[method]["us"] > 0 and row[method]["pct_copy_bw"] >= 0, (row["shape"], method, row[method])
+        assert row["template"]["max_abs_err"] < 1e-4 and row["template"]["strategy"]

@@ -66,3 +66,13 @@ def test_every_op_family_is_documented():
 def test_every_campaign_input_field_is_documented():
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", section(6), flags=re.M))
     assert documented == {f.name for f in dataclasses.fields(CampaignInput)}
+
+
+def test_every_dashboard_route_is_documented_and_every_documented_route_exists():
+    from gpuyantra.dashboard import Settings, create_app
+
+    app = create_app(Settings(server_url="http://127.0.0.1:1", temporal_address="127.0.0.1:1"))
+    routes = {(method, route.path) for route in app.routes for method in getattr(route, "methods", ()) or ()}
+    routes -= {("HEAD", path) for _, path in routes}  # Starlette adds HEAD beside each GET
+    documented = set(re.findall(r"^\| `(GET|POST|PUT|DELETE) (/[^`]*)`", section(7), flags=re.M))
+    assert documented == routes

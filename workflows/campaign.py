@@ -2,8 +2,9 @@
 
 The targets' write/verify searches run concurrently; swaps into the server and the served-speed
 check after each run one at a time (a lock), each as soon as its search is done.
-The write/verify loop exits in Python, never by model judgement: at reward +3, at the best reward
-the verifying device can give (+1 on CPU, where speed is not judged), or after max_iterations.
+The write/verify loop exits in Python, never by model judgement: at the best reward the verifying
+device can give (gpuyantra/rewards.py: +3 on CUDA, +1 on CPU where speed is not judged), or after
+max_iterations.
 A swap is rolled back only when served tokens/s dropped by more than the spread measured before and
 after it (gpuyantra/served_speed.py:judge_swap). Activities are called by name so this module
 imports nothing that imports torch.
@@ -12,6 +13,7 @@ imports nothing that imports torch.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
+    from gpuyantra.rewards import ceiling  # stdlib only
     from gpuyantra.served_speed import figures, judge_swap, slowdown_warning  # stdlib only
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
     from workflows.types import (
@@ -32,6 +35,9 @@ with workflow.unsafe.imports_passed_through():
         RetrieveResult,
         RollbackInput,
         ServerCall,
+        SkillSeed,
+        Target,
+        VerdictSummary,
         VerifyInput,
         WriteInput,
         WriteResult,
@@ -41,8 +47,6 @@ with workflow.unsafe.imports_passed_through():
 # after this long, not after the whole start-to-close timeout.
 HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MAX_NOTICES = 20  # rejected signals kept for the progress query; bounded so a flood cannot grow state
-MAX_REWARD = 3
-CPU_MAX_REWARD = 1  # the interpreter judges correctness only
 RETRY = RetryPolicy(
     maximum_attempts=3,
     initial_interval=timedelta(seconds=1),
@@ -78,6 +82,53 @@ VERDICT_KEYS = (
 BENCH_KEYS = ("shape", "kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "bytes")
 
 __all__ = ["OptimizeCampaign", "CONTROL_TASK_QUEUE"]
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A candidate the verifier accepted, and which attempt wrote it."""
+
+    verdict: VerdictSummary
+    written: WriteResult
+    iteration: int
+
+
+@dataclass
+class Search:
+    """One target's write/verify loop so far (workflow state only: nothing here is sent as it is)."""
+
+    seed: SkillSeed | None
+    history: list[dict[str, Any]] = field(default_factory=list)  # what the author sees of earlier attempts
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # what the result reports of them
+    last: VerdictSummary = field(default_factory=VerdictSummary)
+    best: Passed | None = None  # the accepted candidate with the highest reward; the earliest on ties
+
+    def record(self, iteration: int, written: WriteResult, verdict: VerdictSummary) -> None:
+        self.last = verdict
+        # Keys of gpuyantra.authors.Attempt: write_candidate rebuilds it with Attempt(**entry).
+        self.history.append(
+            {
+                "strategy": written.strategy,
+                "reward": verdict.reward,
+                "failures": verdict.failures,
+                "kernel_us": verdict.kernel_us,
+                "floor_us": verdict.floor_us,
+            }
+        )
+        self.attempts.append(
+            {
+                "iteration": iteration,
+                "strategy": written.strategy,
+                "author": written.author,
+                "reward": verdict.reward,
+                "failures": verdict.failures[:5],
+                "kernel_us": verdict.kernel_us,
+                "floor_us": verdict.floor_us,
+                "candidate_path": verdict.candidate_path,
+            }
+        )
+        if verdict.accepted and (self.best is None or verdict.reward > self.best.verdict.reward):
+            self.best = Passed(verdict, written, iteration)
 
 
 @workflow.defn(name="OptimizeCampaign")
@@ -139,8 +190,10 @@ class OptimizeCampaign:
         self._stage("profile")
         profile = await self._gpu("profile_server", server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
-        targets = select_targets(profile.get("targets", []), params.ops, params.max_targets)
-        self._target_ops = {t["op"] for t in targets}
+        targets = [
+            Target.from_dict(t) for t in select_targets(profile.get("targets", []), params.ops, params.max_targets)
+        ]
+        self._target_ops = {t.op for t in targets}
         self._search(
             HARDWARE_KEY.value_set(str(hardware)),
             *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
@@ -161,7 +214,7 @@ class OptimizeCampaign:
         rejected = [
             {"op": op, "reason": f"the served model has no module computing {op}"}
             for op in (params.ops or [])
-            if not any(t["op"] == op for t in targets)
+            if not any(t.op == op for t in targets)
         ]
         rejected += [outcome["entry"] for outcome in outcomes if not outcome.get("deployed")]
 
@@ -183,193 +236,150 @@ class OptimizeCampaign:
         }
 
     async def _optimize_target(
-        self, campaign_id: str, params: CampaignInput, target: dict[str, Any], hardware: str
+        self, campaign_id: str, params: CampaignInput, target: Target, hardware: str
     ) -> dict[str, Any]:
-        op = target["op"]
-        key = f"{op}:{target['module_class']}"
-        progress = self._progress["targets"].setdefault(key, {})
-        progress["stage"] = "retrieve"
-        retrieved: RetrieveResult = await workflow.execute_activity(
-            "retrieve_skills",
-            RetrieveInput(target=target, hardware=hardware),
-            result_type=RetrieveResult,
-            task_queue=CPU_TASK_QUEUE,
-            start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=RETRY,
-        )
-        seed = retrieved.seed
-        history: list[dict[str, Any]] = []  # what the author sees of earlier attempts
-        attempts: list[dict[str, Any]] = []  # what the result reports of them
-        verdict: dict[str, Any] = {}
-        best: dict[str, Any] | None = None
-        for iteration in range(1, params.max_iterations + 1):
-            progress.update(stage="write", iteration=iteration)
-            written: WriteResult = await workflow.execute_activity(
-                "write_candidate",
-                WriteInput(target=target, hardware=hardware, iteration=iteration, seed=seed, history=history),
-                result_type=WriteResult,
-                task_queue=CPU_TASK_QUEUE,
-                start_to_close_timeout=timedelta(minutes=5),
-                retry_policy=RETRY,
-                summary=f"write {op} iteration {iteration}",
-            )
-            progress["stage"] = "verify"
-            verdict = await self._gpu(
-                "verify_candidate",
-                VerifyInput(
-                    campaign_id=campaign_id,
-                    target=target,
-                    iteration=iteration,
-                    source=written.source,
-                    device=params.device,
-                ),
-                timedelta(minutes=20),
-                summary=f"verify {key} iteration {iteration}: {strategy_text(written.strategy)}",
-            )
-            reward = int(verdict.get("reward", -1))
-            history.append(
-                {
-                    "strategy": written.strategy,
-                    "reward": reward,
-                    "failures": verdict.get("failures", []),
-                    "kernel_us": verdict.get("kernel_us"),
-                    "floor_us": verdict.get("floor_us"),
-                }
-            )
-            attempts.append(
-                {
-                    "iteration": iteration,
-                    "strategy": written.strategy,
-                    "author": written.author,
-                    "reward": reward,
-                    "failures": verdict.get("failures", [])[:5],
-                    "kernel_us": verdict.get("kernel_us"),
-                    "floor_us": verdict.get("floor_us"),
-                    "candidate_path": verdict.get("candidate_path"),
-                }
-            )
-            if seed is not None and iteration == 1:
-                await workflow.execute_activity(
-                    "record_outcome",
-                    OutcomeInput(skill_id=seed["id"], reward=float(reward)),
-                    task_queue=CPU_TASK_QUEUE,
-                    start_to_close_timeout=timedelta(minutes=1),
-                    retry_policy=RETRY,
-                )
-            if verdict.get("accepted") and (best is None or reward > best["verdict"]["reward"]):
-                best = {"verdict": verdict, "written": written, "iteration": iteration}
-            if reward >= ceiling_reward(verdict):
-                break
-
+        progress = self._progress["targets"].setdefault(target.key, {})
+        search = await self._write_and_verify(campaign_id, params, target, hardware, progress)
+        best = search.best
         if best is None:
-            last = history[-1]["failures"] if history else []
-            reason = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:3]) or "no candidate"
-            return {
-                "entry": {
-                    "op": op,
-                    "module_class": target["module_class"],
-                    "reason": f"no candidate passed verification in {len(history)} iterations ({reason})",
-                    "iterations": len(history),
-                    "verdict": verdict_digest(verdict),
-                    "attempts": attempts,
-                }
-            }
+            return {"entry": not_passed_entry(target, search)}
 
         progress["stage"] = "learn"
-        verdict, written = best["verdict"], best["written"]
         skill_id = await workflow.execute_activity(
             "learn_skill",
             LearnInput(
                 campaign_id=campaign_id,
-                target=target,
+                target=target.to_dict(),
                 hardware=hardware,
-                iteration=best["iteration"],
-                source=written.source,
-                strategy=written.strategy,
-                verdict=verdict,
-                author=written.author,
+                iteration=best.iteration,
+                source=best.written.source,
+                strategy=best.written.strategy,
+                verdict=best.verdict.to_dict(),
+                author=best.written.author,
             ),
             result_type=str,
             task_queue=CPU_TASK_QUEUE,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RETRY,
         )
-        summary = {
-            "op": op,
-            "module_class": target["module_class"],
-            "modules": target.get("modules", 0),
-            "reward": verdict["reward"],
-            "speedup_vs_eager": verdict.get("speedup_vs_eager"),
-            "speedup_vs_compile": verdict.get("speedup_vs_compile"),
-            "skill_id": skill_id,
-            "iterations": len(history),
-            "seed_skill_id": seed["id"] if seed else None,
-            "verdict": verdict_digest(verdict),
-            "best_iteration": best["iteration"],
-            "attempts": attempts,
-        }
-        if verdict["reward"] < params.min_reward:
-            return {
-                "entry": {
-                    **summary,
-                    "reason": (
-                        f"best reward {verdict['reward']} is below min_reward {params.min_reward}"
-                        + (
-                            " (on CPU speed is not judged: +1 is the most a kernel can score)"
-                            if verdict.get("device") == "cpu"
-                            else ""
-                        )
-                    ),
-                }
-            }
-        if params.require_approval and not await self._wait_for_approval(op, progress):
+        summary = passed_summary(target, search, best, skill_id)
+        if best.verdict.reward < params.min_reward:
+            return {"entry": {**summary, "reason": below_min_reward(best.verdict, params.min_reward)}}
+        if params.require_approval and not await self._wait_for_approval(target.op, progress):
             return {"entry": {**summary, "reason": "deployment not approved"}}
 
         progress["stage"] = "waiting-to-deploy"
         async with self._deploy_lock:
-            self._progress["deploying"] = key
+            self._progress["deploying"] = target.key
             try:
-                outcome = await self._deploy(params, target, summary, written, verdict, progress)
+                outcome = await self._deploy(params, target, summary, best, progress)
             finally:
                 self._progress["deploying"] = None
             if outcome.get("deployed"):
-                self._deployed_count += 1
-                speedup = verdict.get("speedup_vs_eager")
-                if isinstance(speedup, (int, float)) and (self._best_speedup is None or speedup > self._best_speedup):
-                    self._best_speedup = float(speedup)
-                self._search(
-                    DEPLOYED_KEY.value_set(self._deployed_count),
-                    *([BEST_SPEEDUP_KEY.value_set(self._best_speedup)] if self._best_speedup else []),
-                )
+                self._count_deployed(best.verdict)
             return outcome
+
+    async def _write_and_verify(
+        self, campaign_id: str, params: CampaignInput, target: Target, hardware: str, progress: dict[str, Any]
+    ) -> Search:
+        """Retrieve a seed skill, then write and verify candidates until one reaches its device's
+        ceiling reward or max_iterations runs out."""
+        progress["stage"] = "retrieve"
+        retrieved: RetrieveResult = await workflow.execute_activity(
+            "retrieve_skills",
+            RetrieveInput(target=target.to_dict(), hardware=hardware),
+            result_type=RetrieveResult,
+            task_queue=CPU_TASK_QUEUE,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RETRY,
+        )
+        search = Search(seed=SkillSeed.from_dict(retrieved.seed) if retrieved.seed else None)
+        for iteration in range(1, params.max_iterations + 1):
+            progress.update(stage="write", iteration=iteration)
+            written: WriteResult = await workflow.execute_activity(
+                "write_candidate",
+                WriteInput(
+                    target=target.to_dict(),
+                    hardware=hardware,
+                    iteration=iteration,
+                    seed=retrieved.seed,
+                    history=search.history,
+                ),
+                result_type=WriteResult,
+                task_queue=CPU_TASK_QUEUE,
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=RETRY,
+                summary=f"write {target.op} iteration {iteration}",
+            )
+            progress["stage"] = "verify"
+            verdict = VerdictSummary.from_dict(
+                await self._gpu(
+                    "verify_candidate",
+                    VerifyInput(
+                        campaign_id=campaign_id,
+                        target=target.to_dict(),
+                        iteration=iteration,
+                        source=written.source,
+                        device=params.device,
+                    ),
+                    timedelta(minutes=20),
+                    summary=f"verify {target.key} iteration {iteration}: {strategy_text(written.strategy)}",
+                )
+            )
+            # Query state only (no command): the dashboard and `status` show it; replay-safe.
+            progress["best_reward"] = max(verdict.reward, progress.get("best_reward", verdict.reward))
+            search.record(iteration, written, verdict)
+            if search.seed is not None and iteration == 1:
+                # The seed skill's bandit arm is paid with the attempt it seeded, whatever came of it.
+                await workflow.execute_activity(
+                    "record_outcome",
+                    OutcomeInput(skill_id=search.seed.id, reward=float(verdict.reward)),
+                    task_queue=CPU_TASK_QUEUE,
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=RETRY,
+                )
+            if verdict.at_ceiling:
+                break
+        return search
+
+    def _count_deployed(self, verdict: VerdictSummary) -> None:
+        """The deployed count and best speedup, for the search attributes."""
+        self._deployed_count += 1
+        speedup = verdict.speedup_vs_eager
+        if isinstance(speedup, (int, float)) and (self._best_speedup is None or speedup > self._best_speedup):
+            self._best_speedup = float(speedup)
+        self._search(
+            DEPLOYED_KEY.value_set(self._deployed_count),
+            *([BEST_SPEEDUP_KEY.value_set(self._best_speedup)] if self._best_speedup else []),
+        )
 
     async def _deploy(
         self,
         params: CampaignInput,
-        target: dict[str, Any],
+        target: Target,
         summary: dict[str, Any],
-        written: WriteResult,
-        verdict: dict[str, Any],
+        best: Passed,
         progress: dict[str, Any],
     ) -> dict[str, Any]:
         """Swap, measure served speed, keep or roll back. Called with the deploy lock held."""
         progress["stage"] = "deploy"
+        verdict = best.verdict
         try:
             swap = await self._gpu(
                 "deploy_kernel",
                 DeployInput(
                     server_url=params.server_url,
-                    target=target,
-                    source=written.source,
-                    attestation=verdict.get("attestation"),
+                    target=target.to_dict(),
+                    source=best.written.source,
+                    attestation=verdict.attestation,
                 ),
                 timedelta(minutes=10),
-                summary=f"deploy {target['op']}",
+                summary=f"deploy {target.op}",
             )
         except ActivityError as exc:
             return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
         summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
-        judged = verdict.get("device") != "cpu"  # the interpreter's speed says nothing about the server's
+        judged = verdict.speed_judged  # the interpreter's speed says nothing about the server's
         if self._sequential and not judged:
             progress["stage"] = "deployed"
             return {"deployed": True, "entry": summary}
@@ -381,7 +391,7 @@ class OptimizeCampaign:
             "benchmark_server",
             ServerCall(params.server_url),
             timedelta(minutes=10),
-            summary=f"served speed after deploying {target['op']}",
+            summary=f"served speed after deploying {target.op}",
         )
         judgement = judge_swap(before, after, use_spread=not self._sequential)
         summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"), "after": after.get("tokens_per_s")}
@@ -397,7 +407,7 @@ class OptimizeCampaign:
                 "rollback_swap",
                 RollbackInput(server_url=params.server_url, swap_id=str(swap.get("swap_id"))),
                 timedelta(minutes=5),
-                summary=f"roll back {target['op']}",
+                summary=f"roll back {target.op}",
             )
             e2e = summary["e2e_tokens_per_s"]
             return {
@@ -406,16 +416,16 @@ class OptimizeCampaign:
                     "reason": (
                         f"rolled back: served decode went from {e2e['before']:.1f} to {e2e['after']:.1f} tokens/s "
                         f"({judgement['drop']:.1%} slower, beyond the measured noise of {judgement['noise']:.1%}; "
-                        f"{target.get('regime', 'unknown')} regime)"
+                        f"{target.regime or 'unknown'} regime)"
                     ),
                 }
             }
         note = (
             f"within the measured noise of {judgement['noise']:.1%}, so kept"
             if judged
-            else f"kept: speed is not judged on a {verdict.get('device')} verdict"
+            else f"kept: speed is not judged on a {verdict.device} verdict"
         )
-        self._warn(slowdown_warning(f"{target['op']} deployed", before, after, note))
+        self._warn(slowdown_warning(f"{target.op} deployed", before, after, note))
         self._served = after
         progress["stage"] = "deployed"
         return {"deployed": True, "entry": summary}
@@ -486,8 +496,44 @@ def select_targets(targets: list[dict[str, Any]], ops: list[str] | None, max_tar
     return targets[:max_targets]
 
 
-def ceiling_reward(verdict: dict[str, Any]) -> int:
-    return CPU_MAX_REWARD if verdict.get("device") == "cpu" else MAX_REWARD
+def not_passed_entry(target: Target, search: Search) -> dict[str, Any]:
+    """The result's entry of a target no candidate of which passed: why, from the last failures."""
+    last = search.history[-1]["failures"] if search.history else []
+    reason = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:3]) or "no candidate"
+    return {
+        "op": target.op,
+        "module_class": target.module_class,
+        "reason": f"no candidate passed verification in {len(search.history)} iterations ({reason})",
+        "iterations": len(search.history),
+        "verdict": verdict_digest(search.last.to_dict()),
+        "attempts": search.attempts,
+    }
+
+
+def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) -> dict[str, Any]:
+    """The result's entry of a target with an accepted candidate (deployed or not: a reason says why not)."""
+    verdict = best.verdict
+    return {
+        "op": target.op,
+        "module_class": target.module_class,
+        "modules": target.modules,
+        "reward": verdict.reward,
+        "speedup_vs_eager": verdict.speedup_vs_eager,
+        "speedup_vs_compile": verdict.speedup_vs_compile,
+        "skill_id": skill_id,
+        "iterations": len(search.history),
+        "seed_skill_id": search.seed.id if search.seed else None,
+        "verdict": verdict_digest(verdict.to_dict()),
+        "best_iteration": best.iteration,
+        "attempts": search.attempts,
+    }
+
+
+def below_min_reward(verdict: VerdictSummary, min_reward: int) -> str:
+    reason = f"best reward {verdict.reward} is below min_reward {min_reward}"
+    if not verdict.speed_judged:
+        reason += f" (on CPU speed is not judged: {ceiling('cpu'):+d} is the most a kernel can score)"
+    return reason
 
 
 def strategy_text(strategy: dict[str, Any] | None, limit: int = 120) -> str:

@@ -15,11 +15,16 @@ import typing
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpuyantra.rewards import REWARD_MAX, REWARD_MIN  # stdlib only
 from workflows.types import CampaignInput
 
-# Inclusive bounds of the numeric fields: -1..3 is the verifier's reward ladder; the upper bounds
-# keep a typo ("max_iterations": 600) from holding a GPU for days.
-RANGES: dict[str, tuple[int, int]] = {"min_reward": (-1, 3), "max_iterations": (1, 100), "max_targets": (1, 100)}
+# Inclusive bounds of the numeric fields: min_reward spans the verifier's reward ladder; the upper
+# bounds keep a typo ("max_iterations": 600) from holding a GPU for days.
+RANGES: dict[str, tuple[int, int]] = {
+    "min_reward": (REWARD_MIN, REWARD_MAX),
+    "max_iterations": (1, 100),
+    "max_targets": (1, 100),
+}
 DEVICES = ("cpu", "cuda")
 EXAMPLE = '{"server_url": "http://127.0.0.1:8000"}'
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}

@@ -1,18 +1,132 @@
-"""Small typed inputs and outputs shared by the workflow and its activities (no torch here)."""
+"""Small typed inputs and outputs shared by the workflow and its activities (no torch here).
+
+Two kinds of types live here:
+- the activity inputs and results (`WriteInput`, `RetrieveResult`, ...): what Temporal serializes. Their
+  `target`, `verdict` and `seed` fields stay plain JSON dicts, exactly as running campaigns recorded
+  them in their histories (a campaign replays its history after a worker restart);
+- typed views of those dicts (`Target`, `VerdictSummary`, `SkillSeed`): what the workflow and the
+  activities read fields from. Convert at the edges: `Target.from_dict(request.target)` where a
+  dict comes in, `target.to_dict()` where one goes out; `from_dict(d).to_dict() == d`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, TypeVar
+
+from gpuyantra.rewards import REWARD_MAX, REWARD_MIN, ceiling  # stdlib only
+
+R = TypeVar("R", bound="JsonRecord")
 
 
+# ====================================================================== typed views of JSON records
+@dataclass(frozen=True, kw_only=True)
+class JsonRecord:
+    """A typed view of one JSON object. `raw` keeps the object as it came, keys the view does not
+    model included, so forwarding a record never drops a field a later reader (the skill store, the
+    report) needs, and a key that was absent stays absent."""
+
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        names = {f.name for f in fields(cls)} - {"raw"}
+        return cls(**{key: value for key, value in data.items() if key in names}, raw=dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        """`raw` with the typed fields written over it; a field `raw` lacks is added only when it is
+        required or differs from its default (so a record built in code says everything it holds)."""
+        out = dict(self.raw)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "raw" and (f.name in out or _required(f) or value != _default(f)):
+                out[f.name] = value
+        return out
+
+
+def _required(f: Field[Any]) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def _default(f: Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target(JsonRecord):
+    """One profile target (gpuyantra/profiler.py): an op family bound to a module class (and, for a
+    linear, to one projection shape). The profile carries more (`share`, `est_gain`, `why`, ...): in `raw`."""
+
+    op: str
+    module_class: str
+    qualified_class: str | None = None  # what the verifier's --module and the swap's module_class take
+    modules: int = 0
+    adapter: list[dict[str, str]] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)  # live activation shapes, most frequent first
+    dtype: str | None = None
+    param_shapes: dict[str, list[int] | None] | None = None  # linear: the live weight/bias shapes
+    variant: str | None = None  # linear: names the projection shape; several targets share a class
+    regime: str | None = None  # memory-bound, compute-bound or launch-bound
+
+    @property
+    def key(self) -> str:
+        """`op:Class[variant]`: names the target in the campaign's progress."""
+        return f"{self.op}:{self.module_class}" + (f"[{self.variant}]" if self.variant else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerdictSummary(JsonRecord):
+    """The fields of a verifier verdict (gpuyantra/verifier/verdict.py: Verdict.to_dict, plus the
+    activity's `device` and `candidate_path`) the workflow and learn_skill read; the rest is in `raw`."""
+
+    reward: int = REWARD_MIN  # a verdict without a reward counts as a rejection
+    accepted: bool = False
+    device: str | None = None
+    failures: list[dict[str, Any]] = field(default_factory=list)  # layer, rule, message
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    kernel_us: float | None = None
+    floor_us: float | None = None
+    shapes: list[list[int]] | None = None
+    dtypes: list[str] | None = None
+    candidate_path: str | None = None
+    attestation: dict[str, Any] | None = None  # the signed record the server checks before swapping
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VerdictSummary:
+        # int(): the workflow always read the reward as int(verdict["reward"]); a 3.0 is rung +3.
+        return super().from_dict({**data, "reward": int(data["reward"])} if "reward" in data else data)
+
+    @property
+    def at_ceiling(self) -> bool:
+        """No later candidate can beat it: the best reward its device can give (+1 on CPU, +3 on CUDA)."""
+        return self.reward >= ceiling(self.device)
+
+    @property
+    def speed_judged(self) -> bool:
+        """Speed means something only off the interpreter: a CPU verdict judges correctness only."""
+        return self.device != "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkillSeed(JsonRecord):
+    """The stored skill UCB1 chose to seed a target's first attempt (RetrieveResult.seed)."""
+
+    id: str
+    op: str | None = None
+    source: str | None = None
+    strategy: dict[str, Any] | None = None
+
+
+# ====================================================================== activity inputs and results
 @dataclass
 class CampaignInput:
     """docs/CONTRACTS.md section 6. Every field but server_url is optional."""
 
     server_url: str
     ops: list[str] | None = None
-    min_reward: int = 3
+    min_reward: int = REWARD_MAX
     max_iterations: int = 6
     require_approval: bool = False
     device: str | None = None  # where candidates are verified; None = the GPU worker's own device

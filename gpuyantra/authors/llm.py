@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from gpuyantra.authors.backends import Backend, BackendError, GeminiBackend, OpenAICompatibleBackend
 from gpuyantra.authors.base import Attempt, WriteRequest, WrittenCandidate
+from gpuyantra.rewards import REWARD_ACCEPTED
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,13 @@ def reference_source(family: Any, max_functions: int = 6) -> str:
     """The family's `reference` source, followed by the gpuyantra helpers it calls (recursively).
 
     `inspect.getsource(reference)` alone would hide e.g. rope's `_apply` or the `compute_dtype`
-    that decides the accumulation dtype; the model must see the whole computation.
+    that decides the accumulation dtype; the model must see the whole computation. An open target's
+    reference is its module's forward: its class source, structure, float attributes and inputs.
     """
+    if getattr(family, "open_target", None) is not None:
+        from gpuyantra.ops.open import describe_reference
+
+        return describe_reference(family.open_target)
     functions: list[Any] = []
     pending = [family.reference]
     while pending and len(functions) < max_functions:
@@ -192,7 +198,7 @@ def _attempt_lines(index: int, attempt: Attempt) -> list[str]:
         lines.append(timing)
     elif attempt.floor_us is not None:
         lines.append(f"  roofline floor {attempt.floor_us:.2f} us (kernel time not measured)")
-    if attempt.reward >= 1 and not attempt.failures:
+    if attempt.reward >= REWARD_ACCEPTED and not attempt.failures:
         lines.append("  (correct; make it faster without breaking correctness)")
     return lines
 

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuyantra import config
     from gpuyantra.campaign_client import new_workflow_id, start_campaign
     from gpuyantra.report import write_report
+    from gpuyantra.rewards import ceiling
     from gpuyantra.triton_env import cuda_available
     from workflows.types import CampaignInput
 
@@ -64,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
         )
         processes.append(server)
         # Speed is judged only on a GPU; on CPU a correct kernel (+1) is the best there is.
-        params = CampaignInput(
-            server_url=server.info["url"], ops=args.ops.split(","), min_reward=3 if device == "cuda" else 1
-        )
+        params = CampaignInput(server_url=server.info["url"], ops=args.ops.split(","), min_reward=ceiling(device))
         print(
             f"gpuyantra demo: serving {args.model} at {server.info['url']} on {device}; "
             f"campaign for {params.ops} (min_reward {params.min_reward}) ...",

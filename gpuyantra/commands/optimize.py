@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuyantra import config
+from gpuyantra.rewards import REWARD_ACCEPTED, REWARD_MAX
 from gpuyantra.server_client import ServerError, check_reachable
 
 if TYPE_CHECKING:
@@ -27,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--min-reward",
         type=int,
-        choices=[1, 2, 3],
-        default=3,
+        choices=range(REWARD_ACCEPTED, REWARD_MAX + 1),
+        default=REWARD_MAX,
         help="least verifier reward a kernel needs to be deployed (CPU-only setups: 1)",
     )
     parser.add_argument("--max-iterations", type=iterations, default=6)

@@ -39,6 +39,17 @@ def _dtypes(text: str) -> list[str]:
     return names
 
 
+def _param_shape(text: str) -> tuple[str, list[int] | None]:
+    """`weight=2048x1536` -> ("weight", [2048, 1536]); `bias=none` -> ("bias", None)."""
+    from gpuyantra.verifier.cases import parse_param_shapes
+
+    try:
+        ((name, shape),) = parse_param_shapes([text]).items()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name, shape
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "verify",
@@ -74,6 +85,16 @@ def register(subparsers: Any) -> None:
         help="dtypes to check (default: float32,float16 on cpu; float16,bfloat16,float32 on cuda)",
     )
     parser.add_argument(
+        "--param-shape",
+        dest="param_shapes",
+        action="append",
+        type=_param_shape,
+        default=None,
+        metavar="NAME=AxB",
+        help="the live module's shape of a tensor parameter, repeatable: weight=2048x1536 (a linear's "
+        "out-features come from it), bias=none for a module without one (default: the module class's own)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -89,7 +110,13 @@ def run(args: argparse.Namespace) -> int:
     from gpuyantra.verifier.core import run_verification
 
     verdict = run_verification(
-        args.file, device=device, module_class=args.module, shapes=args.shapes, dtypes=args.dtypes, timeout=args.timeout
+        args.file,
+        device=device,
+        module_class=args.module,
+        shapes=args.shapes,
+        dtypes=args.dtypes,
+        timeout=args.timeout,
+        param_shapes=dict(args.param_shapes or []),
     )
     if args.json:
         sys.stdout.write(json.dumps(verdict.to_dict()) + "\n")

@@ -18,15 +18,20 @@ def register(family: OpFamily) -> OpFamily:
 
 def get_op(name: str) -> OpFamily:
     _load_builtin_families()
+    if name not in _REGISTRY:
+        from gpuyantra.ops.open import find_open_family
+
+        find_open_family(name)  # a saved open target registers itself on first use
     try:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownOpError(f"unknown op {name!r}; known ops: {', '.join(sorted(_REGISTRY))}") from None
 
 
-def all_ops() -> list[OpFamily]:
+def all_ops(include_open: bool = False) -> list[OpFamily]:
+    """The registered families (and, with `include_open`, the open targets this process knows)."""
     _load_builtin_families()
-    return list(_REGISTRY.values())
+    return [f for f in _REGISTRY.values() if include_open or f.open_target is None]
 
 
 def _load_builtin_families() -> None:

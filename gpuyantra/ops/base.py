@@ -24,7 +24,7 @@ class ParamSpec:
     name: str
     # Attribute names that hold this parameter on known module classes, in preference order.
     attr_aliases: tuple[str, ...]
-    kind: str = "tensor"  # "tensor" | "float"
+    kind: str = "tensor"  # "tensor" | "float" | "optional_tensor" (a tensor or None: nn.Linear's bias)
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,22 @@ class OpFamily:
     known_functions: tuple[str, ...] = ()
     # Number of outputs `entry` returns: 1 for a tensor, n > 1 for a tuple of n tensors.
     n_outputs: int = 1
+    # --- families whose parameter shapes are not all (H,) (linear: weight (N, K), bias (N,) or None) ---
+    # param_shapes_of(module) -> {param name: live shape or None}: modules of one class with other
+    # shapes are separate groups and profile targets (a 2048x1536 projection is not the lm_head).
+    param_shapes_of: Callable[[torch.nn.Module], dict[str, list[int] | None]] | None = None
+    # param_cost(shape, dtype, param_shapes) -> (bytes moved, flops) with the live parameter shapes.
+    # None: (bytes_moved(shape, dtype), flops(shape)).
+    param_cost: Callable[..., tuple[int, int]] | None = None
+    # fit_params(shape, {name: shape or None}, device) -> the parameter shapes of one verifier case
+    # at activation `shape`, shrunk where a live shape would be too slow or too big on `device`.
+    fit_params: Callable[..., dict[str, list[int] | None]] | None = None
+    # error_bound(activations, params, out_dtype) -> per-output-element allowance (float64, or None)
+    # that an honest kernel may need on top of atol + rtol |want| when judged against float64
+    # (linear: float32 accumulation over K grows with sum |x_k w_k|, which no fixed atol expresses).
+    error_bound: Callable[..., Any] | None = None
+    # Extra verifier hidden shapes per device ("cpu"/"cuda"), run in every dtype (linear: a long K).
+    extra_hidden_shapes: dict[str, list[list[int]]] = field(default_factory=dict)
     # What each activation holds, for the verifier's activation-like inputs: "stream" (a residual
     # stream: offsets and outliers), "gate" (feeds exp: values past its overflow point) or "bounded"
     # (left as made, e.g. rope's cos/sin). Empty: every activation is a "stream".
@@ -82,6 +98,17 @@ class OpFamily:
     # adapt_shape(shape) -> the nearest shape this family accepts (e.g. rope needs an even head dim),
     # applied to the verifier's fixed stress shapes. None: every shape is valid.
     adapt_shape: Callable[[Sequence[int]], Sequence[int]] | None = None
+    # The open target (gpuyantra.ops.open.OpenTarget) this family was built from; None for a
+    # registered family.
+    open_target: Any = None
+
+    def cost(
+        self, shape: Sequence[int], dtype: torch.dtype, param_shapes: dict[str, list[int] | None] | None = None
+    ) -> tuple[int, int]:
+        """(bytes moved, flops) of one call on a first activation of `shape`."""
+        if self.param_cost is not None:
+            return self.param_cost(shape, dtype, param_shapes)
+        return self.bytes_moved(shape, dtype), self.flops(shape)
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) for outputs of `dtype`, measured against a float64 reference."""
@@ -179,7 +206,22 @@ def itemsize(dtype: torch.dtype) -> int:
 
 def adapter_kwargs(module: torch.nn.Module, adapter: Sequence[dict[str, str]]) -> dict[str, Any]:
     """Read the live values each ADAPTER binding names (read at call time: weights may change)."""
-    return {b["kernel_param"]: getattr(module, b["module_attr"]) for b in adapter}
+    return {b["kernel_param"]: resolve_attr(module, b["module_attr"]) for b in adapter}
+
+
+def resolve_attr(obj: Any, dotted: str) -> Any:
+    """`obj.a.b` for "a.b" (an open target binds a submodule's weight as "ln.weight")."""
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def has_attr_path(obj: Any, dotted: str) -> bool:
+    try:
+        resolve_attr(obj, dotted)
+    except AttributeError:
+        return False
+    return True
 
 
 def import_class(dotted: str) -> type:
@@ -208,7 +250,7 @@ def _first_attr(module: torch.nn.Module | type, aliases: Sequence[str]) -> str |
         if isinstance(module, type):
             if alias in _class_attribute_names(module):
                 return alias
-        elif hasattr(module, alias):
+        elif has_attr_path(module, alias):
             return alias
     return None
 

@@ -5,6 +5,7 @@ from gpuyantra.ops import (
     gelu_tanh_mul,  # noqa: F401
     gemma_rms_norm,  # noqa: F401
     layer_norm,  # noqa: F401
+    linear,  # noqa: F401
     rms_norm,  # noqa: F401
     rope,  # noqa: F401
     silu_mul,  # noqa: F401

@@ -65,6 +65,8 @@ def build_instance(cls: type, device: str | torch.device = "cpu") -> torch.nn.Mo
             attempts.append(partial(cls, config))
             attempts.append(partial(cls, config, layer_idx=0))
     attempts += [lambda: cls(TINY_HIDDEN), lambda: cls(hidden_size=TINY_HIDDEN), lambda: cls()]
+    # (in_features, out_features) modules: nn.Linear and its subclasses.
+    attempts.append(lambda: cls(TINY_HIDDEN, TINY_HIDDEN))
     for attempt in attempts:
         try:
             with torch.device(device):

@@ -12,7 +12,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-REWARD_MIN, REWARD_MAX = -1.0, 3.0
+from gpuyantra import rewards
+
+REWARD_MIN, REWARD_MAX = float(rewards.REWARD_MIN), float(rewards.REWARD_MAX)
 
 
 def normalize_reward(reward: float) -> float:

@@ -11,7 +11,7 @@ child reports about values is trusted.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -62,6 +62,7 @@ DEFAULT_DTYPES = {"cpu": ["float32", "float16"], "cuda": ["float16", "bfloat16",
 CPU_MAX_ROWS = 64  # live shapes are capped to this many rows under the interpreter
 CUDA_MAX_ELEMENTS = 2**24  # live shapes are capped to this many output elements for correctness on CUDA
 
+TENSOR_KINDS = ("tensor", "optional_tensor")  # ParamSpec kinds a case fills with a tensor (or None)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -114,10 +115,15 @@ def dtype_of(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}") from None
 
 
-def correctness_shapes(device: str, live: Sequence[Sequence[int]] | None) -> list[list[int]]:
-    """Live shapes first (rows capped on CPU), then the hidden ones, without duplicates."""
+def correctness_shapes(device: str, live: Sequence[Sequence[int]] | None, family: Any = None) -> list[list[int]]:
+    """Live shapes first (rows capped on CPU), then the hidden ones, without duplicates. An open
+    target draws its unseen shapes along the dims its module accepts changing."""
+    target = getattr(family, "open_target", None)
+    if target is not None:
+        return target.case_shapes(device, live)[0]
     shapes: list[list[int]] = []
-    hidden = [list(s) for s in HIDDEN_SHAPES[device]]
+    extra = getattr(family, "extra_hidden_shapes", None) or {}
+    hidden = [list(s) for s in HIDDEN_SHAPES[device]] + [list(s) for s in extra.get(device, [])]
     for shape in [list(s) for s in live or []] + hidden:
         shape = [int(d) for d in shape]
         if device == "cpu" and len(shape) >= 2 and shape not in hidden:
@@ -148,6 +154,9 @@ def cap_elements(shape: list[int], limit: int) -> list[int]:
 
 def stress_shapes(device: str, family: Any = None) -> list[list[int]]:
     """STRESS_SHAPES for `device`, adapted to the family's shape rules (e.g. rope's even head dim)."""
+    target = getattr(family, "open_target", None)
+    if target is not None:
+        return target.case_shapes(device, None)[1]
     shapes = [list(s) for s in STRESS_SHAPES[device]]
     adapt = getattr(family, "adapt_shape", None)
     return [list(adapt(s)) for s in shapes] if adapt is not None else shapes
@@ -224,11 +233,17 @@ def make_case(
         for tensor, role in zip(activations, roles):
             realistic(tensor, role, case.dist, case.dtype, generator)
     params: dict[str, Any] = {}
+    tensor_shapes = param_case_shapes(family, case.shape, param_specs, device)
     for spec in param_specs:
-        if spec["kind"] == "tensor":
-            shape = [hidden if d == "H" else int(d) for d in spec["shape"]]
+        if spec["kind"] in TENSOR_KINDS:
+            shape = tensor_shapes[spec["name"]]
+            if shape is None:  # an optional tensor the live module holds as None (a Linear without bias)
+                params[spec["name"]] = None
+                continue
             # Never weight = 1, bias = 0: random values around 0.3 with both signs.
             values = torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device) * 0.5 + 0.3
+            if spec.get("positive"):  # running variances, scales: their live values are never negative
+                values = values.abs() + 0.05
             params[spec["name"]] = values.to(dtype)
         elif case.draw_scalars:
             # One drawn value per (seed, parameter), not per case: a kernel that takes eps as a
@@ -243,9 +258,83 @@ def make_case(
     return activations, params
 
 
+def param_case_shapes(
+    family: Any, shape: Sequence[int], param_specs: Sequence[dict[str, Any]], device: str | torch.device = "cpu"
+) -> dict[str, list[int] | None]:
+    """Each tensor parameter's shape at activation `shape` ("H" is its last dim; None stays None),
+    fitted by the family where a live shape would be too big for one case on `device`."""
+    hidden = int(shape[-1])
+    shapes = {
+        spec["name"]: None if spec["shape"] is None else [hidden if d == "H" else int(d) for d in spec["shape"]]
+        for spec in param_specs
+        if spec["kind"] in TENSOR_KINDS
+    }
+    fit = getattr(family, "fit_params", None)
+    if fit is None or not shapes:
+        return shapes
+    return fit(list(shape), shapes, "cuda" if str(device).startswith("cuda") else "cpu")
+
+
+def live_param_specs(
+    specs: Sequence[dict[str, Any]],
+    param_shapes: Mapping[str, Sequence[int] | None] | None,
+    live: Sequence[Sequence[int]] = (),
+) -> list[dict[str, Any]]:
+    """The contract's parameter specs with the live module's tensor shapes (`verify --param-shape
+    weight=2048x1536`): cases then build weights of the real out-features. A dim becomes the
+    case's "H" where the contract had "H" and the live dim is the live hidden size (the live
+    activations' last dim, else the last dim of the first shape given); `None` marks an optional
+    tensor the module holds as None. Raises ValueError for a parameter the family does not have."""
+    if not param_shapes:
+        return [dict(s) for s in specs]
+    by_name = {s["name"]: s for s in specs}
+    for name, shape in param_shapes.items():
+        spec = by_name.get(name)
+        if spec is None or spec["kind"] not in TENSOR_KINDS:
+            tensors = [s["name"] for s in specs if s["kind"] in TENSOR_KINDS]
+            raise ValueError(f"--param-shape {name}: not a tensor parameter of this op (its tensors: {tensors})")
+        if shape is None and spec["kind"] != "optional_tensor":
+            raise ValueError(f"--param-shape {name}=none: {name} cannot be None for this op")
+    given = [list(v) for v in param_shapes.values() if v]
+    hidden = int(live[0][-1]) if live else (int(given[0][-1]) if given else None)
+    out = []
+    for spec in specs:
+        spec = dict(spec)
+        if spec["name"] in param_shapes:
+            shape = param_shapes[spec["name"]]
+            old = list(spec.get("shape") or [])
+            spec["shape"] = (
+                None
+                if shape is None
+                else [
+                    "H" if i < len(old) and old[i] == "H" and int(d) == hidden else int(d) for i, d in enumerate(shape)
+                ]
+            )
+        out.append(spec)
+    return out
+
+
+def parse_param_shapes(values: Sequence[str]) -> dict[str, list[int] | None]:
+    """`["weight=2048x1536", "bias=none"]` -> {"weight": [2048, 1536], "bias": None} (CLI syntax)."""
+    out: dict[str, list[int] | None] = {}
+    for text in values:
+        name, sep, dims = text.partition("=")
+        name, dims = name.strip(), dims.strip().lower()
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = None if dims == "none" else [int(d) for d in dims.split("x")]
+        except ValueError:
+            raise ValueError(f"--param-shape {text!r}: expected NAME=AxB (weight=2048x1536) or NAME=none") from None
+        if out[name] is not None and any(d < 1 for d in out[name] or []):
+            raise ValueError(f"--param-shape {text!r}: sizes must be positive")
+    return out
+
+
 def float64_reference(family: Any, activations: Sequence[torch.Tensor], params: dict[str, Any]) -> list[torch.Tensor]:
     """The family's reference on float64 copies of exactly these inputs (on their device), as a list."""
-    acts = [a.detach().to(torch.float64) for a in activations]
+    # Integer inputs (class ids, indices) stay integers; only floating values widen.
+    acts = [a.detach().to(torch.float64) if a.is_floating_point() else a.detach() for a in activations]
     kw = {
         k: v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
         for k, v in params.items()

@@ -334,6 +334,12 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
         results["copy_bandwidth_gbs"] = bandwidth
     for module_name in job.get("family_modules", []):
         importlib.import_module(module_name)
+    if job.get("open_target"):
+        from pathlib import Path
+
+        from gpuyantra.ops.open import load_open_target, register_open
+
+        register_open(load_open_target(Path(job["open_target"])), save=False)
     family = get_op(job["op"])
     results["stage"] = "import"
     try:
@@ -479,4 +485,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Results and outputs are on disk: run the exit handlers (they stop torch.compile's worker
+    # processes, which would otherwise outlive the child and fail the verdict), then skip the rest
+    # of the interpreter's teardown of torch, triton and the CUDA context.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

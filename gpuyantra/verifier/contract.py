@@ -80,6 +80,9 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
         for name in wanted:
             if name not in bound:
                 result.fail("adapter-params", f"ADAPTER does not bind {family.name}'s parameter {name!r}")
+    if family.open_target is not None:
+        _check_open_attrs(family, adapter or [], result)
+        return result
     # The module class imports and builds on the meta device; each binding names a real attribute.
     dotted = module_class or family.default_module
     result.module_class = dotted
@@ -116,6 +119,12 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
                 "adapter-attr",
                 f"{cls.__name__}.{attr} is {type(value).__name__}, but {binding['kernel_param']!r} needs a tensor",
             )
+        elif kind == "optional_tensor" and value is not None and not isinstance(value, torch.Tensor):
+            result.fail(
+                "adapter-attr",
+                f"{cls.__name__}.{attr} is {type(value).__name__}, "
+                f"but {binding['kernel_param']!r} needs a tensor or None",
+            )
         elif kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
             result.fail(
                 "adapter-attr",
@@ -126,6 +135,30 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
         return result
     result.param_specs = _param_specs(family, cls, attr_of, build_instance)
     return result
+
+
+def _check_open_attrs(family: OpFamily, adapter: list[dict[str, str]], result: ContractResult) -> None:
+    """An open target's module is the instance it was built from: each binding must name the
+    attribute path its parameter was read from (checked on that instance, not a class)."""
+    target = family.open_target
+    result.module_class = target.module_class
+    expected = {p.kernel_param: p for p in target.params}
+    for binding in adapter:
+        spec = expected.get(binding["kernel_param"])
+        if spec is not None and binding["module_attr"] != spec.module_attr:
+            result.fail(
+                "adapter-attr",
+                f"kernel parameter {spec.kernel_param!r} must bind {spec.module_attr!r} of {target.module_class}, "
+                f"not {binding['module_attr']!r}",
+            )
+    if result.failures:
+        return
+    result.param_specs = [
+        {"name": p.kernel_param, "kind": "tensor", "shape": list(p.shape), "positive": p.positive}
+        if p.kind == "tensor"
+        else {"name": p.kernel_param, "kind": p.kind, "value": float(p.value)}
+        for p in target.params
+    ]
 
 
 def _check_entry(report: StaticReport, family: OpFamily, result: ContractResult) -> None:
@@ -169,12 +202,14 @@ def _param_specs(family: OpFamily, cls: type, attr_of: dict[str, str], build_ins
     specs: list[dict[str, Any]] = []
     for param in family.params:
         value: Any = getattr(instance, attr_of.get(param.name, param.name), None) if instance is not None else None
-        if param.kind == "tensor":
+        if param.kind in ("tensor", "optional_tensor"):
+            shape: list[Any] | None
             if isinstance(value, torch.Tensor) and value.dim() >= 1:
                 shape = ["H" if hidden is not None and d == hidden else int(d) for d in value.shape]
             else:
-                shape = ["H"]
-            specs.append({"name": param.name, "kind": "tensor", "shape": shape})
+                # An optional tensor the instance holds as None (nn.Linear(bias=False)) stays None.
+                shape = None if param.kind == "optional_tensor" and instance is not None else ["H"]
+            specs.append({"name": param.name, "kind": param.kind, "shape": shape})
         else:
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = value.item()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
+from gpuyantra.ops.open import targets_dir as open_targets_dir
 from gpuyantra.verifier import baselines
 from gpuyantra.verifier import cases as case_plan
 from gpuyantra.verifier.contract import check_contract, resolve_family
@@ -32,9 +33,15 @@ def verify(
     module_class: str | None = None,
     shapes: list[list[int]] | None = None,
     dtypes: list[str] | None = None,
+    param_shapes: Mapping[str, Sequence[int] | None] | None = None,
 ) -> Verdict:
-    """Verify one candidate file. Never raises for a bad candidate: a rejected Verdict says why."""
-    return run_verification(path, device=device, module_class=module_class, shapes=shapes, dtypes=dtypes)
+    """Verify one candidate file. Never raises for a bad candidate: a rejected Verdict says why.
+
+    `param_shapes` are the live module's tensor shapes (`{"weight": [2048, 1536], "bias": None}`):
+    cases and timings then use them (a linear's out-features) instead of the contract's defaults."""
+    return run_verification(
+        path, device=device, module_class=module_class, shapes=shapes, dtypes=dtypes, param_shapes=param_shapes
+    )
 
 
 def run_verification(
@@ -52,6 +59,7 @@ def run_verification(
     skip_static: bool = False,
     family_modules: Sequence[str] = (),
     keep_warm: bool = False,
+    param_shapes: Mapping[str, Sequence[int] | None] | None = None,
 ) -> Verdict:
     """`verify` with knobs for tests and workers.
 
@@ -69,6 +77,9 @@ def run_verification(
     live = [list(map(int, s)) for s in shapes] if shapes else []
     if any(len(s) < 1 or any(d < 1 for d in s) for s in live):
         raise ValueError(f"shapes must be lists of positive sizes, got {live}")
+    live_params = {k: None if v is None else [int(d) for d in v] for k, v in (param_shapes or {}).items()}
+    if any(v is not None and (not v or min(v) < 1) for v in live_params.values()):
+        raise ValueError(f"param_shapes must map names to positive sizes or None, got {live_params}")
     started = time.monotonic()
     verdict = Verdict(op=None, accepted=False, reward=-1, device=device, dtypes=dtypes)
     try:
@@ -84,6 +95,7 @@ def run_verification(
             benchmark,
             skip_static,
             tuple(family_modules),
+            live_params,
         )
     except Exception as exc:  # noqa: BLE001 - a verifier bug must reject, never crash the caller
         verdict.failures.append(Failure("sandbox", "internal-error", f"verifier error: {type(exc).__name__}: {exc}"))
@@ -109,6 +121,7 @@ def _run(
     benchmark: bool,
     skip_static: bool,
     family_modules: tuple[str, ...],
+    live_params: dict[str, list[int] | None] | None = None,
 ) -> None:
     for name in family_modules:
         importlib.import_module(name)
@@ -154,14 +167,20 @@ def _run(
             return
         family = contract.family
         assert family is not None  # a contract without a family has failures, returned above
-        shapes = case_plan.correctness_shapes(device, live)
+        # The live module's parameter shapes (a linear's out-features) replace the contract's defaults.
+        contract.param_specs = case_plan.live_param_specs(contract.param_specs, live_params, live)
+        shapes = case_plan.correctness_shapes(device, live, family)
         run_bench = benchmark and device == "cuda"
         plan = case_plan.plan(
             device, shapes, dtypes, seeds, recheck=run_bench, stress=case_plan.stress_shapes(device, family)
         )
         verdict.shapes = shapes
         staged = sandbox.stage_file(f"candidate_{source_digest(source)}.py", source)
-        job_bench_shapes = live or case_plan.DEFAULT_BENCH_SHAPES
+        open_target = family.open_target
+        default_bench = (
+            [list(open_target.inputs[0].shape)] if open_target is not None else case_plan.DEFAULT_BENCH_SHAPES
+        )
+        job_bench_shapes = live or default_bench
         device_name = _device_name(device)
         job: dict[str, Any] = {
             "path": str(staged),
@@ -172,6 +191,7 @@ def _run(
             "cases": [c.to_json() for c in plan],
             "threads": sandbox.threads,
             "family_modules": list(family_modules),
+            "open_target": str(open_targets_dir() / family.name) if open_target is not None else None,
             "benchmark": run_bench,
             "bench_shapes": job_bench_shapes,
             "bench_dtype": dtypes[0],
@@ -187,6 +207,7 @@ def _run(
         clock = time.monotonic()
         outcome = sandbox.run(job)
         verdict.timings["sandbox"] = round(time.monotonic() - clock, 3)
+        verdict.timings["load_outputs"] = outcome.load_seconds
         verdict.timings.update(
             {f"child_{k}": float(v) for k, v in ((outcome.results or {}).get("timings") or {}).items()}
         )

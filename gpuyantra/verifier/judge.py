@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-from gpuyantra.verifier.cases import Case, expected_outputs, float32_reference, float64_reference, make_case
+from gpuyantra.verifier.cases import (
+    TENSOR_KINDS,
+    Case,
+    expected_outputs,
+    float32_reference,
+    float64_reference,
+    make_case,
+)
 from gpuyantra.verifier.sandbox import SandboxOutcome
 from gpuyantra.verifier.verdict import Failure
 
@@ -77,6 +84,11 @@ class References:
         if case.dist == "normal":
             return None
         return float32_reference(self.family, activations, params)
+
+    def error_bound(self, activations: Any, params: Any, dtype: torch.dtype) -> torch.Tensor | None:
+        """The family's per-element allowance for an honest accumulation (linear), or None."""
+        hook = getattr(self.family, "error_bound", None)
+        return hook(activations, params, dtype) if hook is not None else None
 
     def expected(self, case: Case, activations: Any, params: Any) -> tuple[bool, list]:
         key = (case.dtype, case.shape)
@@ -293,23 +305,27 @@ def _judge_record(
             return
         slack = _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None
         group = (case.phase, case.dtype, case.shape)
-        rules = ("nan-output", "wrong-values") if group in c.plain_failed else _value_rules(case)
+        scalars = any(s.get("kind") not in TENSOR_KINDS for s in references.param_specs)
+        rules = ("nan-output", "wrong-values") if group in c.plain_failed else _value_rules(case, scalars)
         got = got.to(reference[index].device)
-        if not _compare(got, reference[index], family.tolerance(dtype), index, where, c, rules, slack) and rules == (
+        bound = references.error_bound(activations, params, dtype) if index == 0 else None
+        tol = family.tolerance(dtype)
+        if not _compare(got, reference[index], tol, index, where, c, rules, slack, bound) and rules == (
             "nan-output",
             "wrong-values",
         ):
             c.plain_failed.add(group)
 
 
-def _value_rules(case: Case) -> tuple[str, str]:
+def _value_rules(case: Case, scalars: bool = True) -> tuple[str, str]:
     """(rule for NaN/Inf, rule for wrong values) on this case: the class of inputs that exposed it.
-    The plan runs each group's plain cases first, so a kernel wrong on them gets the generic rules."""
+    The plan runs each group's plain cases first, so a kernel wrong on them gets the generic rules.
+    Without bound scalars (linear) a drawn-scalar seed is just another seed."""
     if case.stress:
         return "shape-cap", "shape-cap"
     if case.dist != "normal":
         return "unstable-numerics", "unstable-numerics"
-    if case.draw_scalars:
+    if case.draw_scalars and scalars:
         return "hardcoded-constant", "hardcoded-constant"
     return "nan-output", "wrong-values"
 
@@ -346,6 +362,7 @@ def _compare(
     c: _Collector,
     rules: tuple[str, str] = ("nan-output", "wrong-values"),
     slack: torch.Tensor | None = None,
+    bound: torch.Tensor | None = None,
 ) -> bool:
     """True when every judged element is within tolerance; otherwise records one failure."""
     atol, rtol = tol
@@ -368,12 +385,15 @@ def _compare(
     allowed = atol + rtol * want.abs()
     if slack is not None:
         allowed = allowed + slack
+    if bound is not None:  # the family's per-element accumulation allowance (linear: float32 over K)
+        allowed = allowed + bound.to(device=allowed.device, dtype=allowed.dtype)
     err = torch.where(representable, (got64 - want).abs(), torch.zeros_like(want))
     wrong = ~(err <= allowed)
     if bool(wrong.any()):
         n = int(wrong.sum())
         first = _index(wrong)
         extra = f" plus {CONDITIONING_SLACK:g}x float32's own error on such inputs" if slack is not None else ""
+        extra += " plus the float32-accumulation bound" if bound is not None else ""
         c.add(
             "correctness",
             wrong_rule,

@@ -62,6 +62,7 @@ class SandboxOutcome:
     leftover: list[int] = field(default_factory=list)
     stderr_tail: str = ""
     seconds: float = 0.0
+    load_seconds: float = 0.0  # reading the saved outputs back (parent side)
 
 
 def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
@@ -255,7 +256,9 @@ class Sandbox:
                 import torch
 
                 try:
+                    loading = time.monotonic()
                     outcome.outputs = torch.load(outputs_path, map_location="cpu", weights_only=True)
+                    outcome.load_seconds = round(time.monotonic() - loading, 3)
                 except Exception as exc:  # noqa: BLE001 - a damaged file means no outputs to trust
                     outcome.results["harness_error"] = f"cannot read the saved outputs: {exc}"
         return outcome

@@ -27,7 +27,8 @@ COMMON = dict(
 )
 
 ARCHS = {
-    # model_type: (extra config, expected {(op, module class)})
+    # model_type: (extra config, expected {(op, module class)}); every arch also binds `linear` to
+    # its nn.Linear projections and lm_head (LINEAR below), one group per weight shape.
     "llama": ({}, {("rms_norm", "LlamaRMSNorm"), ("silu_mul", "LlamaMLP")}),
     "mistral": ({}, {("rms_norm", "MistralRMSNorm"), ("silu_mul", "MistralMLP")}),
     "qwen2": ({}, {("rms_norm", "Qwen2RMSNorm"), ("silu_mul", "Qwen2MLP")}),
@@ -46,6 +47,9 @@ ARCHS = {
     ),
     "mixtral": (dict(num_local_experts=4, num_experts_per_tok=2), {("rms_norm", "MixtralRMSNorm")}),
 }
+
+
+LINEAR = ("linear", "Linear")
 
 
 def tiny_model(model_type: str):
@@ -68,11 +72,15 @@ def test_bindings_and_logits_with_template_kernels(model_type, load_rendered):
     model = tiny_model(model_type)
     groups = find_module_groups(model)
     bound = {(g.op, g.module_class) for g in groups}
-    assert bound == ARCHS[model_type][1]
+    assert bound == ARCHS[model_type][1] | {LINEAR}
     for group in groups:
         if group.module_class.startswith("Gemma"):
             assert group.op != "rms_norm"  # a Gemma norm must never receive plain rms_norm
-        assert group.count >= 2
+        if group.op == "linear":  # one group per weight shape (lm_head alone): shapes all alike
+            weights = {tuple(model.get_submodule(n).weight.shape) for n in group.names}
+            assert weights == {tuple(group.param_shapes["weight"])}
+        else:
+            assert group.count >= 2
 
     ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -98,8 +98,8 @@ def test_positional_form_on_cpu(tiny):
     # Ranked by estimated effect on served latency.
     gains = [t["est_gain"] for t in targets]
     assert gains == sorted(gains, reverse=True) and [t["rank"] for t in targets] == list(range(1, len(targets) + 1))
-    # One entry per (op, class); module-class breakdown covers the step.
-    assert len({(t["op"], t["qualified_class"]) for t in targets}) == len(targets)
+    # One entry per (op, class, live parameter shapes); module-class breakdown covers the step.
+    assert len({(t["op"], t["qualified_class"], t.get("variant", "")) for t in targets}) == len(targets)
     classes = result["phases"]["probe"]["classes"]
     assert {"Linear", "Qwen2RMSNorm", "Qwen2Attention"} <= {c["module_class"] for c in classes}
     assert 0.5 < sum(c["share"] for c in classes) < 1.5
@@ -269,3 +269,30 @@ def test_cuda_profile_attributes_kernels(tiny, tmp_path):
         assert norm["regime"] in {"launch-bound", "memory-bound"}
     finally:
         tiny.to(device="cpu", dtype=torch.float32)
+
+
+def test_linear_projections_are_targets_per_weight_shape(tiny):
+    """Each projection shape is its own target (the campaign verifies and swaps it at that shape),
+    ranked by measured time, with its live weight shape and a roofline over the real weight."""
+    result = profile_model(tiny, probes={"decode": decode_probe(tiny)}, device="cpu", repeat=2, profile_steps=1)
+    linear = [t for t in result["targets"] if t["op"] == "linear"]
+    by_shape = {t["variant"]: t for t in linear}
+    # q (bias), k/v (bias, 32 = 2 kv heads x 16), o, gate/up, down, lm_head
+    assert set(by_shape) == {
+        "weight=64x64,bias=64",
+        "weight=32x64,bias=32",
+        "weight=64x64,bias=none",
+        "weight=128x64,bias=none",
+        "weight=64x128,bias=none",
+        "weight=256x64,bias=none",
+    }
+    head = by_shape["weight=256x64,bias=none"]
+    assert head["param_shapes"] == {"weight": [256, 64], "bias": None} and head["modules"] == 1
+    assert head["shapes"] == [[1, 1, 64]] and head["calls"] == 1
+    assert head["bytes_per_step"] == (256 * 64 + 64 + 256) * 4  # the weight once, x and y
+    down = by_shape["weight=64x128,bias=none"]
+    assert down["shapes"] == [[1, 1, 128]] and down["modules"] == 2
+    assert by_shape["weight=32x64,bias=32"]["modules"] == 4  # k_proj and v_proj of both layers
+    ranks = [t["rank"] for t in result["targets"]]
+    gains = [t["est_gain"] for t in result["targets"]]
+    assert ranks == sorted(ranks) and gains == sorted(gains, reverse=True)

@@ -380,3 +380,10 @@ def test_completions_n_logprobs_and_stop(client):
     k = len(cut["token_ids"])
     assert cut["token_ids"] == base["token_ids"][:k] and len(cut["logprobs"]["tokens"]) == k
     assert all(len(t) == 1 for t in cut["logprobs"]["top_logprobs"])  # logprobs 0: the chosen token only
+
+
+def test_benchmark_live_mode_without_traffic_is_a_409_and_auto_benchmarks(client):
+    live = client.post("/admin/benchmark", json={"mode": "live"}, headers=AUTH)
+    assert live.status_code == 409 and "no live traffic" in live.json()["message"]
+    auto = client.post("/admin/benchmark", json={"max_tokens": 2, "repeats": 1}, headers=AUTH)
+    assert auto.status_code == 200 and auto.json()["measured"] == "benchmark"

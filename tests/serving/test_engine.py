@@ -203,3 +203,26 @@ def test_prefill_batches_stay_within_the_token_budget(tmp_path, monkeypatch):
     assert admit_lengths() == [7]  # a lone prompt always fits; 7 + 3 would pad to 2 x 7 = 14
     assert admit_lengths() == [3]
     assert engine._admit() == []
+
+
+def test_live_speed_reads_served_steps_without_pausing_traffic(tmp_path):
+    engine = make_engine(tmp_path, max_seq_len=2048)
+    engine.start()
+    try:
+        idle = engine.live_speed(batch=1, window_s=0.5, min_steps=5)
+        assert idle["measured"] == "none" and "no live traffic" in idle["reason"]
+        request = engine.submit(GenRequest(PROMPTS[0], 2000))  # one row decoding while we watch
+        while len(request.output_ids) < 3:
+            assert not request.done.wait(0.01)
+        seen = len(request.output_ids)
+        live = engine.live_speed(batch=1, window_s=0.5, min_steps=5, repeats=3)
+        assert live["measured"] == "live" and live["batch"] == 1 and live["steps"] >= 5
+        assert live["tokens_per_s"] > 0 and live["repeats"] == 3 and len(live["tokens_per_s_samples"]) == 3
+        assert len(request.output_ids) >= seen + live["steps"]  # it kept decoding: nothing was paused
+        if not request.done.is_set():
+            wider = engine.live_speed(batch=2, window_s=0.2, min_steps=5)
+            assert wider["measured"] == "none" and "at 2 row(s)" in wider["reason"]
+        request.cancel()
+        assert request.done.wait(30)
+    finally:
+        engine.stop()

@@ -67,3 +67,11 @@ def test_figures_of_an_old_style_measurement():
         "measured": "benchmark",
     }
     assert figures(None) is None
+
+
+def test_live_and_benchmark_figures_are_never_compared():
+    before = {"tokens_per_s": 700.0, "relative_spread": 0.01, "measured": "live"}
+    after = {"tokens_per_s": 500.0, "relative_spread": 0.01, "measured": "benchmark"}
+    verdict = judge_swap(before, after)
+    assert verdict["decision"] == "keep" and verdict["note"] == "measured differently"
+    assert judge_swap(before, {**after, "measured": "live"})["decision"] == "rollback"

@@ -1,0 +1,116 @@
+"""Run `gpuyantra kernelbench` over many problems in parallel shards and print one table.
+
+Each shard is a separate process (its own verifier sandboxes); on one GPU the verifier's timing lock
+keeps timed phases from overlapping, so shards share the device without skewing each other's
+numbers. Problems are dealt round-robin so slow and fast ones mix.
+
+    python benchmarks/kernelbench_sharded.py PROBLEM_DIR --device cuda --shards 4 --out OUT [--only 19,23,24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def problem_files(folder: Path, only: set[int] | None) -> list[Path]:
+    files = sorted(
+        folder.glob("*.py"), key=lambda p: int(re.match(r"(\d+)", p.name).group(1)) if p.name[0].isdigit() else 0
+    )
+    files = [f for f in files if only is None or (f.name.split("_")[0].isdigit() and int(f.name.split("_")[0]) in only)]
+    # Convolutions and matmuls last: a run stopped at its deadline loses the problems least likely
+    # to be supported.
+    return sorted(files, key=lambda f: ("conv" in f.name.lower(), "mul" in f.name.lower() or "gemm" in f.name.lower()))
+
+
+def run_shards(files: list[Path], args: argparse.Namespace) -> list[dict]:
+    out = Path(args.out).resolve()
+    procs = []
+    for shard in range(args.shards):
+        mine = files[shard :: args.shards]
+        if not mine:
+            continue
+        folder = out / f"shard{shard}" / "problems"
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in mine:
+            link = folder / f.name
+            if not link.exists():
+                link.symlink_to(f.resolve())
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpuyantra.cli",
+            "kernelbench",
+            str(folder),
+            "--device",
+            args.device,
+            "--out",
+            str(out / f"shard{shard}" / "out"),
+            "--max-iterations",
+            str(args.max_iterations),
+            "--json",
+        ]
+        log = open(out / f"shard{shard}.log", "w")
+        procs.append((shard, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=os.environ)))
+    deadline = time.time() + args.deadline_s
+    for shard, proc in procs:
+        try:
+            proc.communicate(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            print(f"shard {shard}: past --deadline-s, stopped; keeping the problems it finished", file=sys.stderr)
+            proc.kill()
+            proc.communicate()
+    results = []
+    for shard, _ in procs:
+        # Written after every problem, so a stopped shard still reports what it finished.
+        summary = out / f"shard{shard}" / "out" / "kernelbench.json"
+        if summary.exists():
+            results += json.loads(summary.read_text())["problems"]
+    return results
+
+
+def table(results: list[dict], device: str) -> str:
+    lines = [f"{'problem':58s} {'status':11s} {'eager_us':>10s} {'new_us':>10s} {'speedup':>8s}  reason"]
+    for r in sorted(results, key=lambda r: int(r["name"].split("_")[0]) if r["name"][0].isdigit() else 0):
+        sp = f"{r['speedup']:.2f}" if r.get("speedup") else "-"
+        mu = f"{r['model_us']:.1f}" if r.get("model_us") else "-"
+        nu = f"{r['model_new_us']:.1f}" if r.get("model_new_us") else "-"
+        lines.append(f"{r['name'][:58]:58s} {r['status']:11s} {mu:>10s} {nu:>10s} {sp:>8s}  {r['reason'][:150]}")
+    n = len(results) or 1
+    correct = sum(1 for r in results if r.get("correct"))
+    fast1 = sum(1 for r in results if r.get("correct") and (r.get("speedup") or 0) > 1)
+    fast1_best = sum(1 for r in results if r.get("correct") and (r.get("speedup_vs_best") or 0) > 1)
+    lines.append(
+        f"problems {len(results)}  fast_0 {correct / n:.2f}  fast_1 {fast1 / n:.2f} (vs eager)"
+        f"  fast_1 {fast1_best / n:.2f} (vs the better of eager and torch.compile)"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--max-iterations", type=int, default=2)
+    parser.add_argument("--out", default="kb_out")
+    parser.add_argument("--only", default="", help="comma-separated problem numbers")
+    parser.add_argument("--deadline-s", type=float, default=540.0, help="stop the shards after this long")
+    args = parser.parse_args()
+    only = {int(x) for x in args.only.split(",") if x} or None
+    files = problem_files(Path(args.folder), only)
+    started = time.time()
+    results = run_shards(files, args)
+    Path(args.out, "results.json").write_text(json.dumps(results, indent=1, default=str))
+    print(table(results, args.device))
+    print(f"wall {time.time() - started:.0f} s, {args.shards} shards")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The open author: candidates for open targets (`open.*` ops), written from the traced module.
+
+Each write renders the target's computation (gpuyantra.authors.opengen) with one point of its
+strategy space. The search is small and deterministic: the default point first (or the seed's, when
+the skill library offers one), then the untried points nearest the best-rewarded attempt so far
+(reward, then measured kernel time); "strategies exhausted" once every point was tried. A target
+the open author cannot write raises Unsupported (a ValueError) with the reason.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from gpuyantra.authors.base import Attempt, WriteRequest, WrittenCandidate
+from gpuyantra.authors.opengen import OpenSpec, distance, normalize, strategy_space, write_open_source
+
+CONVERGED_REWARD = 3
+TRACE_ELEMENTS = 1 << 16  # example inputs for tracing are shrunk to about this many elements
+_SPECS: OrderedDict[str, OpenSpec] = OrderedDict()  # op -> spec (the same object keeps the analysis cached)
+
+
+class OpenAuthor:
+    name = "open"
+
+    def converged(self, request: WriteRequest) -> bool:
+        """A kernel already beat eager and torch.compile: nothing left to search for."""
+        return any(a.reward >= CONVERGED_REWARD for a in request.history)
+
+    def write(self, request: WriteRequest) -> WrittenCandidate:
+        spec = spec_for(request.op)
+        space = strategy_space(spec)
+        strategy, reason = next_strategy(space, request.history, request.seed_strategy)
+        source = write_open_source(spec, strategy)
+        return WrittenCandidate(
+            source=source,
+            strategy=strategy,
+            author=self.name,
+            notes=f"{reason}; open target {request.op} with {strategy}",
+        )
+
+
+def next_strategy(
+    space: Sequence[dict[str, Any]], history: Sequence[Attempt], seed: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """(strategy, why) for the next write; ValueError("strategies exhausted") when none is left."""
+    tried = [normalize(a.strategy) for a in history]
+    candidates = [normalize(p) for p in space]
+    if seed:
+        seeded = normalize(seed)
+        if seeded not in candidates:
+            candidates.insert(0, seeded)
+    untried = [p for i, p in enumerate(candidates) if p not in tried and p not in candidates[:i]]
+    if not untried:
+        raise ValueError("strategies exhausted")
+    best = _best(history)
+    if best is None:
+        return untried[0], "first untried point" if history else "default point"
+    best_point = normalize(best.strategy)
+    chosen = min(untried, key=lambda p: distance(p, best_point))  # min keeps space order on ties
+    return chosen, f"nearest untried point to the best attempt (reward {best.reward})"
+
+
+def _best(history: Sequence[Attempt]) -> Attempt | None:
+    passing = [a for a in history if a.reward >= 1]
+    if not passing:
+        return None
+    return max(passing, key=lambda a: (a.reward, -(a.kernel_us if a.kernel_us is not None else float("inf"))))
+
+
+def spec_for(op: str) -> OpenSpec:
+    """The OpenSpec of a registered open target (gpuyantra.ops.open), remembered per op."""
+    hit = _SPECS.get(op)
+    if hit is not None:
+        _SPECS.move_to_end(op)
+        return hit
+    from gpuyantra.ops.open import open_spec_for  # written alongside; imported when first needed
+
+    spec = spec_from_target(open_spec_for(op))
+    _SPECS[op] = spec
+    while len(_SPECS) > 16:
+        _SPECS.popitem(last=False)
+    return spec
+
+
+def spec_from_target(target: Any) -> OpenSpec:
+    """An OpenSpec from an open target: its fields, with example inputs drawn at reduced shapes
+    (tracing needs only shapes and dtypes) where every variable dim is at least 2, so that it is
+    traced as a size and not as a broadcast dim."""
+    if isinstance(target, OpenSpec):
+        return target
+    examples = getattr(target, "example_inputs", ())
+    if callable(examples):
+        examples = examples(_trace_shapes(target))
+    return OpenSpec(
+        op=str(target.op),
+        module=target.module,
+        input_names=tuple(target.input_names),
+        example_inputs=tuple(examples),
+        tensor_params=tuple(tuple(p) for p in target.tensor_params),
+        float_params=tuple(tuple(p) for p in target.float_params),
+    )
+
+
+def _trace_shapes(target: Any) -> list[tuple[int, ...]] | None:
+    shapes_for = getattr(target, "shapes_for", None)
+    inputs = getattr(target, "inputs", None)
+    variable = getattr(target, "variable_dims", None)
+    if shapes_for is None or not inputs or variable is None:
+        return None
+    first = [int(d) for d in inputs[0].shape]
+    dims = tuple(variable[0]) if variable else ()
+    while _numel(first) > TRACE_ELEMENTS and any(first[d] > 2 for d in dims):
+        d = max(dims, key=lambda k: first[k])
+        first[d] = max(2, first[d] // 2)
+    for d in dims:
+        first[d] = max(first[d], 2)
+    return [tuple(int(s) for s in shape) for shape in shapes_for(tuple(first))]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

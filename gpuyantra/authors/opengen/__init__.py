@@ -1,0 +1,41 @@
+"""The open author: a Triton candidate for any traced PyTorch computation, or a reason why not.
+
+Given a module and example inputs (an OpenSpec), `write_open_source` traces the forward to prims
+with symbolic sizes (trace.py), lowers it to a small IR of lazy tensor values (ir.py, lower.py),
+plans kernels around its reductions and scans (plan.py), writes each kernel in Triton (emit.py,
+ops.py) and wraps them in a candidate file whose `entry` computes every size from the actual
+inputs (source.py). Supported: elementwise chains with broadcasting, reductions over any dims
+(sum, mean, max, min, prod, argmax/argmin, var/std, norms, logsumexp), softmax/log-softmax, the
+normalizations (RMS, Layer, Batch in inference, Instance, Group), scans (cumsum, cumprod, reversed,
+exclusive, masked) and losses built from these. Anything else (matmul, convolution, pooling,
+attention, unknown ops) raises Unsupported with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuyantra.authors.opengen.source import analyse, write_open_source
+from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
+from gpuyantra.authors.opengen.strategy import DEFAULT, distance, normalize, points
+
+__all__ = [
+    "DEFAULT",
+    "OpenSpec",
+    "Unsupported",
+    "distance",
+    "normalize",
+    "strategy_space",
+    "write_open_source",
+]
+
+
+def strategy_space(spec: OpenSpec) -> list[dict[str, Any]]:
+    """Strategies worth trying for this target, best guess first (at most 8). Raises Unsupported."""
+    lowered, plan, _ = analyse(spec)
+    features = set()
+    for k in plan.kernels:
+        features.add("flat" if k.domain.flat else "inner" if k.domain.inner_tiled else "rows")
+    if lowered.derived:
+        features.add("split")
+    return points(features)

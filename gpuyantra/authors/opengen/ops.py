@@ -1,0 +1,227 @@
+"""Triton spellings of the pointwise ops, in float32, with numerically stable forms.
+
+Libdevice is avoided (Triton's CPU interpreter lacks it): tanh, log1p, expm1 and friends are small
+@triton.jit helpers written with exp/log, accurate near zero and free of overflow at the extremes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuyantra.authors.opengen.spec import Unsupported
+
+HELPERS: dict[str, str] = {
+    "_tanh": """@triton.jit
+def _tanh(x):
+    # sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|) never overflows; an odd series near 0 keeps digits.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    s = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
+    return tl.where(tl.abs(x) < 0.0625, s, tl.where(x < 0.0, -t, t))
+""",
+    "_log1p": """@triton.jit
+def _log1p(x):
+    # log(u) * x / (u - 1) with u = 1 + x: exact where 1 + x rounds (Goldberg).
+    u = 1.0 + x
+    d = u - 1.0
+    r = tl.log(u) * (x / tl.where(d == 0.0, 1.0, d))
+    r = tl.where(d == 0.0, x, r)
+    return tl.where(u == float("inf"), u, r)
+""",
+    "_expm1": """@triton.jit
+def _expm1(x):
+    # exp(x) - 1 away from 0; near 0 (where the subtraction would lose digits) a degree-9 Taylor
+    # polynomial, accurate to 3e-10 for |x| < 0.5.
+    p = 1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664 + x * (0.008333333333333333 + x * (
+        0.001388888888888889 + x * (0.0001984126984126984 + x * (2.48015873015873e-05 + x * 2.755731922398589e-06)))))))
+    return tl.where(tl.abs(x) < 0.5, x * p, tl.exp(x) - 1.0)
+""",
+    "_trunc": """@triton.jit
+def _trunc(x):
+    return tl.where(x < 0.0, tl.ceil(x), tl.floor(x))
+""",
+    "_round": """@triton.jit
+def _round(x):
+    # Half to even, as torch.round.
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+""",
+    "_pow": """@triton.jit
+def _pow(a, b):
+    # |a|^b, negated for a negative base and an odd integer exponent, NaN for a fractional one.
+    b = tl.zeros_like(a) + b  # a scalar exponent as a tile (masks below combine tile-wise)
+    r = tl.exp2(b * tl.log2(tl.abs(a)))
+    fb = tl.floor(b)
+    integral = fb == b
+    odd = integral & ((fb - 2.0 * tl.floor(fb * 0.5)) == 1.0)
+    r = tl.where((a < 0.0) & odd, -r, r)
+    r = tl.where((a < 0.0) & (fb != b), float("nan"), r)
+    return tl.where(b == 0.0, 1.0, r)
+""",
+    "_sinh": """@triton.jit
+def _sinh(x):
+    e = tl.exp(x)
+    big = 0.5 * (e - 1.0 / e)
+    x2 = x * x
+    small = x * (1.0 + x2 * (0.16666666666666666 + x2 * 0.008333333333333333))
+    return tl.where(tl.abs(x) < 0.03, small, big)
+""",
+    "_add_combine": """@triton.jit
+def _add_combine(a, b):
+    return a + b
+""",
+    "_logaddexp_combine": """@triton.jit
+def _logaddexp_combine(a, b):
+    # log(exp(a) + exp(b)) without overflow; -inf + -inf stays -inf
+    m = tl.maximum(a, b)
+    safe = tl.where(m == float("-inf"), 0.0, m)
+    return tl.where(m == float("-inf"), m, safe + tl.log(tl.exp(a - safe) + tl.exp(b - safe)))
+""",
+    "_mul_combine": """@triton.jit
+def _mul_combine(a, b):
+    return a * b
+""",
+}
+
+
+@dataclass(frozen=True)
+class Operand:
+    code: str
+    kind: str  # "f" | "i" | "b"
+    tensor: bool  # a Triton tensor (False: a python literal or a scalar kernel argument)
+
+
+def _f(a: Operand) -> str:
+    """The operand as float32."""
+    if a.kind == "f":
+        return a.code
+    if a.kind == "b":
+        return f"tl.where({a.code}, 1.0, 0.0)" if a.tensor else f"(1.0 if {a.code} else 0.0)"
+    return f"{a.code}.to(tl.float32)" if a.tensor else f"({a.code} * 1.0)"
+
+
+def _t(a: Operand) -> str:
+    """A float operand usable as a tl.* function argument (python literals become tensors)."""
+    code = _f(a)
+    return code if a.tensor else f"tl.full([], {code}, tl.float32)"
+
+
+def cast(a: Operand, kind: str) -> str:
+    if a.kind == kind:
+        return a.code
+    if kind == "f":
+        return _f(a)
+    if kind == "b":
+        return f"({a.code} != 0)"
+    if a.kind == "b":
+        return f"tl.where({a.code}, 1, 0).to(tl.int64)" if a.tensor else f"(1 if {a.code} else 0)"
+    return f"{_t(a)}.to(tl.int64)"  # float -> int truncates toward zero, as torch
+
+
+def pointwise(op: str, args: list[Operand], kind: str) -> tuple[str, tuple[str, ...]]:
+    """(Triton expression, helper functions it calls) for one op on its operands."""
+    if op == "cast":
+        return cast(args[0], kind), ()
+    if op == "identity":
+        return args[0].code, ()
+    if op == "where":
+        c, a, b = args
+        cond = c.code if c.kind == "b" else f"({c.code} != 0)"
+        if not (c.tensor or a.tensor or b.tensor):
+            return f"({cast(a, kind)} if {cond} else {cast(b, kind)})", ()
+        return f"tl.where({cond}, {cast(a, kind)}, {cast(b, kind)})", ()
+    if len(args) == 2:
+        return _binary(op, args[0], args[1], kind)
+    return _unary(op, args[0], kind)
+
+
+def _binary(op: str, a: Operand, b: Operand, kind: str) -> tuple[str, tuple[str, ...]]:
+    compare = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+    if op in compare:
+        if a.kind == "f" or b.kind == "f":
+            return f"({_f(a)} {compare[op]} {_f(b)})", ()
+        return f"({a.code} {compare[op]} {b.code})", ()
+    if op in ("and", "or", "xor"):
+        sym = {"and": "&", "or": "|", "xor": "^"}[op]
+        return f"({a.code} {sym} {b.code})", ()
+    if kind == "f":
+        x, y = _f(a), _f(b)
+        simple = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+        if op in simple:
+            return f"({x} {simple[op]} {y})", ()
+        if op == "maximum":
+            return f"tl.where(({x} > {y}) | ({x} != {x}), {x}, {y})", ()
+        if op == "minimum":
+            return f"tl.where(({x} < {y}) | ({x} != {x}), {x}, {y})", ()
+        if op == "pow":
+            return f"_pow({_t(a)}, {_t(b)})", ("_pow",)
+        if op == "fmod":
+            return f"({x} - {y} * _trunc({x} / {y}))", ("_trunc",)
+        if op == "remainder":
+            return f"({x} - {y} * tl.floor({x} / {y}))", ()
+        raise Unsupported(f"pointwise op {op} is not supported by the open author")
+    x, y = cast(a, "i"), cast(b, "i")
+    simple_i = {"add": "+", "sub": "-", "mul": "*"}
+    if op in simple_i:
+        return f"({x} {simple_i[op]} {y})", ()
+    if op == "div":  # prims.div on integers truncates
+        return f"({x} // {y})", ()
+    if op == "maximum":
+        return f"tl.where({x} > {y}, {x}, {y})", ()
+    if op == "minimum":
+        return f"tl.where({x} < {y}, {x}, {y})", ()
+    if op == "remainder":
+        return f"(({x} % {y}) + tl.where((({x} % {y}) != 0) & ((({x} % {y}) < 0) != ({y} < 0)), {y}, 0))", ()
+    if op == "fmod":
+        return f"({x} % {y})", ()
+    raise Unsupported(f"integer op {op} is not supported by the open author")
+
+
+def _unary(op: str, a: Operand, kind: str) -> tuple[str, tuple[str, ...]]:
+    if kind != "f" and op in ("neg", "abs", "sign"):
+        x = a.code
+        if op == "neg":
+            return f"(-{x})", ()
+        if op == "abs":
+            return f"tl.where({x} < 0, -{x}, {x})", ()
+        return f"tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0))", ()
+    if op == "not":
+        return (f"({a.code} == 0)" if a.kind != "i" else f"(~{a.code})"), ()
+    x = _t(a)
+    plain = {
+        "exp": "tl.exp({x})",
+        "exp2": "tl.exp2({x})",
+        "log": "tl.log({x})",
+        "log2": "tl.log2({x})",
+        "log10": "(tl.log({x}) * 0.4342944819032518)",
+        "sqrt": "tl.sqrt({x})",
+        "rsqrt": "tl.rsqrt({x})",
+        "sin": "tl.sin({x})",
+        "cos": "tl.cos({x})",
+        "tan": "(tl.sin({x}) / tl.cos({x}))",
+        "erf": "tl.erf({x})",
+        "erfc": "(1.0 - tl.erf({x}))",
+        "floor": "tl.floor({x})",
+        "ceil": "tl.ceil({x})",
+        "abs": "tl.abs({x})",
+        "neg": "(-{x})",
+        "reciprocal": "(1.0 / {x})",
+        "sigmoid": "(1.0 / (1.0 + tl.exp(-{x})))",
+        "relu": "tl.where({x} < 0.0, 0.0, {x})",
+        "square": "({x} * {x})",
+        "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, {x}))",
+        "signbit": "({x} < 0.0)",
+        "isfinite": "(tl.abs({x}) < float('inf'))",
+        "cosh": "(0.5 * (tl.exp({x}) + tl.exp(-{x})))",
+    }
+    if op in plain:
+        return plain[op].format(x=x), ()
+    helpers = {"tanh": "_tanh", "log1p": "_log1p", "expm1": "_expm1", "trunc": "_trunc", "round": "_round"}
+    if op in helpers:
+        return f"{helpers[op]}({x})", (helpers[op],)
+    if op == "sinh":
+        return f"_sinh({x})", ("_sinh",)
+    raise Unsupported(f"pointwise op {op} is not supported by the open author")

@@ -1,0 +1,306 @@
+"""Assemble the candidate file: header, strategy block, kernels, and the host `entry`.
+
+entry reads every size from its actual inputs (`x.shape[d]`), allocates outputs and float32
+intermediates, and launches each kernel of the plan: a row kernel picks its single-block variant
+when the reduced length fits BLOCK_R_MAX and its chunked variant otherwise; rows per program and
+the grid come from the run-time sizes (no cap: the grid is one dim, programs tile the rows).
+Non-contiguous inputs are read through their strides (a constexpr flag per input selects the
+plain row-major offset when the input happens to be contiguous). Host code only allocates and
+reads metadata; every value is computed by the kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from gpuyantra.authors.opengen import ir
+from gpuyantra.authors.opengen.emit import Buffer, KernelEmitter, dtype_code
+from gpuyantra.authors.opengen.lower import SPLIT_CHUNK, SPLIT_PARTS, Lowered, lower
+from gpuyantra.authors.opengen.ops import HELPERS
+from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
+from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
+from gpuyantra.authors.opengen.strategy import COMMENTS, normalize
+from gpuyantra.authors.opengen.symbolic import host_code, product
+from gpuyantra.authors.opengen.trace import check_size_generic, trace_spec
+
+_TEMP_DTYPES = {"f": torch.float32, "i": torch.int64, "b": torch.bool}
+
+
+Analysis = tuple[Lowered, Plan, dict[sympy.Symbol, str]]
+_ANALYSES: dict[int, tuple[OpenSpec, Analysis | Unsupported]] = {}
+
+
+def analyse(spec: OpenSpec) -> Analysis:
+    """Trace, lower and plan the spec's computation (raises Unsupported). Remembered per spec
+    object: strategies only change the rendering."""
+    hit = _ANALYSES.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        try:
+            result: Analysis | Unsupported = _analyse(spec)
+        except Unsupported as exc:
+            result = exc
+        if len(_ANALYSES) > 32:
+            _ANALYSES.clear()
+        hit = (spec, result)
+        _ANALYSES[id(spec)] = hit
+    if isinstance(hit[1], Unsupported):
+        raise Unsupported(str(hit[1]))
+    return hit[1]
+
+
+def _analyse(spec: OpenSpec) -> Analysis:
+    traced = trace_spec(spec)
+    lowered = lower(traced, spec)  # first: an op the author refuses is the better reason
+    check_size_generic(spec, traced)
+    order = sorted(
+        lowered.symbols, key=lambda sym: (spec.input_names.index(lowered.symbols[sym][0]), lowered.symbols[sym][1])
+    )
+    names = {sym: f"_sz{k}" for k, sym in enumerate(order)}
+    names.update({sym: str(sym) for sym, _ in lowered.derived})
+    names.update({SPLIT_PARTS: "SPLIT_PARTS", SPLIT_CHUNK: "SPLIT_CHUNK"})
+    plan = Planner(lowered, lambda e: host_code(e, names)).plan()
+    return lowered, plan, names
+
+
+RESERVED = frozenset({"torch", "triton", "tl", "math", "entry", "OP", "ADAPTER"})
+
+
+def write_open_source(spec: OpenSpec, strategy: dict[str, Any] | None = None) -> str:
+    """A candidate file computing the spec's module (see the package docstring). Raises Unsupported."""
+    names_used = list(spec.input_names) + [kp for kp, _ in spec.tensor_params + spec.float_params]
+    for name in names_used:
+        if not name.isidentifier() or name in RESERVED or name.startswith("_"):
+            raise Unsupported(f"entry parameter name {name!r} would shadow the file's own names")
+    if len(set(names_used)) != len(names_used):
+        raise Unsupported("entry parameter names repeat")
+    lowered, plan, names = analyse(spec)
+    return _File(spec, lowered, plan, names, normalize(strategy)).render()
+
+
+class _File:
+    def __init__(
+        self, spec: OpenSpec, lowered: Lowered, plan: Plan, names: dict[sympy.Symbol, str], strategy: dict[str, Any]
+    ):
+        self.spec = spec
+        self.lowered = lowered
+        self.plan = plan
+        self.names = names
+        self.strategy = strategy
+        self.helpers: set[str] = set()
+        self.kernels: list[str] = []
+        self.launches: list[str] = []
+        self.buffers = {id(b.node): b for b in plan.temps if b.node is not None}
+
+    def size(self, expr: sympy.Expr) -> str:
+        return host_code(expr, self.names)
+
+    def buffer_of(self, node: ir.Node) -> Buffer:
+        buf = self.buffers.get(id(node))
+        if buf is None:
+            raise Unsupported("internal: a kernel reads a value no earlier kernel writes")
+        return buf
+
+    # --- kernels --------------------------------------------------------------------------------
+    def _emit(self, kp: KernelPlan, variant: str, name: str) -> KernelEmitter:
+        em = KernelEmitter(name, kp.domain, kp.stores, variant, self.buffer_of, self.size)
+        self.kernels.append(em.build())
+        self.helpers |= em.helpers
+        return em
+
+    def _kernel(self, kp: KernelPlan) -> None:
+        what = ", ".join(f"{s.buffer.name} ({s.mode})" for s in kp.stores)
+        if kp.domain.flat:
+            em = self._emit(kp, "flat", kp.name)
+            n = self.size(product(kp.domain.shape))
+            self.launches += [
+                f"# {kp.name}: elementwise over {_shape_text(kp.domain.shape)} -> {what}",
+                f"_n = {n}",
+                "_blk = min(FLAT_BLOCK, triton.next_power_of_2(max(_n, 1)))",
+                f"{kp.name}[(triton.cdiv(max(_n, 1), _blk),)](",
+                *self._args(em, "1", "_blk", "_warps(_blk)"),
+                ")",
+            ]
+            return
+        single = self._emit(kp, "single", f"{kp.name}_single")
+        chunked = self._emit(kp, "chunked", f"{kp.name}_chunked")
+        folded = [_shape_text(kp.domain.shape), str(list(kp.domain.rdims))]
+        head = [
+            f"# {kp.name}: rows of {folded[0]} folding dims {folded[1]} -> {what}",
+            f"_m = {self.size(kp.domain.rows())}",
+            f"_r = {self.size(kp.domain.cols())}",
+            "_blk = triton.next_power_of_2(max(_r, 1))",
+        ]
+        if kp.domain.inner_tiled:
+            # Rows are INNER_ROWS consecutive indices of the contiguous last kept dim (coalesced
+            # loads down each reduced column), times one index of the other kept dims.
+            inner = self.size(kp.domain.inner())
+            grid = f"({self.size(kp.domain.outer())} * triton.cdiv(max({inner}, 1), _rows),)"
+            choose = [
+                f"_rows = max(1, min(INNER_ROWS, triton.next_power_of_2(max({inner}, 1))))",
+                "if _blk * _rows <= TILE:",
+            ]
+            chunk = "max(1, TILE // _rows)"
+        else:
+            grid = "(triton.cdiv(max(_m, 1), _rows),)"
+            choose = [
+                "if _blk <= BLOCK_R_MAX:",
+                "    _rows = max(1, min(TILE // _blk, triton.next_power_of_2(max(_m, 1))))",
+            ]
+            chunk = "CHUNK"
+        tail = (
+            []
+            if kp.domain.inner_tiled
+            else ["    _rows = max(1, min(TILE // CHUNK, triton.next_power_of_2(max(_m, 1))))"]
+        )
+        self.launches += [
+            *head,
+            *choose,
+            f"    {kp.name}_single[{grid}](",
+            *["    " + a for a in self._args(single, "_rows", "_blk", "_warps(_rows * _blk)")],
+            "    )",
+            "else:",
+            *tail,
+            f"    {kp.name}_chunked[{grid}](",
+            *["    " + a for a in self._args(chunked, "_rows", chunk, f"_warps(_rows * {chunk})")],
+            "    )",
+        ]
+
+    def _args(self, em: KernelEmitter, rows: str, block: str, warps: str) -> list[str]:
+        p = em.params
+        args = [*p.pointers.values(), *p.scalars.values()]
+        kw = [f"{k}={v}" for k, v in p.flags.items()]
+        kw += [f"ROWS={rows}", f"BLOCK={block}", "I64=_i64", f"num_warps={warps}"]
+        return [f"    {a}," for a in args + kw]
+
+    # --- entry ------------------------------------------------------------------------------------
+    def _entry(self) -> list[str]:
+        spec = self.spec
+        positional = ", ".join(spec.input_names)
+        keywords = [kp for kp, _ in spec.tensor_params] + [kp for kp, _ in spec.float_params]
+        sig = positional + (", *, " + ", ".join(keywords) if keywords else "")
+        lines = [f"def entry({sig}):"]
+        body: list[str] = []
+        for sym, var in sorted(self.names.items(), key=lambda kv: kv[1]):
+            if sym in self.lowered.symbols:
+                name, dim = self.lowered.symbols[sym]
+                body.append(f"{var} = {name}.shape[{dim}]")
+        for sym, definition in self.lowered.derived:  # partial counts of split full reductions
+            body.append(f"{self.names[sym]} = {self.size(definition)}")
+        body.append(f"_dev = {spec.input_names[0]}.device")
+        for buf in self._allocated():
+            body.append(
+                f"{buf.name} = torch.empty({_shape_tuple(buf.shape, self.size)}, dtype={self._dtype(buf)}, device=_dev)"
+            )
+        spans = [f"_span({t})" for t in spec.input_names] + [f"{b.name}.numel()" for b in self._allocated()]
+        body.append("_i64 = max(" + ", ".join(spans) + ") >= 2**31  # int64 offsets past 2^31 elements")
+        for kp in self.plan.kernels:
+            self._kernel(kp)
+        body += self.launches
+        outs = [b.name for b in self.plan.outputs]
+        if self.lowered.structure == "single":
+            body.append(f"return {outs[0]}")
+        elif self.lowered.structure == "list":
+            body.append("return [" + ", ".join(outs) + "]")
+        else:
+            body.append("return (" + ", ".join(outs) + ("," if len(outs) == 1 else "") + ")")
+        return lines + ["    " + line for line in body]
+
+    def _allocated(self) -> list[Buffer]:
+        seen: list[Buffer] = []
+        for buf in [*self.plan.outputs, *self.plan.temps]:
+            if all(buf is not b for b in seen):
+                seen.append(buf)
+        return seen
+
+    def _dtype(self, buf: Buffer) -> str:
+        outs = self.plan.outputs
+        if any(buf is b for b in outs):
+            k = next(i for i, b in enumerate(outs) if b is buf)
+            traced = self.lowered.out_dtypes[k]
+            follows = k < len(self.lowered.follows_input_dtype) and self.lowered.follows_input_dtype[k]
+            if follows and traced.is_floating_point:
+                return self._follow_dtype(buf)
+            return dtype_code(traced)
+        return dtype_code(_TEMP_DTYPES[buf.kind])
+
+    def _follow_dtype(self, buf: Buffer) -> str:
+        """Floating outputs take the promoted dtype of the floating inputs they read."""
+        read = _inputs_read(buf.node) if buf.node is not None else set()
+        floating = [i.name for i in self.lowered.inputs if i.kind == "f"]
+        names = [n for n in floating if n in read] or floating
+        if not names:
+            return "torch.float32"
+        code = f"{names[0]}.dtype"
+        for n in names[1:]:
+            code = f"torch.promote_types({code}, {n}.dtype)"
+        return code
+
+    # --- the file ---------------------------------------------------------------------------------
+    def render(self) -> str:
+        entry = self._entry()  # emits the kernels too
+        adapter = "ADAPTER = [\n" + "".join(f"    {json.dumps(b)},\n" for b in self.spec.adapter) + "]\n"
+        strategy = "".join(f"{k} = {v!r}  # {COMMENTS[k]}\n" for k, v in self.strategy.items())
+        helpers = [HELPERS[h] for h in sorted(self.helpers)]
+        warps = (
+            "def _warps(elems):\n"
+            "    # NUM_WARPS, or one warp per 256 elements of the tile (1 to 8)\n"
+            "    return NUM_WARPS or max(1, min(8, elems // 256))\n"
+            "\n\n"
+            "def _span(t):\n"
+            "    # elements from the first to the last one a view addresses (a slice of a larger tensor)\n"
+            "    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))\n"
+        )
+        doc = (
+            f'"""Open target {self.spec.op}: written by the open author from the traced module.\n\n'
+            f"{_describe(self.plan)}\n"
+            '"""\n'
+        )
+        parts = [
+            doc,
+            "import torch\nimport triton\nimport triton.language as tl\n",
+            f"OP = {json.dumps(self.spec.op)}\n" + adapter,
+            "# strategy:begin\n" + strategy + "# strategy:end\n",
+            *helpers,
+            *self.kernels,
+            warps,
+            "\n".join(entry) + "\n",
+        ]
+        return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def _inputs_read(node: ir.Node) -> set[str]:
+    names: set[str] = set()
+    seen: set[int] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, ir.Input):
+            names.add(n.name)
+        todo.extend(ir.children(n))
+    return names
+
+
+def _shape_text(shape: Sequence[sympy.Expr]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _shape_tuple(shape: Sequence[sympy.Expr], size: Any) -> str:
+    items = [size(s) for s in shape]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _describe(plan: Plan) -> str:
+    lines = []
+    for kp in plan.kernels:
+        kind = "elementwise" if kp.domain.flat else f"row kernel folding dims {list(kp.domain.rdims)}"
+        stores = ", ".join(f"{s.buffer.name}" for s in kp.stores)
+        lines.append(f"- {kp.name}: {kind} over {_shape_text(kp.domain.shape)} -> {stores}")
+    return "Kernels, in launch order:\n" + "\n".join(lines)

@@ -1,0 +1,35 @@
+"""What the open author is given (OpenSpec) and how it says no (Unsupported)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class Unsupported(ValueError):
+    """The computation holds something the open author cannot write a kernel for; the message is
+    the reason, on one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(" ".join(str(reason).split()))
+
+
+@dataclass(frozen=True)
+class OpenSpec:
+    """The target: a reference module (CPU, eval mode), its forward's inputs and its bound params."""
+
+    op: str  # OP name written into the file, e.g. "open.model_3f2a1c9e"
+    module: torch.nn.Module
+    input_names: tuple[str, ...]  # entry's positional parameters, in forward order
+    example_inputs: tuple[torch.Tensor, ...]  # CPU tensors at representative (possibly reduced) shapes
+    tensor_params: tuple[tuple[str, str], ...] = ()  # (kernel_param, dotted module attr)
+    float_params: tuple[tuple[str, str], ...] = ()  # (kernel_param, dotted module attr) of float attributes
+
+    @property
+    def adapter(self) -> list[dict[str, str]]:
+        """ADAPTER bindings: tensor params first, then float params, exactly as given."""
+        return [
+            {"kernel_param": kernel_param, "module_attr": attr}
+            for kernel_param, attr in self.tensor_params + self.float_params
+        ]

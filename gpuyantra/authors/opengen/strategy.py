@@ -1,0 +1,89 @@
+"""The tunables of an open-target file (its `# strategy:begin/end` block) and the points to try."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT: dict[str, Any] = {
+    "BLOCK_R_MAX": 8192,  # reduced rows up to this width are held in registers (one read of x)
+    "CHUNK": 2048,  # slice width of the chunked passes over wider rows
+    "TILE": 4096,  # elements per program in row kernels (rows per program = TILE // block)
+    "FLAT_BLOCK": 1024,  # elements per program in elementwise kernels
+    "INNER_ROWS": 32,  # folds over a non-last dim: consecutive rows of the contiguous dim per program
+    "NUM_WARPS": 0,  # 0: from the tile size (one warp per 256 elements, 1 to 8)
+    "SPLIT_PARTS": 1024,  # full reductions: at most this many partial programs
+    "SPLIT_CHUNK": 8192,  # full reductions: at least this many elements per partial program
+}
+COMMENTS = {
+    "BLOCK_R_MAX": "reduced rows up to this (power-of-2) width stay in registers: one pass over memory",
+    "CHUNK": "slice width of the chunked passes over wider rows",
+    "TILE": "elements per program in row kernels (rows per program = TILE // block)",
+    "FLAT_BLOCK": "elements per program in elementwise kernels",
+    "INNER_ROWS": "folds over a non-last dim: rows of the contiguous kept dim per program (coalesced columns)",
+    "NUM_WARPS": "0: from the tile size (one warp per 256 elements, 1 to 8)",
+    "SPLIT_PARTS": "full reductions: at most this many partial programs (then one program folds them)",
+    "SPLIT_CHUNK": "full reductions: at least this many elements per partial program",
+}
+KNOBS: dict[str, list[int]] = {
+    "BLOCK_R_MAX": [1024, 2048, 4096, 8192, 16384],
+    "CHUNK": [512, 1024, 2048, 4096, 8192],
+    "TILE": [1024, 2048, 4096, 8192, 16384],
+    "FLAT_BLOCK": [256, 512, 1024, 2048, 4096],
+    "INNER_ROWS": [8, 16, 32, 64, 128],
+    "NUM_WARPS": [0, 1, 2, 4, 8, 16],
+    "SPLIT_PARTS": [128, 256, 512, 1024, 2048],
+    "SPLIT_CHUNK": [2048, 4096, 8192, 16384, 32768],
+}
+MAX_POINTS = 8
+
+
+def normalize(strategy: dict[str, Any] | None) -> dict[str, Any]:
+    """`strategy` restricted to the known knobs (ints, powers of 2 for sizes), defaults elsewhere."""
+    out = dict(DEFAULT)
+    for key, value in (strategy or {}).items():
+        if key not in DEFAULT or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if key != "NUM_WARPS" and (value < 1 or value & (value - 1)):
+            continue  # tile sizes must be powers of 2
+        if key == "NUM_WARPS" and value not in KNOBS["NUM_WARPS"]:
+            continue
+        out[key] = value
+    return out
+
+
+def points(features: set[str]) -> list[dict[str, Any]]:
+    """The default first, then one-knob moves on the knobs the kernels use. `features`: "rows"
+    (row kernels), "inner" (folds over a non-last dim), "split" (split full reductions), "flat"
+    (elementwise kernels)."""
+    groups = {
+        "rows": [("TILE", 8192), ("BLOCK_R_MAX", 16384), ("TILE", 2048), ("CHUNK", 4096), ("BLOCK_R_MAX", 4096)],
+        "inner": [("INNER_ROWS", 64), ("INNER_ROWS", 16)],
+        "split": [("SPLIT_PARTS", 512), ("SPLIT_CHUNK", 32768)],
+        "flat": [("FLAT_BLOCK", 2048), ("FLAT_BLOCK", 512), ("FLAT_BLOCK", 4096)],
+    }
+    queues = [list(groups[f]) for f in ("rows", "inner", "split", "flat") if f in features]
+    moves: list[tuple[str, int]] = []
+    while any(queues):  # round-robin, so every kind of kernel gets tried early
+        for q in queues:
+            if q:
+                moves.append(q.pop(0))
+    moves += [("NUM_WARPS", 8), ("NUM_WARPS", 2)]
+    out = [dict(DEFAULT)]
+    for key, value in moves:
+        point = {**DEFAULT, key: value}
+        if point not in out:
+            out.append(point)
+        if len(out) >= MAX_POINTS:
+            break
+    return out
+
+
+def distance(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """Steps between two points along the knobs' value lists."""
+    total = 0
+    for key, values in KNOBS.items():
+        va, vb = a.get(key, DEFAULT[key]), b.get(key, DEFAULT[key])
+        if va == vb:
+            continue
+        total += abs(values.index(va) - values.index(vb)) if va in values and vb in values else 1
+    return total

@@ -1,0 +1,169 @@
+"""Request and response bodies of the admin API (`serving/routes_admin.py`), as the OpenAPI schema
+declares them. Strict where JSON could be misread: `true` or `"5"` is no integer here."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+from serving.openai_api import ValidationIssue
+
+
+class Attestation(BaseModel):
+    """The verifier's signed record of an accepted candidate: the verdict's `attestation`, as is."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: JSON true or "5" is no integer
+
+    digest: str = Field(
+        ..., pattern="^[0-9a-f]{64}$", description="SHA-256 (hex) of the candidate file's bytes the verifier read"
+    )
+    op: str = Field(..., description="the candidate's OP, as the verifier read it")
+    reward: int = Field(..., description="the verdict's reward; only +1 and above are swapped")
+    device: str = Field(..., description="where it was verified (cpu or cuda); must be the server's device")
+    signature: str = Field(
+        ...,
+        pattern="^[0-9a-f]{64}$",
+        description="HMAC-SHA256 (hex), under the key shared by workers and server, of "
+        "the canonical JSON of {digest, op, reward, device}",
+    )
+
+
+class SwapBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    source: str | None = Field(None, description="the candidate file's text")
+    path: str | None = Field(None, description="absolute path of a candidate .py file")
+    module_class: str | None = Field(None, description="restrict the swap to this class (name or dotted)")
+    param_shapes: dict[str, list[int] | None] | None = Field(
+        None,
+        description="restrict the swap to modules whose parameters have these live shapes (a profile "
+        'target\'s `param_shapes`, e.g. {"weight": [2048, 1536], "bias": null} for one linear projection)',
+    )
+    shapes: list[list[int]] | None = Field(
+        None, description="input shapes to check parity on, instead of the shapes seen in live traffic"
+    )
+    attestation: Attestation | None = Field(
+        None,
+        description="the verdict's attestation of exactly these bytes; required unless the server runs "
+        "with --allow-unverified-swaps",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.source is None) == (self.path is None):
+            raise ValueError(
+                "give exactly one of 'source' (the candidate file's text) or 'path' "
+                "(an absolute path to a candidate .py file)"
+            )
+        if self.source is not None and not self.source.strip():
+            raise ValueError("'source' is empty")
+        if self.path is not None and not os.path.isabs(self.path):
+            raise ValueError(f"'path' must be absolute, got {self.path!r}")
+        if self.shapes is not None:
+            if not self.shapes or len(self.shapes) > 16:
+                raise ValueError("'shapes' takes 1 to 16 shapes")
+            for s in self.shapes:
+                if len(s) < 2 or any(d < 1 for d in s):
+                    raise ValueError(f"each shape needs at least 2 positive dims (rows..., hidden), got {s}")
+        return self
+
+
+class SwapRefusalDetail(BaseModel):
+    status: str = Field(..., description="forbidden, invalid_candidate, rejected or rolled_back")
+    reason: str = Field(..., description="one line saying why nothing was swapped")
+    swap_id: str | None = None
+    parity: dict[str, Any] | None = None
+
+
+class SwapRefusal(BaseModel):
+    """Body of a swap the swap engine refused (403, 409; a candidate that does not load: 422)."""
+
+    detail: SwapRefusalDetail
+
+
+class RequestErrorBody(BaseModel):
+    """422 of the admin routes: a body that failed validation (`detail`: FastAPI's list of issues) or a
+    request that cannot be served as asked (`detail`: one line); `message`: one readable line."""
+
+    detail: list[ValidationIssue] | str
+    message: str
+
+
+class SwapUnprocessable(BaseModel):
+    """422 of /admin/swap: a body that failed validation (`detail`: the list, with `message`), or a candidate
+    that does not load (`detail`: the swap engine's refusal, as in 403 and 409)."""
+
+    detail: list[ValidationIssue] | SwapRefusalDetail
+    message: str | None = None
+
+
+UNPROCESSABLE: dict[int | str, dict[str, Any]] = {
+    422: {"model": RequestErrorBody, "description": "invalid body, or a request that cannot be served"}
+}
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    swap_id: str | None = Field(None, min_length=1)
+    all: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        if (self.swap_id is None) == (not self.all):
+            raise ValueError("give either 'swap_id' or 'all': true (not both)")
+        return self
+
+
+class ProfileBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LogitsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: str | list[StrictInt] = Field(..., min_length=1)
+
+
+class BenchmarkBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_tokens: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="tokens generated per generation; prompt_tokens + max_tokens must fit the context",
+    )
+    prompt_tokens: int = Field(default=8, ge=1, le=32768, description="prompt length of each generation")
+    batch: int = Field(default=1, ge=1, le=1024, description="rows decoded together, at most the server's max_batch")
+    repeats: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="timed repeats; the answer gives their median "
+        "tokens/s and spread (tokens_per_s_min/_max, relative_spread = (max - min) / median, "
+        "relative_mad)",
+    )
+    min_repeat_s: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=5.0,
+        description="each repeat generates again until it "
+        "has run this many seconds, so a repeat is not mostly timer and launch noise; the "
+        "server serves nothing else for about repeats x min_repeat_s",
+    )
+    mode: Literal["auto", "benchmark", "live"] = Field(
+        default="auto",
+        description="how to measure: `live` observes the next live_window_s of served decode steps "
+        "at `batch` rows without pausing traffic (409 when too few come); `benchmark` pauses traffic "
+        "for a bounded generation; `auto` (default) measures live when traffic is decoding at `batch` "
+        "rows, else benchmarks. The answer's `measured` says which",
+    )
+    live_window_s: float = Field(
+        default=3.0, ge=0.5, le=30.0, description="seconds of live traffic observed when measuring live"
+    )
+    min_live_steps: int = Field(
+        default=30, ge=5, le=100000, description="decode steps at `batch` rows a live measurement needs"
+    )

@@ -1,0 +1,79 @@
+"""What the serving process holds while it runs, and how a route reaches it.
+
+`ServeConfig` is what `gpuyantra serve` was started with; `ServerState` is the live server (the engine once
+the model has loaded, or the error that stopped it). Routes take the state as a dependency (`State`) and ask it
+for the engine inside their body (`state.require_engine()`): after the body is validated, so a malformed body
+is a 422 even while the model loads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+
+from serving.engine import Engine
+from serving.metrics import Metrics
+
+RETRY_AFTER_S = "5"  # Retry-After (seconds) of a 503 while the model loads
+
+
+@dataclass
+class ServeConfig:
+    model: str = "tiny-qwen2"
+    random_weights: bool = False
+    byte_tokenizer: bool = False  # serve a folder with ByteTokenizer instead of its own tokenizer
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    state_dir: str | None = None
+    admin_token: str | None = None
+    cuda_graphs: bool = False
+    decode_attention: str = "auto"
+    fuse_projections: str = "auto"
+    max_batch: int = 8
+    max_seq_len: int | None = None
+    max_parity_shapes: int = 4
+    graph_buckets: list[int] | None = None
+    allow_unverified_swaps: bool = False  # swap without a valid attestation, with a warning each time
+
+    def resolved_state_dir(self) -> Path:
+        if self.state_dir:
+            path = Path(self.state_dir).expanduser().resolve()
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        from gpuyantra.config import state_dir
+
+        return state_dir()
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    metrics: Metrics
+    attestation_key: bytes  # the key /admin/swap checks attestations with (gpuyantra/attestation.py)
+    engine: Engine | None = None
+    error: str | None = None
+    loading: bool = True
+    started_at: float = field(default_factory=time.time)
+    reapplied: list[dict[str, Any]] = field(default_factory=list)
+    description: dict[str, Any] = field(default_factory=dict)
+
+    def require_engine(self) -> Engine:
+        """The engine, or a 503: saying why loading failed, or (still loading) when to retry."""
+        if self.engine is None:
+            if self.error:
+                raise HTTPException(503, self.error)
+            raise HTTPException(503, "the model is still loading", headers={"Retry-After": RETRY_AFTER_S})
+        return self.engine
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server  # set by serving.app.create_app
+    return state
+
+
+State = Annotated[ServerState, Depends(server_state)]  # a route parameter `state: State`

@@ -1,0 +1,154 @@
+"""Open targets: a module's own forward as the op, judged and bound like a registered family.
+
+What a target reads from the module (parameters by dotted path, float attributes that change the
+output, which input dims may change size and which inputs share them), that the verifier judges a
+kernel for it with every layer (a baked float attribute is a hard-coded constant), that the target
+reloads by name in another process, and that a KernelBench problem too large for the interpreter
+is reduced to the same problem at smaller sizes drawn by its own get_inputs().
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gpuyantra.ops import get_op
+from gpuyantra.ops.open import (
+    ShrinkFactories,
+    build_open_target,
+    load_open_target,
+    reduced_shapes,
+    register_open,
+    targets_dir,
+)
+from gpuyantra.verifier import run_verification
+
+CANDIDATES = Path(__file__).parent / "open_candidates"
+
+
+class LnReluScale(nn.Module):
+    def __init__(self, hidden: int = 24, scale: float = 0.5):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.drop = nn.Dropout(0.1)  # eval mode: its p changes nothing and is not bound
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.ln(x)) * self.scale)
+
+
+class CrossEntropy(nn.Module):
+    def forward(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(predictions, targets)
+
+
+def _target(module: nn.Module, *inputs: torch.Tensor):
+    return build_open_target(module.eval(), inputs, name_hint=type(module).__name__)
+
+
+def test_target_reads_parameters_float_attributes_and_variable_dims():
+    target = _target(LnReluScale(), torch.randn(16, 24))
+    bound = {(p.kernel_param, p.module_attr, p.kind) for p in target.params}
+    assert bound == {
+        ("ln_weight", "ln.weight", "tensor"),
+        ("ln_bias", "ln.bias", "tensor"),
+        ("ln_eps", "ln.eps", "float"),
+        ("scale", "scale", "float"),
+    }
+    # LayerNorm(24) ties the last dim; the rows may take any count.
+    assert target.variable_dims == ((0,),)
+    assert target.op.startswith("open.lnreluscale_")
+    shapes, stress = target.case_shapes("cpu", None)
+    assert shapes[0] == [16, 24] and [1, 24] in shapes and all(s[1] == 24 for s in shapes)
+    assert stress == [[1031, 24]]
+
+
+def test_reference_uses_the_parameters_it_is_given():
+    target = _target(LnReluScale(), torch.randn(4, 24))
+    x = torch.randn(4, 24, dtype=torch.float64)
+    weight, bias = torch.randn(24, dtype=torch.float64), torch.randn(24, dtype=torch.float64)
+    got = target.reference(x, ln_weight=weight, ln_bias=bias, scale=2.0, ln_eps=1e-3)
+    want = torch.relu(nn.functional.layer_norm(x, (24,), weight, bias, 1e-3)) * 2.0
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want)
+
+
+def test_index_inputs_follow_the_dims_they_share():
+    predictions, targets = torch.randn(32, 10).softmax(-1), torch.randint(0, 10, (32,))
+    target = _target(CrossEntropy(), predictions, targets)
+    assert target.inputs[0].domain == "simplex"
+    assert target.inputs[1].domain == "int" and target.inputs[1].high_dim == 1
+    assert target.links[1] == ((0, 0),)  # the batch dim is shared (leading alignment)
+    assert target.shapes_for([5, 3]) == [(5, 3), (5,)]
+    drawn = target.example_inputs(target.shapes_for([7, 3]))
+    assert drawn[1].shape == (7,) and int(drawn[1].max()) < 3
+
+
+def test_reduced_sizes_keep_the_problem_and_its_distributions():
+    live = [(4096, 1000), (4096,)]
+    links = (((0, 0), (1, 1)), ((0, 0),))
+    shapes = reduced_shapes(live, links, 1 << 12)
+    assert shapes is not None and all(torch.Size(s).numel() <= 1 << 12 for s in shapes)
+    assert shapes[1][0] == shapes[0][0]
+    sizes = {tuple(a): tuple(b) for a, b in zip(live, shapes)}
+    with ShrinkFactories(sizes):
+        predictions = torch.randn(4096, 1000).softmax(dim=-1)
+        labels = torch.randint(0, 1000, (4096,))
+    assert tuple(predictions.shape) == shapes[0] and tuple(labels.shape) == shapes[1]
+    assert int(labels.max()) < shapes[0][1]  # class ids follow the reduced class dim
+    assert reduced_shapes([(8, 1 << 20)], (((0, 0),),), 1 << 12) is None  # a fixed dim too large
+
+
+def _candidate(tmp_path: Path, op: str, scale_expr: str) -> Path:
+    source = (CANDIDATES / "ln_relu_scale.py").read_text().replace("OPNAME", op)
+    source = source.replace("* scale  # the bound float", f"* {scale_expr}  # the bound float")
+    path = tmp_path / "candidate.py"
+    path.write_text(source)
+    return path
+
+
+@pytest.fixture(scope="module")
+def registered():
+    target = _target(LnReluScale(), torch.randn(16, 24))
+    register_open(target)
+    return target
+
+
+def test_verifier_accepts_an_honest_kernel_for_an_open_target(tmp_path, registered):
+    verdict = run_verification(
+        _candidate(tmp_path, registered.op, "scale"), device="cpu", seeds=(0, 1), dtypes=["float32", "float16"]
+    )
+    assert verdict.accepted, verdict.failures
+    assert verdict.module_class == registered.module_class
+
+
+def test_verifier_rejects_a_baked_float_attribute(tmp_path, registered):
+    verdict = run_verification(
+        _candidate(tmp_path, registered.op, "0.5"), device="cpu", seeds=(0, 1), dtypes=["float32"]
+    )
+    assert not verdict.accepted
+    assert "hardcoded-constant" in {f.rule for f in verdict.failures}
+
+
+def test_adapter_must_bind_the_attribute_its_parameter_was_read_from(tmp_path, registered):
+    path = _candidate(tmp_path, registered.op, "scale")
+    path.write_text(path.read_text().replace('"module_attr": "ln.bias"', '"module_attr": "ln.weight"'))
+    verdict = run_verification(path, device="cpu", seeds=(0,), dtypes=["float32"])
+    assert [f.rule for f in verdict.failures] == ["adapter-attr"]
+
+
+def test_saved_target_loads_by_name_in_another_process(registered):
+    folder = targets_dir() / registered.op
+    assert load_open_target(folder).params == registered.params
+    code = (
+        f"from gpuyantra.ops import get_op; f = get_op({registered.op!r}); "
+        "print(f.name, f.activations, [p.name for p in f.params], f.n_outputs)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split()[0] == registered.op
+    assert get_op(registered.op).open_target is registered

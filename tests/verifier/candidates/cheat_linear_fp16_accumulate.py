@@ -1,0 +1,41 @@
+"""Linear that multiplies and accumulates in the input dtype: honest in float32, but in float16
+every product and partial sum is rounded to 11 bits (a `tl.dot(..., out_dtype=tl.float16)` or a
+half2-FMA GEMV). Its outputs drift by many float16 ulps from the float64 reference wherever a
+sum cancels, far beyond the float32-accumulation bound an honest kernel meets."""
+
+import torch
+import triton
+import triton.language as tl
+
+OP = "linear"
+ADAPTER = [
+    {"kernel_param": "weight", "module_attr": "weight"},
+    {"kernel_param": "bias", "module_attr": "bias"},
+]
+
+
+@triton.jit
+def _linear_rows(X, W, B, Y, N, K, stride_xm, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_N], dtype=Y.dtype.element_ty)  # the cheat: an accumulator of x's dtype
+    for k in range(0, K, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        x = tl.load(X + row * stride_xm + ks, mask=k_mask, other=0.0)
+        w = tl.load(W + cols[:, None] * K + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += tl.sum(w * x[None, :], axis=1)
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=col_mask, other=0.0)
+    tl.store(Y + row * N + cols, acc, mask=col_mask)
+
+
+def entry(x, *, weight, bias):
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.reshape(-1, k).contiguous()
+    y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    grid = (x2.shape[0], triton.cdiv(n, 128))
+    _linear_rows[grid](x2, weight, bias, y, n, k, x2.stride(0), HAS_BIAS=bias is not None, BLOCK_N=128, BLOCK_K=256)
+    return y

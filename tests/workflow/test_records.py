@@ -1,0 +1,90 @@
+"""The typed views of what crosses the workflow boundary (workflows/types.py): they read the JSON the
+activities exchange and give it back unchanged, so running campaigns replay with the payloads they
+recorded; and the reward ceiling they stop at (gpuyantra/rewards.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpuyantra.rewards import CEILING, REWARD_ACCEPTED, REWARD_MAX, ceiling
+from workflows.types import SkillSeed, Target, VerdictSummary
+
+PROFILE_TARGET = {
+    "op": "linear",
+    "module_class": "Linear",
+    "qualified_class": "torch.nn.modules.linear.Linear",
+    "modules": 28,
+    "adapter": [],
+    "shapes": [[1, 1536]],
+    "dtype": "bfloat16",
+    "dtypes": ["bfloat16"],
+    "regime": "memory-bound",
+    "share": 0.31,
+    "param_shapes": {"weight": [2048, 1536], "bias": None},
+    "variant": "2048x1536",
+    "why": "...",
+}
+CPU_VERDICT = {
+    "op": "rms_norm",
+    "accepted": True,
+    "reward": 1,
+    "failures": [],
+    "speedup_vs_eager": None,  # present and null: the report shows it as such
+    "speedup_vs_compile": None,
+    "device": "cpu",
+    "candidate_path": "/tmp/c.py",
+}
+
+
+@pytest.mark.parametrize("record, data", [(Target, PROFILE_TARGET), (VerdictSummary, CPU_VERDICT)])
+def test_records_give_back_the_json_they_read(record, data):
+    out = record.from_dict(data).to_dict()
+    assert out == data and list(out) == list(data)
+
+
+def test_target_reads_the_fields_the_campaign_uses():
+    target = Target.from_dict(PROFILE_TARGET)
+    assert target.key == "linear:Linear[2048x1536]"
+    assert target.param_shapes == {"weight": [2048, 1536], "bias": None} and target.dtype == "bfloat16"
+    plain = Target.from_dict({"op": "rms_norm", "module_class": "Qwen2RMSNorm"})
+    assert plain.key == "rms_norm:Qwen2RMSNorm" and plain.shapes == [] and plain.variant is None
+
+
+def test_a_changed_field_is_what_goes_out():
+    target = dataclasses.replace(Target.from_dict(PROFILE_TARGET), modules=3)
+    assert target.to_dict()["modules"] == 3 and target.to_dict()["why"] == "..."
+
+
+def test_a_record_built_in_code_writes_what_it_holds():
+    built = Target(op="softmax", module_class="S", shapes=[[4, 64]])
+    assert built.to_dict() == {"op": "softmax", "module_class": "S", "shapes": [[4, 64]]}  # defaults left out
+    assert Target.from_dict(built.to_dict()) == built
+    assert VerdictSummary().to_dict() == {}
+
+
+def test_a_target_without_its_class_is_refused():
+    with pytest.raises(TypeError):
+        Target.from_dict({"op": "rms_norm"})
+
+
+def test_verdict_stops_at_its_devices_ceiling():
+    cpu = VerdictSummary.from_dict(CPU_VERDICT)
+    assert cpu.at_ceiling and not cpu.speed_judged
+    cuda = VerdictSummary.from_dict({**CPU_VERDICT, "device": "cuda", "reward": 2.0})
+    assert cuda.reward == 2 and isinstance(cuda.reward, int) and not cuda.at_ceiling and cuda.speed_judged
+    assert VerdictSummary.from_dict({"device": "cuda", "reward": 3}).at_ceiling
+    assert VerdictSummary.from_dict({}).reward == -1  # no reward: a rejection
+
+
+def test_seed_reads_the_chosen_skill():
+    seed = SkillSeed.from_dict({"id": "s1", "op": "rms_norm", "source": "x", "strategy": {"BLOCK": 64}})
+    assert (seed.id, seed.op, seed.strategy) == ("s1", "rms_norm", {"BLOCK": 64})
+
+
+def test_ceiling_per_device() -> None:
+    assert ceiling("cpu") == REWARD_ACCEPTED == 1 and ceiling("cuda") == REWARD_MAX == 3
+    assert ceiling(None) == ceiling("rocm") == REWARD_MAX  # unknown devices are judged like CUDA
+    with pytest.raises(TypeError):
+        CEILING["cpu"] = 3  # type: ignore[index]  # one table, read-only
