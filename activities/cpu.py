@@ -27,8 +27,10 @@ from workflows.types import (
 
 @activity.defn(name="retrieve_skills")
 def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
+    from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.skills import Fingerprint, SkillStore, ucb1_choose
 
+    ensure_open_target(request.target)  # the fingerprint's roofline reads the op's bytes model
     fingerprint = Fingerprint.from_target(request.target, request.hardware)  # reads profile fields Target omits
     with SkillStore() as store:
         skills = store.retrieve(fingerprint, Target.from_dict(request.target).op, request.hardware)
@@ -54,7 +56,9 @@ def record_outcome(request: OutcomeInput) -> None:
 @activity.defn(name="write_candidate")
 def write_candidate(request: WriteInput) -> WriteResult:
     from gpuyantra.authors import Attempt, WriteRequest, get_author
+    from gpuyantra.ops.open import ensure_open_target
 
+    ensure_open_target(request.target)  # an open op travels with its target
     target = Target.from_dict(request.target)
     seed = SkillSeed.from_dict(request.seed) if request.seed else None
     # A seed from another family (transfer) contributes the knobs both families share, not its source.
@@ -98,8 +102,10 @@ def learn_skill(request: LearnInput) -> str:
     import torch
     import triton
 
+    from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.skills import Fingerprint, Skill, SkillStore
 
+    ensure_open_target(request.target)
     verdict, target = VerdictSummary.from_dict(request.verdict), Target.from_dict(request.target)
     fingerprint = Fingerprint.from_target(request.target, request.hardware)  # reads profile fields Target omits
     skill = Skill(

@@ -58,8 +58,11 @@ def rollback_swap(request: RollbackInput) -> dict[str, Any]:
 @activity.defn(name="verify_candidate")
 def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     """Write the candidate to a real file (kept: it is the audit trail) and run the trust anchor."""
+    from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.triton_env import prepare
     from gpuyantra.verifier import run_verification
+
+    ensure_open_target(request.target)  # an open op travels with its target
 
     device = prepare(request.device)
     folder = config.candidates_dir() / request.campaign_id

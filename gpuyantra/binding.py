@@ -230,9 +230,9 @@ def find_open_groups(
         module = candidates[name]
         try:
             target = build_open_target(module, inputs, name_hint=cls.__name__)
+            family = register_open(target)
         except OpenTargetError:
-            continue  # int-only inputs (embeddings), a forward that needs more than tensors...
-        family = register_open(target)
+            continue  # int-only inputs (embeddings), a class other processes cannot import...
         group = ModuleGroup(
             op=family.name,
             module_class=cls.__name__,

@@ -129,10 +129,12 @@ async def _input_of(client: Client, workflow_id: str, run_id: str | None) -> Any
 def unknown_ops(names: list[str]) -> str | None:
     """The registry's message for the first unknown op name, or None."""
     from gpuyantra.ops import UnknownOpError, get_op  # imports torch: only where an op is checked
+    from gpuyantra.ops.open import is_open
 
     try:
         for name in names:
-            get_op(name)
+            if not is_open(name):  # open targets are made by the server's profile, not registered here
+                get_op(name)
     except UnknownOpError as exc:
         return str(exc)
     return None

@@ -374,10 +374,10 @@ def bind_open_target(
         target = build_open_target(
             model, inputs, name_hint=file.stem, source_file=str(file.resolve()), source_module=module.__name__
         )
+        family = register_open(target)
     except OpenTargetError as exc:
         result.status, result.reason = "unsupported", f"unsupported: {exc}"
         return None
-    family = register_open(target)
     return family, target.adapter
 
 

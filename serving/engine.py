@@ -904,6 +904,7 @@ class Engine:
                 if live:
                     t.setdefault("live_shapes", live)
                 t["swapped"] = sorted({self.swaps._owner.get(n) for n in group.names} - {None})
+                _attach_open_payload(t)
             elif t.get("functions"):  # function-level target (rope): which swaps hold its globals
                 t["swapped"] = sorted({self.swaps._fn_owner.get(f) for f in t["functions"]} - {None})
             targets.append(t)
@@ -1049,6 +1050,22 @@ class Engine:
                 }
             )
         return out
+
+
+# An open target travels with its profile entry (workers may not share the server's state folder),
+# unless its pickled module is larger than this: Temporal payloads are kept small.
+OPEN_PAYLOAD_MAX_BYTES = 1 << 20
+
+
+def _attach_open_payload(target: dict[str, Any]) -> None:
+    from gpuyantra.ops import get_op
+    from gpuyantra.ops.open import is_open
+
+    if not is_open(target.get("op")):
+        return
+    payload = get_op(str(target["op"])).open_target.to_payload()
+    if len(payload["module_b64"]) <= OPEN_PAYLOAD_MAX_BYTES:
+        target["open_target"] = payload
 
 
 def token_logprobs(

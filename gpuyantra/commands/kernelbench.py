@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the optimize loop on KernelBench-format problem files",
         description="Bind each KernelBench problem (Model, get_inputs, get_init_inputs) to an op family by "
         "computation, write and verify Triton candidates, write ModelNew files, print "
-        "fast_0 / fast_1 / fast_2. Problems no op family computes are reported unsupported.",
+        "fast_0 / fast_1 / fast_2. A problem no registered family computes becomes an open target (its Model is "
+        "the reference); what the open author cannot express is reported unsupported with the reason.",
     )
     parser.add_argument("path", metavar="PATH", help="a problem .py file, or a folder of them (searched recursively)")
     parser.add_argument(

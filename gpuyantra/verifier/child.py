@@ -485,13 +485,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Results and outputs are on disk: run the exit handlers (they stop torch.compile's worker
-    # processes, which would otherwise outlive the child and fail the verdict), then skip the rest
-    # of the interpreter's teardown of torch, triton and the CUDA context.
-    import atexit
-
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main())

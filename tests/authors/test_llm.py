@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 import pytest
+import torch
 
 from gpuyantra.authors import Attempt, WriteRequest, get_author
 from gpuyantra.authors.backends import GeminiBackend, OpenAICompatibleBackend, strict_json_schema
@@ -413,3 +414,36 @@ def test_an_unexpected_backend_exception_falls_back_without_the_key() -> None:
     written = LLMAuthor(Exploding(), backoff_s=0.0).write(make_request())
     assert written.author.startswith("template (llm fallback: RuntimeError: bad header")
     assert OPENAI_KEY not in written.author + written.notes
+
+
+class ScaledTanh(torch.nn.Module):
+    """An open target's module (module level: a saved target pickles it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = 1.75
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x.sum(dim=1, keepdim=True)) * self.gain
+
+
+def test_prompt_for_an_open_target_shows_the_module_its_inputs_and_the_failures() -> None:
+    from gpuyantra.authors import Attempt
+    from gpuyantra.ops.open import build_open_target, register_open
+
+    target = build_open_target(ScaledTanh(), [torch.randn(6, 40, 3)])
+    register_open(target)
+    failure = {"layer": "correctness", "rule": "wrong-values", "message": "SEEN-FAILURE"}
+    prompt = build_prompt(
+        make_request(
+            op=target.op,
+            module_class="ScaledTanh",
+            adapter=target.adapter,
+            shapes=[[6, 40, 3]],
+            history=[Attempt(strategy={}, reward=-1, failures=[failure])],
+        )
+    )
+    assert "return torch.tanh(x.sum(dim=1, keepdim=True)) * self.gain" in prompt  # the module's source
+    assert "gain = 1.75" in prompt and "keyword 'gain'" in prompt  # its bound float, live value
+    assert "input x: shape [6, 40, 3] float32" in prompt and "def entry(x, *, gain)" in prompt
+    assert "SEEN-FAILURE" in prompt

@@ -1,0 +1,306 @@
+"""Building an open target from a live module and the inputs it was called with."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+
+from gpuyantra.ops.base import Tensor, numel
+from gpuyantra.ops.open.spec import (
+    _PROBE_FACTOR,
+    _PROBE_SHIFT,
+    OPEN_PREFIX,
+    OpenInput,
+    OpenParam,
+    OpenTargetError,
+    _dtype,
+    _owner,
+    _tensors,
+    follow_shapes,
+)
+from gpuyantra.ops.open.target import OpenTarget
+
+
+def build_open_target(
+    module: torch.nn.Module,
+    inputs: Sequence[Any],
+    *,
+    name_hint: str | None = None,
+    source_file: str | None = None,
+    source_module: str | None = None,
+) -> OpenTarget:
+    """An open target for `module` called as `module(*inputs)`. Raises OpenTargetError."""
+    if not inputs or not all(isinstance(i, Tensor) for i in inputs):
+        raise OpenTargetError("an open target needs tensor inputs only (non-tensor forward arguments are not bound)")
+    module = _cpu_copy(module)
+    names = _input_names(module, len(inputs))
+    specs = _link_index_ranges(tuple(_input_spec(name, t) for name, t in zip(names, inputs)))
+    if specs[0].domain in ("int", "bool") or not specs[0].shape:
+        raise OpenTargetError("the first input must be a floating tensor with at least one dim")
+    probe_inputs = tuple(t.detach().to("cpu") for t in leading_rows(inputs, 1 << 20))
+    params = _tensor_params(module) + _float_params(module, probe_inputs)
+    links = dim_links(module, specs)
+    cls = type(module)
+    dotted = f"{cls.__module__}.{cls.__qualname__}"
+    digest = _digest(dotted, specs, params, source_file)
+    slug = re.sub(r"[^a-z0-9]+", "_", (name_hint or cls.__name__).lower()).strip("_")[:40] or "module"
+    return OpenTarget(
+        op=f"{OPEN_PREFIX}{slug}_{digest}",
+        module_class=dotted,
+        inputs=specs,
+        params=params,
+        links=links,
+        module=module,
+        source_file=source_file,
+        source_module=source_module,
+    )
+
+
+def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
+    copied = copy.deepcopy(module).to("cpu").eval()
+    for p in copied.parameters():
+        p.requires_grad_(False)
+    return copied
+
+
+def _input_names(module: torch.nn.Module, n: int) -> list[str]:
+    try:
+        names = [
+            p.name
+            for p in inspect.signature(module.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        names = []
+    names = (names + [f"x{i}" for i in range(len(names), n)])[:n]
+    out: list[str] = []
+    for i, name in enumerate(names):
+        name = name if name.isidentifier() and name not in out else f"x{i}"
+        out.append(name)
+    return out
+
+
+def _input_spec(name: str, t: Tensor) -> OpenInput:
+    dtype = str(t.dtype).replace("torch.", "")
+    shape = tuple(int(d) for d in t.shape)
+    if t.dtype == torch.bool:
+        return OpenInput(name, shape, dtype, "bool")
+    if not t.is_floating_point():
+        bound = int(t.max().item()) + 1 if t.numel() and not t.is_meta else 2
+        return OpenInput(name, shape, dtype, "int", max(2, bound))
+    if t.is_meta or t.numel() == 0:
+        return OpenInput(name, shape, dtype)
+    values = t.detach().float()
+    low, high = float(values.min()), float(values.max())
+    if low >= 0 and t.dim() >= 1 and bool(torch.allclose(values.sum(-1), torch.ones(()), atol=1e-3)):
+        return OpenInput(name, shape, dtype, "simplex")
+    if low >= 0 and high <= 1:
+        return OpenInput(name, shape, dtype, "unit")
+    if low >= 0:
+        return OpenInput(name, shape, dtype, "positive")
+    return OpenInput(name, shape, dtype)
+
+
+def _link_index_ranges(specs: tuple[OpenInput, ...]) -> tuple[OpenInput, ...]:
+    """An integer input whose values cover most of a dim of input 0 indexes that dim (class ids):
+    its range follows that dim's size (the smallest such dim)."""
+    first = specs[0].shape
+    out = [specs[0]]
+    for spec in specs[1:]:
+        dims = [d for d, size in enumerate(first) if spec.domain == "int" and size >= spec.high > size // 2]
+        out.append(replace(spec, high_dim=min(dims, key=lambda d: first[d])) if dims else spec)
+    return tuple(out)
+
+
+def _kernel_name(path: str, taken: set[str]) -> str:
+    name = re.sub(r"\W", "_", path)
+    name = name if name.isidentifier() else f"p_{name}"
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def _tensor_params(module: torch.nn.Module) -> tuple[OpenParam, ...]:
+    taken: set[str] = set()
+    params: list[OpenParam] = []
+    buffers = {path for path, _ in module.named_buffers()}
+    for path, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if not tensor.is_floating_point():
+            continue  # integer buffers (num_batches_tracked) are bookkeeping, not values
+        # Drawn positive only where the module keeps a nonnegative statistic (running variances):
+        # a freshly initialized weight of ones is a weight, and weights get both signs.
+        positive = path in buffers and bool(tensor.numel()) and not tensor.is_meta and bool((tensor >= 0).all())
+        params.append(
+            OpenParam(
+                kernel_param=_kernel_name(path, taken),
+                module_attr=path,
+                kind="tensor",
+                shape=tuple(int(d) for d in tensor.shape),
+                dtype=str(tensor.dtype).replace("torch.", ""),
+                positive=positive,
+            )
+        )
+    return tuple(params)
+
+
+def _float_attributes(module: torch.nn.Module) -> list[tuple[str, float]]:
+    found = []
+    for prefix, sub in module.named_modules():
+        for attr, value in vars(sub).items():
+            if attr.startswith("_") or attr == "training" or isinstance(value, bool) or not isinstance(value, float):
+                continue
+            found.append((f"{prefix}.{attr}" if prefix else attr, value))
+    return found
+
+
+def _float_params(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> tuple[OpenParam, ...]:
+    """Float attributes whose value changes the output on the probe inputs (dropout's p in eval
+    mode, momentum: no effect, not bound)."""
+    probe = list(leading_rows(inputs, 1 << 16))
+    try:
+        with torch.no_grad():
+            before = [o.clone() for o in _tensors(module(*probe))]
+    except Exception:  # noqa: BLE001 - dim 0 is not free: probe on the whole inputs
+        probe = list(inputs)
+        try:
+            with torch.no_grad():
+                before = [o.clone() for o in _tensors(module(*probe))]
+        except Exception as exc:  # noqa: BLE001 - the forward itself fails: nothing can be bound
+            raise OpenTargetError(f"the module's forward fails on its inputs: {type(exc).__name__}: {exc}") from exc
+    taken = {p.kernel_param for p in _tensor_params(module)}
+    params = []
+    for path, value in _float_attributes(module):
+        owner, _, attr = _owner(module, path)
+        setattr(owner, attr, value * _PROBE_FACTOR + _PROBE_SHIFT)
+        try:
+            with torch.no_grad():
+                after = _tensors(module(*probe))
+            changed = any(not torch.equal(a, b) for a, b in zip(after, before))
+        except Exception:  # noqa: BLE001 - another value breaks the forward: structural, not bound
+            changed = False
+        finally:
+            setattr(owner, attr, value)
+        if changed:
+            params.append(
+                OpenParam(kernel_param=_kernel_name(path, taken), module_attr=path, kind="float", value=value)
+            )
+    return tuple(params)
+
+
+def leading_rows(inputs: Sequence[Any], max_elements: int) -> Sequence[Any]:
+    """`inputs` cut to their first rows so input 0 holds about `max_elements`: every tensor whose
+    dim 0 has input 0's size is cut alike (a batch shared by predictions and targets). The same
+    sequence object when nothing needs cutting."""
+    first = inputs[0] if inputs else None
+    if not isinstance(first, Tensor) or first.dim() == 0 or first.numel() <= max_elements:
+        return inputs
+    rows = max(1, max_elements // max(1, numel(first.shape[1:])))
+    if rows >= first.shape[0]:
+        return inputs
+    size = first.shape[0]
+    return [t[:rows] if isinstance(t, Tensor) and t.dim() and t.shape[0] == size else t for t in inputs]
+
+
+def dim_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per input, (own dim, input 0's dim) for the dims whose size the forward accepts changing,
+    found on the meta device (nothing allocated). Input 0's dim d grows by 3; each other input's
+    dim of the same size grows with it, aligned by leading dims first (a shared batch dim), else by
+    trailing dims (broadcasting)."""
+    try:
+        meta = copy.deepcopy(module).to("meta")
+    except Exception:  # noqa: BLE001 - modules that cannot move to meta: only the live shapes
+        return tuple(() for _ in specs)
+    live = [s.shape for s in specs]
+
+    def runs(shapes: Sequence[Sequence[int]]) -> bool:
+        args = [torch.empty(tuple(s), dtype=_dtype(spec.dtype), device="meta") for s, spec in zip(shapes, specs)]
+        try:
+            with torch.no_grad():
+                return bool(_tensors(meta(*args)))
+        except Exception:  # noqa: BLE001 - the forward refuses the size: a fixed dim
+            return False
+
+    if not runs(live):
+        return tuple(() for _ in specs)
+    links: list[list[tuple[int, int]]] = [[] for _ in specs]
+    for d in range(len(live[0])):
+        for aligned in _alignments(live, d):
+            grown = follow_shapes(live, aligned, [s + 3 if i == d else s for i, s in enumerate(live[0])])
+            if runs(grown):
+                for index, pairs in enumerate(aligned):
+                    links[index] += pairs
+                break
+    return tuple(tuple(sorted(set(pairs))) for pairs in links)
+
+
+def _alignments(live: Sequence[Sequence[int]], d: int) -> list[list[list[tuple[int, int]]]]:
+    """Ways input 0's dim d can be shared by the other inputs: by leading position, by trailing
+    position, or not at all (the others keep their sizes)."""
+    size = live[0][d]
+    ways: list[list[list[tuple[int, int]]]] = []
+    for trailing in (False, True):
+        way: list[list[tuple[int, int]]] = [[(d, d)]]
+        for shape in live[1:]:
+            own = d - (len(live[0]) - len(shape)) if trailing else d
+            way.append([(own, d)] if 0 <= own < len(shape) and shape[own] == size and size != 1 else [])
+        if way not in ways:
+            ways.append(way)
+    alone = [[(d, d)]] + [[] for _ in live[1:]]
+    if alone not in ways:
+        ways.append(alone)
+    return ways
+
+
+def _digest(dotted: str, specs: Sequence[OpenInput], params: Sequence[OpenParam], source: str | None) -> str:
+    text = json.dumps(
+        [dotted, [asdict(s) for s in specs], [(p.module_attr, p.kind, p.shape) for p in params], source],
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+class ShrinkFactories(torch.overrides.TorchFunctionMode):
+    """While active, tensor factories (`torch.randn(4096, 393216)`, `torch.randint(0, 10, (4096,))`)
+    asked for a shape in `sizes` make the mapped smaller shape instead: a problem's own
+    `get_inputs()` then draws reduced inputs with its own distributions (softmax, abs, rand...)."""
+
+    FACTORIES = frozenset(
+        {torch.randn, torch.rand, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full, torch.normal}
+    )
+
+    def __init__(self, sizes: dict[tuple[int, ...], tuple[int, ...]]):
+        super().__init__()
+        self.sizes = sizes
+        # randint's upper bound when it is a reduced dim's size (class ids of a reduced class dim).
+        self.bounds = {a: b for live, small in sizes.items() for a, b in zip(live, small) if a != b}
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in self.FACTORIES:
+            args, kwargs = self._resize(func, tuple(args), kwargs)
+        return func(*args, **kwargs)
+
+    def _resize(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if "size" in kwargs and tuple(kwargs["size"]) in self.sizes:
+            kwargs["size"] = self.sizes[tuple(kwargs["size"])]
+            return args, kwargs
+        # randint(high, size) / randint(low, high, size): the size comes after the bounds.
+        lead = (2 if len(args) >= 3 else 1) if func is torch.randint else 0
+        if func is torch.randint and lead and isinstance(args[lead - 1], int) and args[lead - 1] in self.bounds:
+            args = (*args[: lead - 1], self.bounds[args[lead - 1]], *args[lead:])
+        rest = args[lead:]
+        if rest and isinstance(rest[0], (tuple, list, torch.Size)) and tuple(rest[0]) in self.sizes:
+            return (*args[:lead], self.sizes[tuple(rest[0])], *rest[1:]), kwargs
+        ints = tuple(a for a in rest if isinstance(a, int) and not isinstance(a, bool))
+        if func is not torch.full and ints and ints == tuple(rest[: len(ints)]) and ints in self.sizes:
+            return (*args[:lead], *self.sizes[ints], *rest[len(ints) :]), kwargs
+        return args, kwargs

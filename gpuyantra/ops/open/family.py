@@ -1,0 +1,127 @@
+"""The family view of an open target: what the verifier, the swap engine and the authors use."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, numel
+from gpuyantra.ops.open.spec import _dtype, _tensors, draw_input, shrink
+from gpuyantra.ops.open.target import OpenTarget
+
+
+def open_family(target: OpenTarget) -> OpFamily:
+    """An OpFamily whose every hook reads the open target."""
+
+    def make_activations(
+        rows: Sequence[int],
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        generator: torch.Generator,
+        scale: float = 1.0,
+    ) -> tuple[Tensor, ...]:
+        shapes = target.shapes_for((*rows, hidden))
+        return tuple(
+            draw_input(spec, shape, dtype, device, generator, scale, shapes[0])
+            for spec, shape in zip(target.inputs, shapes)
+        )
+
+    def module_activations(
+        module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device: Any, generator: torch.Generator
+    ) -> tuple[Tensor, ...]:
+        first = list(target.inputs[0].shape)
+        shapes = target.shapes_for(shrink(first, target.variable_dims[0] if target.variable_dims else (), 4096))
+        return tuple(
+            draw_input(spec, shape, dtype, device, generator, 1.0, shapes[0])
+            for spec, shape in zip(target.inputs, shapes)
+        )
+
+    def module_reference(module: torch.nn.Module, *activations: Tensor, **params: Any) -> Any:
+        return target.reference(*activations, **params)
+
+    def replacement_forward(module: torch.nn.Module, entry: Callable[..., Any], adapter: list[dict[str, str]]) -> Any:
+        def forward(_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # Inputs passed by keyword (`norm(hidden_states=x)`) take their place in forward order.
+            named = tuple(kwargs[n] for n in target.input_names[len(args) :] if n in kwargs)
+            return entry(*args, *named, **adapter_kwargs(module, adapter))
+
+        return forward
+
+    def bytes_moved(shape: Sequence[int], dtype: torch.dtype) -> int:
+        """Every input, parameter and output read or written once (the copy floor's bytes)."""
+        size = torch.empty((), dtype=dtype).element_size()
+        shapes = target.shapes_for(shape)
+        total = sum(
+            numel(s) * (size if _dtype(i.dtype).is_floating_point else _dtype(i.dtype).itemsize)
+            for s, i in zip(shapes, target.inputs)
+        )
+        total += sum(numel(p.shape) * size for p in target.params if p.kind == "tensor")
+        return total + target.output_bytes(shape, size)
+
+    def adapt_shape(shape: Sequence[int]) -> Sequence[int]:
+        return shape
+
+    roles = tuple("stream" if i.domain == "real" else "bounded" for i in target.inputs)
+    return OpFamily(
+        name=target.op,
+        activations=target.input_names,
+        params=tuple(ParamSpec(p.kernel_param, (p.module_attr,), p.kind) for p in target.params),
+        default_module=target.module_class,
+        reference=target.reference,
+        make_activations=make_activations,
+        module_call=lambda module, *acts: module(*acts),
+        replacement_forward=replacement_forward,
+        module_activations=module_activations,
+        module_reference=module_reference,
+        bytes_moved=bytes_moved,
+        known_modules=(target.module_class,),
+        hidden_of=lambda module: int(target.inputs[0].shape[-1]),
+        module_filter=lambda module: _same_class(module, target.module_class),
+        n_outputs=len(_tensors(target.reference(*target.example_inputs(target.shapes_for(_tiny(target)))))) or 1,
+        activation_roles=roles,
+        adapt_shape=adapt_shape,
+        open_target=target,
+    )
+
+
+def _tiny(target: OpenTarget) -> list[int]:
+    dims = target.variable_dims[0] if target.variable_dims else ()
+    return shrink(list(target.inputs[0].shape), dims, 4096)
+
+
+def _same_class(module: torch.nn.Module, dotted: str) -> bool:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}" == dotted
+
+
+def describe_reference(target: OpenTarget) -> str:
+    """The open target's computation for a reader (an LLM author): the module's class source (and
+    its submodules' classes where they are not torch's own), its structure with the live values of
+    its float attributes, and its inputs as seen."""
+    parts: list[str] = []
+    classes: list[type] = []
+    for sub in target.module.modules():
+        cls = type(sub)
+        if cls not in classes and not cls.__module__.startswith("torch."):
+            classes.append(cls)
+    for cls in classes:
+        try:
+            parts.append(textwrap.dedent(inspect.getsource(cls)).rstrip())
+        except (OSError, TypeError):
+            parts.append(f"# source of {cls.__module__}.{cls.__qualname__} is not available")
+    parts.append("# the module as served:\n# " + repr(target.module).replace("\n", "\n# "))
+    for p in target.params:
+        if p.kind == "float":
+            parts.append(f"# {p.module_attr} = {p.value!r}  (live value; passed as keyword {p.kernel_param!r})")
+    for spec, dims in zip(target.inputs, target.variable_dims):
+        extra = f", values in [0, size of input 0 dim {spec.high_dim})" if spec.high_dim >= 0 else ""
+        parts.append(
+            f"# input {spec.name}: shape {list(spec.shape)} {spec.dtype}, domain {spec.domain}{extra}; "
+            f"dims that may take any size: {list(dims)}"
+        )
+    return "\n\n".join(parts)

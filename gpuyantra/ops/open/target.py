@@ -1,0 +1,214 @@
+"""`OpenTarget`: the module, its reference computation, the shapes the verifier draws, persistence."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import json
+import pickle
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuyantra.ops.base import Tensor, numel
+from gpuyantra.ops.open.spec import (
+    CPU_CASE_ELEMENTS,
+    CUDA_CASE_ELEMENTS,
+    STRESS_SIZE,
+    OpenInput,
+    OpenParam,
+    OpenTargetError,
+    _dtype,
+    _owner,
+    _tensors,
+    draw_input,
+    follow_shapes,
+    shrink,
+)
+
+
+@dataclass
+class OpenTarget:
+    op: str
+    module_class: str
+    inputs: tuple[OpenInput, ...]
+    params: tuple[OpenParam, ...]
+    # Per input: (own dim, input 0's dim) pairs of the dims that may take any size; an input's dim
+    # follows the input-0 dim it is linked to (a batch dim shared by predictions and targets).
+    links: tuple[tuple[tuple[int, int], ...], ...]
+    module: torch.nn.Module
+    # A .py file that defines the module's class (KernelBench problems): imported under
+    # `source_module` before the module is unpickled elsewhere.
+    source_file: str | None = None
+    source_module: str | None = None
+    _copies: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict, repr=False)
+    _meta_cache: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+
+    # --- what authors read (the OpenSpec fields) ---
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    @property
+    def tensor_params(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p.kernel_param, p.module_attr) for p in self.params if p.kind == "tensor")
+
+    @property
+    def float_params(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p.kernel_param, p.module_attr) for p in self.params if p.kind == "float")
+
+    @property
+    def variable_dims(self) -> tuple[tuple[int, ...], ...]:
+        """Per input, the dims that may take any size."""
+        return tuple(tuple(own for own, _ in pairs) for pairs in self.links)
+
+    @property
+    def adapter(self) -> list[dict[str, str]]:
+        return [{"kernel_param": p.kernel_param, "module_attr": p.module_attr} for p in self.params]
+
+    def example_inputs(
+        self, shapes: Sequence[Sequence[int]] | None = None, dtype: torch.dtype | None = None, seed: int = 0
+    ) -> tuple[Tensor, ...]:
+        """CPU inputs in each input's domain, at `shapes` (default: the live ones)."""
+        generator = torch.Generator().manual_seed(seed)
+        shapes = shapes or [i.shape for i in self.inputs]
+        return tuple(
+            draw_input(spec, tuple(shape), dtype, "cpu", generator, 1.0, shapes[0])
+            for spec, shape in zip(self.inputs, shapes)
+        )
+
+    # --- the reference computation ---
+    def copy_for(self, dtype: torch.dtype, device: torch.device | str) -> torch.nn.Module:
+        """A private copy of the module in `dtype` on `device`, made once per pair."""
+        key = (str(dtype), str(torch.device(device)))
+        module = self._copies.get(key)
+        if module is None:
+            module = copy.deepcopy(self.module).to(device=device)
+            module = module.to(dtype=dtype) if dtype.is_floating_point else module
+            module.eval()
+            for p in module.parameters():
+                p.requires_grad_(False)
+            self._copies[key] = module
+        return module
+
+    def reference(self, *activations: Tensor, **params: Any) -> Any:
+        """The module's forward on `activations` with the given parameter values (the float
+        attributes set on a private copy, the tensors passed by `functional_call`, which
+        torch.compile traces as it traces a module)."""
+        floating = [a for a in activations if isinstance(a, Tensor) and a.is_floating_point()]
+        dtype = floating[0].dtype if floating else _dtype(self.params_dtype())
+        device = activations[0].device if activations else torch.device("cpu")
+        module = self.copy_for(dtype, device)
+        tensors: dict[str, Tensor] = {}
+        for spec in self.params:
+            if spec.kernel_param not in params:
+                continue
+            value = params[spec.kernel_param]
+            if spec.kind == "float":
+                owner, _, attr = _owner(module, spec.module_attr)
+                setattr(owner, attr, value)
+            else:
+                tensors[spec.module_attr] = value
+        if not tensors:
+            return module(*activations)
+        return torch.func.functional_call(module, tensors, tuple(activations))
+
+    def params_dtype(self) -> str:
+        for p in self.params:
+            if p.kind == "tensor":
+                return p.dtype
+        return "float32"
+
+    # --- shapes the verifier draws ---
+    def case_shapes(self, device: str, live: Sequence[Sequence[int]] | None) -> tuple[list[list[int]], list[list[int]]]:
+        """(correctness shapes of input 0, stress shapes): live first, then unseen sizes along the
+        variable dims, all capped to what the device's verifier can hold."""
+        cap = CPU_CASE_ELEMENTS if device == "cpu" else CUDA_CASE_ELEMENTS
+        base = [int(d) for d in (live[0] if live else self.inputs[0].shape)]
+        dims = self.variable_dims[0] if self.variable_dims else ()
+        shapes: list[list[int]] = []
+
+        def add(shape: list[int]) -> None:
+            shape = shrink(shape, dims, cap)
+            if shape not in shapes:
+                shapes.append(shape)
+
+        for shape in [list(map(int, s)) for s in live or []] or [base]:
+            add(shape)
+        base = shapes[0]
+        for dim in dims:
+            for size in (1 if base[dim] > 1 else 3, max(3, base[dim] // 2 + 1) | 1):
+                add([size if d == dim else s for d, s in enumerate(base)])
+        # One stress shape per variable dim (up to 4): that dim past the caps, the others at 1 (or,
+        # where the module needs more, at their sizes above), so a capped grid and a capped tile are
+        # both met whichever dim the kernel maps to programs.
+        stress: list[list[int]] = []
+        for dim in sorted(dims, key=lambda d: -base[d])[:4]:
+            for others_at_one in (True, False):
+                big = [1 if d in dims and others_at_one else base[d] for d in range(len(base))]
+                big[dim] = STRESS_SIZE.get(device, STRESS_SIZE["cuda"])
+                if numel(big) <= cap * 4 and big not in stress and self.accepts(big):
+                    stress.append(big)
+                    break
+        # Sizes the module itself refuses (an instance norm over one element) are no test of a kernel.
+        return [s for s in shapes if self.accepts(s)] or shapes[:1], stress
+
+    def accepts(self, first: Sequence[int]) -> bool:
+        """Whether the module's forward runs when input 0 has shape `first` (meta device)."""
+        return self._meta_outputs(tuple(int(d) for d in first)) is not None
+
+    def output_bytes(self, first: Sequence[int], itemsize: int) -> int:
+        """Bytes of the outputs when input 0 has shape `first` (integer outputs at 8 bytes)."""
+        outs = self._meta_outputs(tuple(int(d) for d in first)) or []
+        return sum(numel(shape) * (itemsize if floating else 8) for shape, floating in outs)
+
+    def _meta_outputs(self, first: tuple[int, ...]) -> list[tuple[tuple[int, ...], bool]] | None:
+        cache = self._meta_cache
+        if first not in cache:
+            shapes = self.shapes_for(first)
+            args = [torch.empty(s, dtype=_dtype(i.dtype), device="meta") for s, i in zip(shapes, self.inputs)]
+            try:
+                with torch.no_grad():
+                    outs = _tensors(self.copy_for(torch.float32, "meta")(*args))
+                cache[first] = [(tuple(o.shape), o.is_floating_point()) for o in outs]
+            except Exception:  # noqa: BLE001 - the module refuses these sizes
+                cache[first] = None
+        return cache[first]
+
+    def shapes_for(self, first: Sequence[int]) -> list[tuple[int, ...]]:
+        """Every input's shape when input 0 has shape `first` (see `follow_shapes`)."""
+        return follow_shapes([i.shape for i in self.inputs], self.links, first)
+
+    # --- persistence ---
+    def to_payload(self) -> dict[str, Any]:
+        """The target as JSON-safe data (the module pickled, base64): a profile hands it to the
+        workers, which may not share the server's state folder."""
+        buffer = io.BytesIO()
+        torch.save(self.module.to("cpu"), buffer)
+        return {"meta": self._meta(), "module_b64": base64.b64encode(buffer.getvalue()).decode()}
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "module_class": self.module_class,
+            "inputs": [asdict(i) for i in self.inputs],
+            "params": [asdict(p) for p in self.params],
+            "links": [[list(pair) for pair in pairs] for pairs in self.links],
+            "source_file": self.source_file,
+            "source_module": self.source_module,
+        }
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            torch.save(self.module.to("cpu"), folder / "module.pt")
+        except (AttributeError, TypeError, pickle.PicklingError) as exc:
+            raise OpenTargetError(
+                f"cannot save {self.module_class} for other processes (its class must be importable): {exc}"
+            ) from exc
+        (folder / "target.json").write_text(json.dumps(self._meta(), indent=1))  # last: marks it complete
+        return folder
