@@ -23,8 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuyantra.dashboard.page import PAGE
-from gpuyantra.dashboard.sources import NO_TOKEN, Settings, Sources
+from gpuyantra.dashboard.sources import NO_TOKEN, NoReport, Settings, Sources
 from gpuyantra.server_client import ServerError
+
+# The report holds no script and fetches nothing: its page may only draw itself (inline CSS and SVG).
+REPORT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 # How a server's refusal of a forwarded rollback reaches the page.
 FORWARDED_STATUS = {"BadRequest": 400, "Conflict": 409, "Unauthorized": 502, "ServerUnreachable": 502}
@@ -135,6 +138,14 @@ def create_app(settings: Settings, sources: Sources | None = None) -> FastAPI:
     @app.get("/api/campaigns", dependencies=[Depends(can_read)])
     async def campaigns() -> dict[str, Any]:
         return {"status": sources.status["temporal"].to_dict(), "campaigns": sources.campaigns}
+
+    @app.get("/api/campaigns/{campaign_id}/report", dependencies=[Depends(can_read)], response_class=HTMLResponse)
+    async def report(campaign_id: str) -> Any:
+        try:
+            page = await sources.report(campaign_id)
+        except NoReport as exc:
+            return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
+        return HTMLResponse(page, headers={"Cache-Control": "no-store", "Content-Security-Policy": REPORT_POLICY})
 
     @app.get("/api/metrics", dependencies=[Depends(can_read)])
     async def metrics() -> dict[str, Any]:

@@ -65,11 +65,12 @@ function targetText(t) {
 
 function reward(r) { return r === null || r === undefined ? "\u2013" : (r > 0 ? "+" : "") + r; }
 
-function fill(tableId, rows, columns) {
+function fill(tableId, rows, columns, key) {
   const body = $(tableId).tBodies[0];
   body.replaceChildren();
   for (const row of rows) {
     const tr = body.insertRow();
+    if (key) tr.dataset.key = key(row);
     for (const col of columns) {
       const td = tr.insertCell();
       const v = col(row, td);
@@ -104,7 +105,8 @@ async function refreshCampaigns() {
     (c) => text(c.deployed),
     (c) => elapsed(c.elapsed_s),
     (c) => c.started.replace("T", " "),
-  ]);
+    (c) => reportLink(c),
+  ], (c) => c.id);
   $("campaigns-empty").style.display = data.campaigns.length ? "none" : "";
 }
 
@@ -126,7 +128,7 @@ async function refreshKernels() {
     (k) => text(k.calls), (k) => text(k.fallbacks),
     (k) => k.committed_at ? new Date(k.committed_at * 1000).toLocaleString() : "\u2013",
     (k) => rollbackButton(k),
-  ]);
+  ], (k) => k.swap_id);
   $("kernels-empty").style.display = data.active.length ? "none" : "";
 }
 
@@ -139,6 +141,38 @@ async function refreshSkills() {
     (s) => text(s.speedup_vs_eager, 2), (s) => text(s.pulls), (s) => text(s.mean_reward, 2),
     (s) => s.unpulled ? "\u221e (unpulled)" : text(s.ucb, 3), (s) => text(s.author), (s) => s.id.slice(0, 8),
   ]);
+}
+
+function reportLink(c) {
+  if (c.status !== "completed") return "\u2013";
+  const a = document.createElement("a");
+  a.href = "/api/campaigns/" + encodeURIComponent(c.id) + "/report";
+  a.textContent = "report";
+  a.onclick = (ev) => { ev.preventDefault(); openReport(a.href, c.id); };
+  return a;
+}
+
+// The report is fetched (so the token goes along where reading needs it) and shown in a new tab,
+// opened on the click itself so no pop-up blocker stops it.
+async function openReport(href, id) {
+  const tab = window.open("", "_blank");
+  if (!tab) { $("report-state").textContent = "The browser blocked the new tab: allow pop-ups for this page."; return; }
+  tab.opener = null;
+  try {
+    const r = await fetch(href, {cache: "no-store", headers: authHeaders()});
+    if (!r.ok) {
+      let body = null;
+      try { body = await r.json(); } catch (e) { body = null; }
+      throw new Error(body && typeof body.detail === "string" ? body.detail : "HTTP " + r.status);
+    }
+    const url = URL.createObjectURL(new Blob([await r.text()], {type: "text/html"}));
+    tab.location.href = url;
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    $("report-state").textContent = "Opened the report of " + id + " in a new tab.";
+  } catch (e) {
+    tab.close();
+    $("report-state").textContent = "No report for " + id + ": " + e.message;
+  }
 }
 
 function rollbackButton(k) {
@@ -194,6 +228,10 @@ def _table(table_id: str, headers: list[str]) -> str:
     return f'<table id="{table_id}" style="display:none"><thead><tr>{head}</tr></thead><tbody></tbody></table>'
 
 
+CAMPAIGNS_TABLE = _table(
+    "campaigns", ["id", "status", "model", "stage", "targets", "best reward", "deployed", "elapsed", "started", ""]
+)
+
 SKILLS_TABLE = _table(
     "skills",
     [
@@ -222,7 +260,8 @@ PAGE = f"""<!DOCTYPE html>
 <ul id="sources"></ul>
 <h2>Campaigns</h2>
 <p id="campaigns-empty" class="note">No campaigns listed.</p>
-{_table("campaigns", ["id", "status", "model", "stage", "targets", "best reward", "deployed", "elapsed", "started"])}
+{CAMPAIGNS_TABLE}
+<p id="report-state" class="note"></p>
 <h2>Served model</h2>
 <p id="latest" class="note"></p>
 <div class="charts"><div id="chart-tokens"></div><div id="chart-latency"></div></div>

@@ -20,6 +20,7 @@ import httpx
 from gpuyantra.campaign_client import TemporalUnreachable, connect, list_campaigns, one_line
 from gpuyantra.dashboard import skills
 from gpuyantra.dashboard.metrics import Ring, charts, parse
+from gpuyantra.report import render_html
 from gpuyantra.server_client import (
     LIST_TIMEOUT_S,
     ROLLBACK_TIMEOUT_S,
@@ -32,6 +33,7 @@ log = logging.getLogger("gpuyantra.dashboard")
 
 CONNECT_WITHIN_S = 2.0  # Temporal connect, retried within this
 LIST_WITHIN_S = 5.0  # one listing of campaigns with their progress queries
+REPORT_WITHIN_S = 10.0  # one finished campaign's description and result
 SCRAPE_WITHIN_S = 2.0  # one GET /metrics
 NO_TOKEN = (
     "no admin token: give --admin-token (or $GPUYANTRA_ADMIN_TOKEN, or keep it in <state>/admin-token) "
@@ -67,6 +69,15 @@ class Settings:
     interval_s: float = 2.0
     history: int = 900  # samples kept: 30 minutes at 2 s
     campaigns_limit: int = 50
+
+
+class NoReport(Exception):
+    """No report to show: `status` is the HTTP status the page gets (404 no such campaign, 409 not
+    completed, 502 Temporal down), the message one line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -201,6 +212,31 @@ class Sources:
                 rows = []
                 self.status["skills"] = Status(False, self._skills_problem(exc))
         return {"status": self.status["skills"].to_dict(), "skills": rows}
+
+    async def report(self, campaign_id: str) -> str:
+        """A completed campaign's report, the page `gpuyantra report` writes (gpuyantra/report.py),
+        from its result in Temporal; NoReport when there is none."""
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        address = self.settings.temporal_address
+        try:
+            client = self._temporal or await connect(address, CONNECT_WITHIN_S, self.settings.namespace)
+            handle = client.get_workflow_handle(campaign_id)
+            status = (await asyncio.wait_for(handle.describe(), REPORT_WITHIN_S)).status
+            if status != WorkflowExecutionStatus.COMPLETED:
+                name = status.name.lower() if status is not None else "unknown"
+                raise NoReport(409, f"campaign {campaign_id} is {name}, not completed: no report yet")
+            result = await asyncio.wait_for(handle.result(), REPORT_WITHIN_S)
+        except TemporalUnreachable as exc:
+            raise NoReport(502, str(exc)) from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise NoReport(404, f"no campaign {campaign_id} in {self.settings.namespace}") from None
+            raise NoReport(502, f"cannot read campaign {campaign_id} at {address}: {one_line(exc)}") from None
+        except TimeoutError:
+            raise NoReport(502, f"Temporal at {address} did not answer within {REPORT_WITHIN_S:g} s") from None
+        return render_html(result)
 
     # ------------------------------------------------------------------ helpers
 

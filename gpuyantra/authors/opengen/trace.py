@@ -83,7 +83,7 @@ def trace_spec(spec: OpenSpec) -> Traced:
             raise Unsupported("every forward input must be a tensor")
         if t.is_complex():
             raise Unsupported("complex inputs")
-    module = copy.deepcopy(spec.module).to("cpu").eval()
+    module = copy.deepcopy(spec.module).to("cpu")  # its training flag is the reference's
     floats = [(kp, *_owner(module, path)) for kp, path in spec.float_params]
     originals = {kp: _float_value(owner, attr, kp) for kp, owner, attr in floats}
     for kp, owner, attr in floats:

@@ -65,7 +65,9 @@ def build_open_target(
 
 
 def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
-    copied = copy.deepcopy(module).to("cpu").eval()
+    # The training flag is kept: a KernelBench Model runs in training mode (a BatchNorm normalizes
+    # with the batch's statistics there), a served model in eval mode; the reference is the module as used.
+    copied = copy.deepcopy(module).to("cpu")
     for p in copied.parameters():
         p.requires_grad_(False)
     return copied
@@ -165,6 +167,7 @@ def _float_attributes(module: torch.nn.Module) -> list[tuple[str, float]]:
 def _float_params(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> tuple[OpenParam, ...]:
     """Float attributes whose value changes the output on the probe inputs (dropout's p in eval
     mode, momentum: no effect, not bound)."""
+    module = copy.deepcopy(module)  # a forward in training mode updates running statistics
     probe = list(leading_rows(inputs, 1 << 16))
     try:
         with torch.no_grad():

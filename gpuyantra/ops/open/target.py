@@ -89,7 +89,6 @@ class OpenTarget:
         if module is None:
             module = copy.deepcopy(self.module).to(device=device)
             module = module.to(dtype=dtype) if dtype.is_floating_point else module
-            module.eval()
             for p in module.parameters():
                 p.requires_grad_(False)
             self._copies[key] = module
