@@ -812,6 +812,13 @@ def _run_problem(
         with torch.no_grad():
             model(*inputs)
     except Exception as exc:  # noqa: BLE001
+        if result.reduced:  # a size the meta device let through and the real op refuses
+            result.status = "skipped"
+            result.reason = (
+                f"skipped for size: over the {max_elements:,} cap on {device}, and the Model refuses its "
+                f"reduced inputs ({result.reduced}): {type(exc).__name__}: {exc}; run on --device cuda"
+            )
+            return
         result.reason = f"the problem's Model does not run on its inputs: {type(exc).__name__}: {exc}"
         return
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, numel
-from gpuyantra.ops.open.spec import _dtype, _tensors, draw_input, shrink
+from gpuyantra.ops.open.spec import _dtype, draw_input, shrink
 from gpuyantra.ops.open.target import OpenTarget
 
 
@@ -82,16 +82,11 @@ def open_family(target: OpenTarget) -> OpFamily:
         known_modules=(target.module_class,),
         hidden_of=lambda module: int(target.inputs[0].shape[-1]),
         module_filter=lambda module: _same_class(module, target.module_class),
-        n_outputs=len(_tensors(target.reference(*target.example_inputs(target.shapes_for(_tiny(target)))))) or 1,
+        n_outputs=len(target.meta_outputs(tuple(target.inputs[0].shape)) or [None]),
         activation_roles=roles,
         adapt_shape=adapt_shape,
         open_target=target,
     )
-
-
-def _tiny(target: OpenTarget) -> list[int]:
-    dims = target.variable_dims[0] if target.variable_dims else ()
-    return shrink(list(target.inputs[0].shape), dims, 4096)
 
 
 def _same_class(module: torch.nn.Module, dotted: str) -> bool:

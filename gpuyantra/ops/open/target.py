@@ -158,14 +158,14 @@ class OpenTarget:
 
     def accepts(self, first: Sequence[int]) -> bool:
         """Whether the module's forward runs when input 0 has shape `first` (meta device)."""
-        return self._meta_outputs(tuple(int(d) for d in first)) is not None
+        return self.meta_outputs(tuple(int(d) for d in first)) is not None
 
     def output_bytes(self, first: Sequence[int], itemsize: int) -> int:
         """Bytes of the outputs when input 0 has shape `first` (integer outputs at 8 bytes)."""
-        outs = self._meta_outputs(tuple(int(d) for d in first)) or []
+        outs = self.meta_outputs(tuple(int(d) for d in first)) or []
         return sum(numel(shape) * (itemsize if floating else 8) for shape, floating in outs)
 
-    def _meta_outputs(self, first: tuple[int, ...]) -> list[tuple[tuple[int, ...], bool]] | None:
+    def meta_outputs(self, first: tuple[int, ...]) -> list[tuple[tuple[int, ...], bool]] | None:
         cache = self._meta_cache
         if first not in cache:
             shapes = self.shapes_for(first)
