@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, numel
-from gpuyantra.ops.open.spec import _dtype, draw_input, shrink
+from gpuyantra.ops.open.spec import _dtype, shrink
 from gpuyantra.ops.open.target import OpenTarget
 
 
@@ -25,21 +25,13 @@ def open_family(target: OpenTarget) -> OpFamily:
         generator: torch.Generator,
         scale: float = 1.0,
     ) -> tuple[Tensor, ...]:
-        shapes = target.shapes_for((*rows, hidden))
-        return tuple(
-            draw_input(spec, shape, dtype, device, generator, scale, shapes[0])
-            for spec, shape in zip(target.inputs, shapes)
-        )
+        return target.draw(target.shapes_for((*rows, hidden)), dtype, device, generator, scale)
 
     def module_activations(
         module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device: Any, generator: torch.Generator
     ) -> tuple[Tensor, ...]:
-        first = list(target.inputs[0].shape)
-        shapes = target.shapes_for(shrink(first, target.variable_dims[0] if target.variable_dims else (), 4096))
-        return tuple(
-            draw_input(spec, shape, dtype, device, generator, 1.0, shapes[0])
-            for spec, shape in zip(target.inputs, shapes)
-        )
+        first = shrink(list(target.inputs[0].shape), target.variable_dims[0] if target.variable_dims else (), 4096)
+        return target.draw(target.shapes_for(first), dtype, device, generator)
 
     def module_reference(module: torch.nn.Module, *activations: Tensor, **params: Any) -> Any:
         return target.reference(*activations, **params)
@@ -63,9 +55,6 @@ def open_family(target: OpenTarget) -> OpFamily:
         total += sum(numel(p.shape) * size for p in target.params if p.kind == "tensor")
         return total + target.output_bytes(shape, size)
 
-    def adapt_shape(shape: Sequence[int]) -> Sequence[int]:
-        return shape
-
     roles = tuple("stream" if i.domain == "real" else "bounded" for i in target.inputs)
     return OpFamily(
         name=target.op,
@@ -84,7 +73,6 @@ def open_family(target: OpenTarget) -> OpFamily:
         module_filter=lambda module: _same_class(module, target.module_class),
         n_outputs=len(target.meta_outputs(tuple(target.inputs[0].shape)) or [None]),
         activation_roles=roles,
-        adapt_shape=adapt_shape,
         open_target=target,
     )
 

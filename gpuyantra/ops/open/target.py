@@ -75,9 +75,19 @@ class OpenTarget:
     ) -> tuple[Tensor, ...]:
         """CPU inputs in each input's domain, at `shapes` (default: the live ones)."""
         generator = torch.Generator().manual_seed(seed)
-        shapes = shapes or [i.shape for i in self.inputs]
+        return self.draw(shapes or [i.shape for i in self.inputs], dtype, "cpu", generator)
+
+    def draw(
+        self,
+        shapes: Sequence[Sequence[int]],
+        dtype: torch.dtype | None,
+        device: torch.device | str,
+        generator: torch.Generator,
+        scale: float = 1.0,
+    ) -> tuple[Tensor, ...]:
+        """One tensor per input at `shapes`, each drawn in its domain (see `draw_input`)."""
         return tuple(
-            draw_input(spec, tuple(shape), dtype, "cpu", generator, 1.0, shapes[0])
+            draw_input(spec, tuple(shape), dtype, device, generator, scale, shapes[0])
             for spec, shape in zip(self.inputs, shapes)
         )
 
