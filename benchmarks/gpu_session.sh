@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
-# parts (default: all): verify ops sweep launch profile serving http
+# parts (default: all): verify ops sweep launch profile serving http campaign
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
 source benchmarks/device_prelude.sh || exit 1
 OUT=${OUT:-/tmp/gy-out}; mkdir -p "$OUT"
-parts=${*:-verify ops sweep launch profile serving http}
+parts=${*:-verify ops sweep launch profile serving http campaign}
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/versions.txt"
 python3 -c 'import liger_kernel; print("liger_kernel", getattr(liger_kernel, "__version__", "installed"))' 2>&1 | tail -1 | tee -a "$OUT/versions.txt"
 run() { local name=$1; shift; echo "== $name"; timeout "$@" 2>&1 | tee "$OUT/$name.log" | tail -45; }
@@ -22,6 +22,7 @@ for part in $parts; do
     serving) run serving_bench 420 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" ;;
     serving-nocompile) run serving_bench 300 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" --skip-compile ;;
     http) run http_serving 200 python3 benchmarks/http_serving_bench.py --out "$OUT/http_serving.json" ;;
+    campaign) run campaign_bench 560 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 2 --max-iterations 2 ;;
     *) echo "unknown part $part" ;;
   esac
 done

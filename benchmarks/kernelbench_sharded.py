@@ -29,14 +29,16 @@ def problem_files(folder: Path, only: set[int] | None) -> list[Path]:
     return sorted(files, key=lambda f: ("conv" in f.name.lower(), "mul" in f.name.lower() or "gemm" in f.name.lower()))
 
 
-def run_shards(files: list[Path], args: argparse.Namespace) -> list[dict]:
+def run_shards(
+    files: list[Path], args: argparse.Namespace, shards: int, deadline: float, tag: str = "shard"
+) -> list[dict]:
     out = Path(args.out).resolve()
     procs = []
-    for shard in range(args.shards):
-        mine = files[shard :: args.shards]
+    for shard in range(shards):
+        mine = files[shard::shards]
         if not mine:
             continue
-        folder = out / f"shard{shard}" / "problems"
+        folder = out / f"{tag}{shard}" / "problems"
         folder.mkdir(parents=True, exist_ok=True)
         for f in mine:
             link = folder / f.name
@@ -51,25 +53,24 @@ def run_shards(files: list[Path], args: argparse.Namespace) -> list[dict]:
             "--device",
             args.device,
             "--out",
-            str(out / f"shard{shard}" / "out"),
+            str(out / f"{tag}{shard}" / "out"),
             "--max-iterations",
             str(args.max_iterations),
             "--json",
         ]
-        log = open(out / f"shard{shard}.log", "w")
+        log = open(out / f"{tag}{shard}.log", "w")
         procs.append((shard, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=os.environ)))
-    deadline = time.time() + args.deadline_s
     for shard, proc in procs:
         try:
             proc.communicate(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            print(f"shard {shard}: past --deadline-s, stopped; keeping the problems it finished", file=sys.stderr)
+            print(f"{tag} {shard}: past --deadline-s, stopped; keeping the problems it finished", file=sys.stderr)
             proc.kill()
             proc.communicate()
     results = []
     for shard, _ in procs:
         # Written after every problem, so a stopped shard still reports what it finished.
-        summary = out / f"shard{shard}" / "out" / "kernelbench.json"
+        summary = out / f"{tag}{shard}" / "out" / "kernelbench.json"
         if summary.exists():
             results += json.loads(summary.read_text())["problems"]
     return results
@@ -106,7 +107,17 @@ def main() -> None:
     only = {int(x) for x in args.only.split(",") if x} or None
     files = problem_files(Path(args.folder), only)
     started = time.time()
-    results = run_shards(files, args)
+    deadline = started + args.deadline_s
+    results = run_shards(files, args, args.shards, deadline)
+    # Shards share the GPU's memory: a problem that ran out of it beside another shard runs again
+    # alone, while time is left.
+    oom = [r for r in results if "out of memory" in r.get("reason", "").lower()]
+    if oom and args.shards > 1 and deadline - time.time() > 60:
+        by_name = {f.stem: f for f in files}
+        again = run_shards([by_name[r["name"]] for r in oom if r["name"] in by_name], args, 1, deadline, "alone")
+        redone = {r["name"]: r for r in again}
+        results = [redone.get(r["name"], r) for r in results]
+        print(f"ran {len(again)} of {len(oom)} out-of-memory problems again alone", file=sys.stderr)
     Path(args.out, "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(table(results, args.device))
     print(f"wall {time.time() - started:.0f} s, {args.shards} shards")

@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     device = prepare(args.device)
     import torch
 
-    from gpuyantra.profiler import profile_model
+    from gpuyantra.profiler.model import profile_model
 
     default_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default_dtype

@@ -101,6 +101,11 @@ def parse_args(argv=None):
     p.add_argument("--skip-compile", action="store_true")
     p.add_argument("--skip-eager", action="store_true", help="skip the eager and eager+swap sections")
     p.add_argument(
+        "--only-compile",
+        action="store_true",
+        help="run only the torch.compile section (benchmarks/campaign_bench.py's compile figure)",
+    )
+    p.add_argument(
         "--compile-budget-s",
         type=float,
         default=240.0,
@@ -151,6 +156,8 @@ def main(argv=None) -> int:
         out_path.write_text(json.dumps(results, indent=1, default=str))
 
     def section(name, fn):
+        if args.only_compile and name != "torch.compile":
+            return
         t0 = time.perf_counter()
         try:
             value = fn()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import hashlib
 import inspect
 import json
@@ -59,7 +60,8 @@ import torch
 
 from gpuyantra.candidate import import_file
 from gpuyantra.ops import OpFamily, all_ops
-from gpuyantra.ops.base import adapter_kwargs, as_tuple, import_class, outputs_close
+from gpuyantra.ops.base import adapter_kwargs, as_tuple, import_class, numel, outputs_close
+from gpuyantra.ops.open.spec import halve
 
 # On CPU, kernels run in Triton's interpreter: inputs above this many elements are reduced (the
 # same problem with its variable dims halved down to REDUCED_ELEMENTS per input), or skipped.
@@ -90,6 +92,7 @@ class Attempt:
     failures: list[dict[str, str]] = field(default_factory=list)
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # the verdict's seconds per layer
 
 
 @dataclass
@@ -114,6 +117,15 @@ class ProblemResult:
     verified_against: str | None = None
     reduced: str | None = None  # "live shape -> reduced shape" when run on reduced sizes
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per stage of the run
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Any:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - started, 3)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -240,13 +252,19 @@ def to_device(value: Any, device: str) -> Any:
 def make_inputs(
     module: ModuleType, device: str, seed: int, sizes: dict[tuple[int, ...], tuple[int, ...]] | None = None
 ) -> list[Any]:
-    """The problem's own get_inputs(); with `sizes`, its factories draw the reduced shapes."""
+    """The problem's own get_inputs(); with `sizes`, its factories draw the reduced shapes.
+
+    On CUDA the factories draw on the GPU itself (`torch.device` as the default): a KernelBench
+    input of a billion elements takes seconds to draw on the host and copy over, and the problem is
+    drawn several times (inputs, ModelNew checks, timing)."""
     torch.manual_seed(seed)
+    where = torch.device(device) if device != "cpu" else contextlib.nullcontext()
     if not sizes:
-        return [to_device(v, device) for v in module.get_inputs()]
+        with where:
+            return [to_device(v, device) for v in module.get_inputs()]
     from gpuyantra.ops.open import ShrinkFactories
 
-    with ShrinkFactories(sizes):
+    with ShrinkFactories(sizes), where:
         return [to_device(v, device) for v in module.get_inputs()]
 
 
@@ -272,8 +290,36 @@ def plan_reduced_sizes(
     if shapes is None:
         dims = [[own for own, _ in pairs] for pairs in links]
         return None, f"its fixed dims alone exceed {cap:,} elements (variable dims per input: {dims})"
+    shapes = _same_live_same_reduced(live, shapes, links, cap)
     sizes = {tuple(a): tuple(b) for a, b in zip(live, shapes) if tuple(a) != tuple(b)}
     return sizes, ", ".join(f"{list(a)} -> {list(b)}" for a, b in sizes.items())
+
+
+def _same_live_same_reduced(
+    live: Sequence[Sequence[int]],
+    shapes: Sequence[Sequence[int]],
+    links: Sequence[Sequence[tuple[int, int]]],
+    cap: int,
+) -> list[tuple[int, ...]]:
+    """The factories are resized by the shape they were asked for, so inputs drawn with the same
+    live shape (a square matmul's A and B) get one reduced shape: when the per-input reductions
+    differ, every variable dim of the group is halved together until each holds at most `cap`."""
+    out = [tuple(int(d) for d in s) for s in shapes]
+    for shape in {tuple(s) for s in live}:
+        group = [i for i, s in enumerate(live) if tuple(s) == shape]
+        if len({out[i] for i in group}) <= 1:
+            continue
+        dims = sorted({own for i in group for own, _ in links[i]} | {d for i in group for d in _moved(live[i], out[i])})
+        common = [int(d) for d in shape]
+        while numel(common) > cap and any(common[d] > 1 for d in dims):
+            common = [halve(n) if d in dims else n for d, n in enumerate(common)]
+        for i in group:
+            out[i] = tuple(common)
+    return out
+
+
+def _moved(live: Sequence[int], reduced: Sequence[int]) -> list[int]:
+    return [d for d, (a, b) in enumerate(zip(live, reduced)) if a != b]
 
 
 def build_model(module: ModuleType, cls: type, device: str, seed: int = SEED) -> torch.nn.Module:
@@ -529,10 +575,12 @@ def check_model_new(
                 (model, model_new),
             )
         atol, rtol = family.tolerance(want_t[0].dtype)
+        close = True
         for g, w in zip(got_t, want_t):
-            if g.numel():
-                worst = max(worst, float((g.double() - w.double()).abs().nan_to_num(float("inf")).max()))
-        if not outputs_close(got, want, atol=atol, rtol=rtol):
+            err, within = compare_chunked(g, w, atol, rtol) if isinstance(g, torch.Tensor) else (0.0, g == w)
+            worst, close = max(worst, err), close and bool(within)
+        del want, got, want_t, got_t, inputs
+        if not close:
             return (
                 False,
                 (
@@ -543,6 +591,21 @@ def check_model_new(
                 (model, model_new),
             )
     return True, f"ModelNew matches Model on {draws} input draws (max abs err {worst:.3g})", worst, (model, model_new)
+
+
+COMPARE_CHUNK = 2**24  # elements compared in float64 at once: a multi-GB output is never copied whole
+
+
+def compare_chunked(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> tuple[float, bool]:
+    """(max abs error, every element within atol + rtol·|want|, NaN where NaN), in float64 chunks."""
+    flat_got, flat_want = got.reshape(-1), want.reshape(-1)
+    worst, close = 0.0, True
+    for start in range(0, flat_got.numel(), COMPARE_CHUNK):
+        g = flat_got[start : start + COMPARE_CHUNK].double()
+        w = flat_want[start : start + COMPARE_CHUNK].double()
+        worst = max(worst, float((g - w).abs().nan_to_num(float("inf")).max()))
+        close = close and torch.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    return worst, close
 
 
 def _describe(value: Any) -> str:
@@ -684,6 +747,7 @@ def optimize(
             failures=failures,
             speedup_vs_eager=verdict.speedup_vs_eager,
             speedup_vs_compile=verdict.speedup_vs_compile,
+            timings=dict(getattr(verdict, "timings", None) or {}),
         )
         attempts.append(attempt)
         history.append(
@@ -732,6 +796,10 @@ def run_problem(
         result.status, result.correct = "error", False
         result.reason = f"{type(exc).__name__}: {exc}"
         log("".join(traceback.format_exception(exc)).rstrip())
+    finally:
+        if device == "cuda":  # the next problem (or a shard beside this one) gets the memory back
+            gc.collect()
+            torch.cuda.empty_cache()
     result.seconds = round(time.perf_counter() - started, 3)
     return result
 
@@ -791,7 +859,8 @@ def _run_problem(
         result.reduced = how
         log(f"  {result.name}: inputs reduced for the {device} interpreter: {how}")
     try:
-        inputs = make_inputs(module, device, SEED, sizes)
+        with result.phase("inputs"):
+            inputs = make_inputs(module, device, SEED, sizes)
     except Exception as exc:  # noqa: BLE001
         result.reason = f"cannot build the problem's inputs: {type(exc).__name__}: {exc}"
         return
@@ -823,8 +892,9 @@ def _run_problem(
         return
 
     # 2. bind by computation: a registered family first, else an open target (the Model itself)
-    probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
-    bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
+    with result.phase("bind"):
+        probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
+        bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
     if bound is None:
         return
     family, adapter = bound
@@ -843,18 +913,19 @@ def _run_problem(
     if device == "cuda":
         torch.cuda.empty_cache()
     try:
-        attempts, best, stop, verified_against = optimize(
-            family,
-            adapter,
-            module.Model,
-            f"{module.__name__}.Model",
-            shapes,
-            dtype,
-            device,
-            folder,
-            max_iterations,
-            log,
-        )
+        with result.phase("optimize"):
+            attempts, best, stop, verified_against = optimize(
+                family,
+                adapter,
+                module.Model,
+                f"{module.__name__}.Model",
+                shapes,
+                dtype,
+                device,
+                folder,
+                max_iterations,
+                log,
+            )
     except ImportError as exc:
         result.reason = f"the verifier is not available: {exc}"
         return
@@ -888,7 +959,10 @@ def _run_problem(
     )
     result.model_new = str(model_new_path)
     try:
-        correct, why, worst, (model, model_new) = check_model_new(module, model_new_path, family, device, sizes=sizes)
+        with result.phase("check_model_new"):
+            correct, why, worst, (model, model_new) = check_model_new(
+                module, model_new_path, family, device, sizes=sizes
+            )
     except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
         result.status, result.correct = "incorrect", False
         result.reason = f"ModelNew.py failed against Model: {type(exc).__name__}: {exc}"
@@ -905,9 +979,10 @@ def _run_problem(
         result.reason += "; speed not measured on CPU"
         return
     try:
-        timing_inputs = make_inputs(module, device, SEED)
-        result.model_us = time_cuda_us(lambda: model(*timing_inputs))
-        result.model_new_us = time_cuda_us(lambda: model_new(*timing_inputs))
+        with result.phase("time_model_new"):
+            timing_inputs = make_inputs(module, device, SEED)
+            result.model_us = time_cuda_us(lambda: model(*timing_inputs))
+            result.model_new_us = time_cuda_us(lambda: model_new(*timing_inputs))
     except Exception as exc:  # noqa: BLE001 - correct, but the timing itself failed: say so
         result.reason += f"; timing failed: {type(exc).__name__}: {exc}"
         return

@@ -29,8 +29,9 @@ from serving.cache import SlotCache, decode_mask
 
 
 class DecodeHost(Protocol):
-    """What a GraphDecoder uses of the engine that owns it (serving.engine.Engine). Typed here, not
-    imported: the engine imports this module, so this one names none of the engine's."""
+    """What a GraphDecoder uses of the engine that owns it (serving.engine.Engine: its model runner
+    layer, serving.runner.ModelRunner). Typed here, not imported: the engine imports this module, so
+    this one names none of the engine's."""
 
     @property
     def device(self) -> torch.device: ...

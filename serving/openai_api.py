@@ -42,7 +42,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from serving.engine import Engine, GenRequest, RequestError
+from serving.engine import Engine
+from serving.request import GenRequest, RequestError
 from serving.state import State
 
 MAX_N = 128

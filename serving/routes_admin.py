@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from gpuyantra import attestation
-from gpuyantra.swap import SwapError, SwapRecord
+from gpuyantra.swap.records import SwapError, SwapRecord
 from serving.admin_schema import (
     UNPROCESSABLE,
     BenchmarkBody,
@@ -31,8 +31,8 @@ from serving.admin_schema import (
     SwapUnprocessable,
 )
 from serving.auth import ADMIN_PREFIX, require_admin
-from serving.engine import RequestError
 from serving.metrics import Metrics
+from serving.request import RequestError
 from serving.state import ServerState, State
 
 log = logging.getLogger("gpuyantra.serving")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -76,3 +78,54 @@ def test_linear_gemv_dry_run(tmp_path):
         for method in ("cublas", "compile", "template"):
             assert row[method]["us"] > 0 and row[method]["pct_copy_bw"] >= 0, (row["shape"], method, row[method])
         assert row["template"]["max_abs_err"] < 1e-4 and row["template"]["strategy"]
+
+
+@pytest.mark.integration
+def test_campaign_bench_smoke(tmp_path):
+    """benchmarks/campaign_bench.py on real parts (Temporal dev server, CPU and GPU workers, a served
+    tiny-qwen2): a cold and a warm rms_norm campaign, timed from the workflow history, with the
+    served speed measured around them and the reports written."""
+    out = tmp_path / "campaign"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "campaign_bench.py"),
+            "--smoke",
+            "--skip-compile",
+            "--budget-s",
+            "500",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "campaign_bench.json").read_text())
+    assert {name: p["status"] for name, p in result["phases"].items()} == dict.fromkeys(
+        ("start", "before", "cold", "warm", "after", "reports"), "ok"
+    )
+    for label in ("cold", "warm"):
+        campaign = result[label]
+        assert campaign["exit_code"] == 0 and [d["op"] for d in campaign["deployed"]] == ["rms_norm"]
+        assert 0 < campaign["timeline"]["first_deploy_workflow_s"] <= campaign["timeline"]["workflow_s"]
+        assert 0 < campaign["first_deploy_s"] < campaign["wall_s"]
+        assert (out / f"campaign-{label}.json").exists()
+        assert "<svg" in (out / f"report-{label}.html").read_text()
+    assert result["cold"]["seeded_targets"] == 0 and result["warm"]["seeded_same_op"] == 1  # the skill library
+    rollback = result["warm"]["rollback"]
+    assert rollback["active_before"] == [["rms_norm", 5]] and rollback["active_after"] == []
+    assert rollback["greedy_equal"]  # the original forward, bit for bit
+    for label in ("before", "after"):
+        for batch in ("batch1", "batch2"):
+            assert result[label]["http"][batch]["tokens_per_s"] > 0
+            assert result[label]["inprocess"][batch]["tokens_per_s"] > 0
+    assert [k["op"] for k in result["after"]["kernels"]["active"]] == ["rms_norm"]
+    assert "greedy_equal" in result["after"]
+    assert "warm" in proc.stdout and "first_deploy_s" in proc.stdout  # the table

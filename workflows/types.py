@@ -55,7 +55,7 @@ def _default(f: Field[Any]) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class Target(JsonRecord):
-    """One profile target (gpuyantra/profiler.py): an op family bound to a module class (and, for a
+    """One profile target (gpuyantra/profiler/): an op family bound to a module class (and, for a
     linear, to one projection shape). The profile carries more (`share`, `est_gain`, `why`, ...): in `raw`."""
 
     op: str

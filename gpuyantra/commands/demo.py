@@ -8,9 +8,8 @@ import json
 import os
 import secrets
 import time
-from pathlib import Path
 
-from gpuyantra.commands.up import add_stack_arguments, start_stack, stop_all
+from gpuyantra.commands.up import add_stack_arguments, save_admin_token, start_stack, stop_all
 from gpuyantra.processes import StartupError, exit_on_sigterm, free_port, start_server
 
 
@@ -27,14 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=None, help="serving port (default: a free port)")
     parser.add_argument("--keep", action="store_true", help="keep everything running after the campaign")
     parser.set_defaults(handler=run)
-
-
-def save_admin_token(state: Path) -> Path:
-    """Keep the demo's admin token in the state folder (owner-only) so the printed curl works."""
-    path = state / "admin-token"
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(os.environ["GPUYANTRA_ADMIN_TOKEN"])
-    return path
 
 
 def run(args: argparse.Namespace) -> int:

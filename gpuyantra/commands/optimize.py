@@ -34,6 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-iterations", type=iterations, default=6)
     parser.add_argument(
+        "--max-targets",
+        type=targets,
+        default=None,
+        help="without --ops: how many of the profiler's top targets (default 3)",
+    )
+    parser.add_argument(
         "--require-approval", action="store_true", help="wait for the `approve` signal before each deployment"
     )
     parser.add_argument(
@@ -59,9 +65,17 @@ def comma_list(text: str) -> list[str]:
 
 
 def iterations(text: str) -> int:
+    return bounded(text, "max_iterations")
+
+
+def targets(text: str) -> int:
+    return bounded(text, "max_targets")
+
+
+def bounded(text: str, field: str) -> int:
     from workflows.inputs import RANGES  # the workflow's own bounds: refuse here what it would refuse
 
-    value, (low, high) = int(text), RANGES["max_iterations"]
+    value, (low, high) = int(text), RANGES[field]
     if not low <= value <= high:
         raise argparse.ArgumentTypeError(f"must be between {low} and {high}")
     return value
@@ -87,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         max_iterations=args.max_iterations,
         require_approval=args.require_approval,
         device=args.device,
+        **({} if args.max_targets is None else {"max_targets": args.max_targets}),
     )
     address = args.temporal or config.temporal_address()
     workflow_id = new_workflow_id(args.server, served_model(args.server), args.ops)

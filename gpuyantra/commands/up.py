@@ -73,6 +73,14 @@ def admin_token_for(args: argparse.Namespace, state: Path) -> bool:
     return True
 
 
+def save_admin_token(state: Path) -> Path:
+    """Keep the demo's admin token in the state folder (owner-only) so the printed curl works."""
+    path = state / "admin-token"
+    path.touch(mode=0o600, exist_ok=True)
+    path.write_text(os.environ["GPUYANTRA_ADMIN_TOKEN"])
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     exit_on_sigterm()
     generated = admin_token_for(args, state_folder(args))
@@ -88,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     if generated:
-        from gpuyantra.commands.demo import save_admin_token
-
         token_file = save_admin_token(config.state_dir())
         print(
             f"Admin token (the workers use it): kept in {token_file}. Start the server with the same "

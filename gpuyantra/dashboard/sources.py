@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
+import gpuyantra.dashboard.skills as skills
 from gpuyantra.campaign_client import TemporalUnreachable, connect, list_campaigns, one_line
-from gpuyantra.dashboard import skills
 from gpuyantra.dashboard.metrics import Ring, charts, parse
 from gpuyantra.report import render_html
 from gpuyantra.server_client import (

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import gpuyantra.verifier.baselines as baselines
+import gpuyantra.verifier.cases as case_plan
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
 from gpuyantra.ops.open import targets_dir as open_targets_dir
-from gpuyantra.verifier import baselines
-from gpuyantra.verifier import cases as case_plan
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import References, judge, sandbox_failures
 from gpuyantra.verifier.sandbox import keep_spare, take_sandbox

@@ -95,6 +95,30 @@ def get_init_inputs():
     return []
 """
 
+CONV = """
+import torch
+import torch.nn as nn
+
+print("hello from the conv problem")  # problem code that prints must not break --json
+
+
+class Model(nn.Module):
+    def __init__(self, channels_in: int, channels_out: int):
+        super(Model, self).__init__()
+        self.conv = nn.Conv2d(channels_in, channels_out, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 8, 8)]
+
+
+def get_init_inputs():
+    return [3, 4]
+"""
+
 SYNTAX_ERROR = """
 import torch
 
@@ -319,7 +343,7 @@ def folder_run(tmp_path_factory):
     problems.mkdir()
     write(problems, "1_RMSNorm.py", RMS_NORM)
     write(problems, "2_Softmax.py", SOFTMAX)
-    write(problems, "3_Matmul.py", MATMUL)
+    write(problems, "3_Conv.py", CONV)
     write(problems, "4_SyntaxError.py", SYNTAX_ERROR)
     out = root / "out"
     proc = gpuyantra("kernelbench", str(problems), "--device", "cpu", "--json", "--out", str(out))
@@ -334,10 +358,10 @@ def test_cli_run_exits_0_and_prints_json_last(folder_run):
     assert report["device"] == "cpu"
     for problem in report["problems"]:
         assert set(problem) >= {"name", "op", "status", "correct", "speedup", "reward", "model_new", "reason"}
-    assert [p["name"] for p in report["problems"]] == ["1_RMSNorm", "2_Softmax", "3_Matmul", "4_SyntaxError"]
+    assert [p["name"] for p in report["problems"]] == ["1_RMSNorm", "2_Softmax", "3_Conv", "4_SyntaxError"]
     assert report["fast_1"] is None and report["fast_2"] is None  # speed is not measured on CPU
     assert "fast_0" in proc.stdout and "speed is not measured" in proc.stdout
-    assert "hello from the matmul problem" not in proc.stdout and "hello from the matmul problem" in proc.stderr
+    assert "hello from the conv problem" not in proc.stdout and "hello from the conv problem" in proc.stderr
 
 
 def report_of(folder_run) -> dict[str, dict]:
@@ -350,10 +374,10 @@ def test_statuses(folder_run):
     rms = problems["1_RMSNorm"]
     assert rms["op"] == "rms_norm" and rms["status"] == "optimized" and rms["correct"] is True, rms
     assert rms["reward"] == 1 and rms["speedup"] is None
-    matmul = problems["3_Matmul"]
-    assert matmul["status"] == "unsupported" and matmul["correct"] is False and matmul["model_new"] is None
+    conv = problems["3_Conv"]
+    assert conv["status"] == "unsupported" and conv["correct"] is False and conv["model_new"] is None
     # No family computes it; as an open target, the open author names what it cannot express.
-    assert matmul["reason"].startswith("unsupported: ") and "matmul" in matmul["reason"]
+    assert conv["reason"].startswith("unsupported: ") and "convolution" in conv["reason"]
     broken = problems["4_SyntaxError"]
     assert broken["status"] == "error" and "SyntaxError" in broken["reason"]
     softmax = problems["2_Softmax"]
@@ -412,7 +436,7 @@ def test_model_new_files_are_standalone_importable_and_correct(folder_run):
 
 def test_unsupported_and_broken_problems_get_no_model_new(folder_run):
     _, out, _ = folder_run
-    assert not (out / "3_Matmul" / "ModelNew.py").exists()
+    assert not (out / "3_Conv" / "ModelNew.py").exists()
     assert not (out / "4_SyntaxError").exists()
 
 
@@ -459,9 +483,9 @@ def test_cuda_without_cuda_is_a_usage_error(tmp_path):
 
 
 def test_unsupported_only_run_exits_0(tmp_path):
-    write(tmp_path, "3_Matmul.py", MATMUL)
+    write(tmp_path, "3_Conv.py", CONV)
     proc = gpuyantra(
-        "kernelbench", str(tmp_path / "3_Matmul.py"), "--device", "cpu", "--json", "--out", str(tmp_path / "out")
+        "kernelbench", str(tmp_path / "3_Conv.py"), "--device", "cpu", "--json", "--out", str(tmp_path / "out")
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -469,7 +493,7 @@ def test_unsupported_only_run_exits_0(tmp_path):
 
 
 def test_default_out_is_the_state_folder_not_the_working_directory(tmp_path):
-    write(tmp_path, "3_Matmul.py", MATMUL)
+    write(tmp_path, "3_Conv.py", CONV)
     work, state = tmp_path / "work", tmp_path / "state"
     work.mkdir()
     env = {**os.environ, "GPUYANTRA_STATE_DIR": str(state)}
@@ -479,7 +503,7 @@ def test_default_out_is_the_state_folder_not_the_working_directory(tmp_path):
             "-m",
             "gpuyantra.cli",
             "kernelbench",
-            str(tmp_path / "3_Matmul.py"),
+            str(tmp_path / "3_Conv.py"),
             "--device",
             "cpu",
             "--json",

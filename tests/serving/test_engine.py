@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from gpuyantra.swap import swapped_id
-from serving import engine as engine_module
+from serving import profiling as profiling_module
+from serving import scheduler as scheduler_module
 from serving.engine import Engine, GenRequest, RequestError
 from serving.models import load_model
 from tests.serving.helpers import PROMPTS, RMS_NORM_KERNEL, reference_greedy
@@ -135,7 +136,7 @@ def test_benchmark_and_fallback_profile(tmp_path, monkeypatch):
         assert engine.generate([1, 2, 3], 3).output_ids
         bench = engine.call(lambda: engine.benchmark(max_tokens=4, prompt_tokens=6, batch=2), exclusive=True).result()
         assert bench["tokens_per_s"] > 0 and bench["batch"] == 2 and bench["path"] == "eager"
-        monkeypatch.setattr(engine_module, "run_profiler", lambda *a, **k: None)  # no profiler module
+        monkeypatch.setattr(profiling_module, "run_profiler", lambda *a, **k: None)  # no profiler module
         prof = engine.call(engine.profile, exclusive=True).result()
     finally:
         engine.stop()
@@ -190,7 +191,7 @@ def test_waiting_requests_are_prefilled_together(tmp_path, preset):
 
 
 def test_prefill_batches_stay_within_the_token_budget(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_module, "PREFILL_TOKEN_BUDGET", 10)
+    monkeypatch.setattr(scheduler_module, "PREFILL_TOKEN_BUDGET", 10)
     engine = make_engine(tmp_path)  # not started: _admit is driven by hand
     for p in PROMPTS[:4]:  # prompt lengths 5, 3, 7, 3
         engine.submit(GenRequest(p, 2))

@@ -10,7 +10,7 @@ import torch
 from transformers.models.qwen2 import modeling_qwen2
 
 from gpuyantra.swap import SwapEngine, swapped_function_id
-from serving import engine as engine_module
+from serving import profiling as profiling_module
 from serving.engine import Engine
 from serving.models import load_model
 from tests.serving.helpers import REPO, reference_greedy
@@ -114,7 +114,7 @@ def test_profile_lists_a_rope_target(tmp_path, monkeypatch):
     try:
         assert engine.generate([1, 2, 3, 4, 5], 2, timeout=60).output_ids
         prof = engine.call(engine.profile, exclusive=True).result()
-        monkeypatch.setattr(engine_module, "run_profiler", lambda *a, **k: None)
+        monkeypatch.setattr(profiling_module, "run_profiler", lambda *a, **k: None)
         fallback = engine.call(engine.profile, exclusive=True).result()
     finally:
         engine.stop()

@@ -7,8 +7,13 @@ ops.py) and wraps them in a candidate file whose `entry` computes every size fro
 inputs (source.py). Supported: elementwise chains with broadcasting, reductions over any dims
 (sum, mean, max, min, prod, argmax/argmin, var/std, norms, logsumexp), softmax/log-softmax, the
 normalizations (RMS, Layer, Batch in inference, Instance, Group), scans (cumsum, cumprod, reversed,
-exclusive, masked) and losses built from these. Anything else (matmul, convolution, pooling,
-attention, unknown ops) raises Unsupported with the reason.
+exclusive, masked) and losses built from these; matrix products (mm, bmm, addmm/baddbmm/addbmm,
+mv, dot, and what matmul, Linear and einsum contractions trace to) as tiled tl.dot kernels with
+float32 sums, a GEMV path for a few rows or columns and split-K for few tiles over a long K
+(matmul.py), operands read through their strides (transposes, broadcast batch dims) with their
+elementwise prologue, the elementwise epilogue fused into the store, and diag(v) @ B as a row
+scaling. Anything else (convolution, pooling, attention, integer matmuls, unknown ops) raises
+Unsupported with the reason.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ def strategy_space(spec: OpenSpec) -> list[dict[str, Any]]:
     lowered, plan, _ = analyse(spec)
     features = set()
     for k in plan.kernels:
-        features.add("flat" if k.domain.flat else "inner" if k.domain.inner_tiled else "rows")
+        if k.domain.mm is not None:
+            features.add("matmul")
+        else:
+            features.add("flat" if k.domain.flat else "inner" if k.domain.inner_tiled else "rows")
     if lowered.derived:
         features.add("split")
     return points(features)

@@ -43,10 +43,11 @@ class Buffer:
 class Domain:
     shape: tuple[sympy.Expr, ...]
     rdims: tuple[int, ...]  # reduced (column) dims; () for flat kernels
+    mm: ir.MatMul | None = None  # matmul kernels: the product whose (m, n) tiles the kernel computes
 
     @property
     def flat(self) -> bool:
-        return not self.rdims
+        return not self.rdims and self.mm is None
 
     @property
     def kept(self) -> tuple[int, ...]:
@@ -163,6 +164,7 @@ class KernelEmitter:
         self.size_params: dict[str, str] = {}  # str(expr) -> param
         self.kept_cache: dict[int, Val] = {}
         self.computing: set[int] = set()  # stores of this kernel being computed (cycle guard)
+        self.raveled: dict[tuple[object, ...], Val] = {}  # bounded unravel results -> the flat index
         if variant == "chunked":
             self.tail = self._region("post")
             self.regions.append(self.tail)
@@ -277,13 +279,22 @@ class KernelEmitter:
             if d > 0 or not bounded:
                 idx = self.ix_mod(idx, self.size(shape[d]))
             out.append(idx)
+        if bounded:
+            self.raveled[self._ravel_key(out, shape)] = flat
         return out
 
     def ravel(self, idx: Sequence[Val], shape: Sequence[sympy.Expr]) -> Val:
+        known = self.raveled.get(self._ravel_key(idx, shape))
+        if known is not None and self._accessible(known):
+            return known  # ravel(unravel(x)) is x: a reshape and back reads the index it started from
         total = ZERO
         for i, stride in zip(idx, contiguous_strides(shape)):
             total = self.ix_add(total, self.ix_mul(i, self.size(stride)))
         return total
+
+    @staticmethod
+    def _ravel_key(idx: Sequence[Val], shape: Sequence[sympy.Expr]) -> tuple[object, ...]:
+        return (tuple(v.code for v in idx), tuple(str(sympy.expand(s)) for s in shape))
 
     # --- the tile's own indices -------------------------------------------------------------------
     def rows(self) -> Val:
@@ -644,7 +655,14 @@ class KernelEmitter:
         offset = lin if lin is not None else self.ravel(idx, buf.shape)
         return self._load(pointer, offset, buf.kind, [])
 
-    # --- reductions and scans ----------------------------------------------------------------------
+    # --- reductions, products and scans ---------------------------------------------------------------
+    def _matmul(self, node: ir.MatMul, idx: tuple[Val, ...], lin: Val | None = None) -> Val:
+        return self.matmul_value(node, idx)
+
+    def matmul_value(self, node: ir.MatMul, idx: tuple[Val, ...]) -> Val:
+        """A product's value: its accumulator in its own matmul kernel, else the buffer it was written to."""
+        return self._load_buffer(self.buffer_of(node), idx)
+
     def _inline_reduce(self, node: ir.Reduce, idx: tuple[Val, ...]) -> bool:
         d = self.domain
         if d.flat or not same_shape(node.src.shape, d.shape) or tuple(node.dims) != d.rdims:
@@ -802,7 +820,7 @@ class KernelEmitter:
         """`v` broadcast to the store's tile shape."""
         if v.cat == cat or (v.cat in ("c", "f") and self.domain.flat):
             return v.code
-        shape = {"r": "[ROWS, 1]", "f": "[ROWS, BLOCK]", "c": "[BLOCK]"}[cat]
+        shape = self._tile_shape(cat)
         ty = {"f": "tl.float32", "i": "tl.int64", "b": "tl.int1"}[v.kind]
         if v.kind == "b":
             return (
@@ -811,6 +829,9 @@ class KernelEmitter:
                 else f"(tl.zeros({shape}, dtype=tl.int32) + {int(v.code == 'True')}) != 0"
             )
         return f"(tl.zeros({shape}, dtype={ty}) + {v.code})"
+
+    def _tile_shape(self, cat: str) -> str:
+        return {"r": "[ROWS, 1]", "f": "[ROWS, BLOCK]", "c": "[BLOCK]"}[cat]
 
     def _store(self, buf: Buffer, offset: Val, v: Val, cat: str) -> str:
         pointer = self._pointer(f"p_{buf.name}", buf.name)
@@ -921,6 +942,7 @@ KernelEmitter._HANDLERS = {
     ir.Iota: KernelEmitter._iota,
     ir.Split: KernelEmitter._split,
     ir.Reduce: KernelEmitter._reduce,
+    ir.MatMul: KernelEmitter._matmul,
     ir.Scan: KernelEmitter._scan,
 }
 

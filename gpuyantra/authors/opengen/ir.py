@@ -2,8 +2,9 @@
 
 Nodes are lazy: a node says how to compute its value at any index from its inputs' values at
 derived indices (views remap indices, pointwise ops combine values, reductions and scans fold a
-row). The planner decides which nodes become buffers (outputs, and reductions read at other rows
-than the ones a kernel computes); every other node is recomputed inline where it is read.
+row, matrix products sum over K). The planner decides which nodes become buffers (outputs, and
+reductions or products read at other indices than the ones a kernel computes); every other node is
+recomputed inline where it is read.
 
 Kinds: "f" (floating: computed in float32 in the kernels), "i" (integer), "b" (bool).
 """
@@ -156,6 +157,16 @@ class Reduce(Node):
 
 
 @dataclass(eq=False)
+class MatMul(Node):
+    """A batched matrix product: out[*b, m, n] = sum over k of a[*b, m, k] * b[*b, k, n] (a of shape
+    (*batch, M, K), b of shape (*batch, K, N), batch dims equal). Its kernel tiles (m, n), sums
+    float32 products over K, and fuses the elementwise work before it (operands) and after it."""
+
+    a: Node
+    b: Node
+
+
+@dataclass(eq=False)
 class Scan(Node):
     """An inclusive scan along `dim`. op: sum, prod, logsumexp."""
 
@@ -174,8 +185,24 @@ def children(node: Node) -> tuple[Node, ...]:
         return (node.src, node.index)
     if isinstance(node, Index):
         return (node.src, *(i for i in node.indices if i is not None))
+    if isinstance(node, MatMul):
+        return (node.a, node.b)
     src = getattr(node, "src", None)
     return (src,) if isinstance(src, Node) else ()
+
+
+def reaches(node: Node, target: Node) -> bool:
+    """Whether `target` is among the values `node` is computed from (or is `node`)."""
+    seen: set[int] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n is target:
+            return True
+        if id(n) not in seen:
+            seen.add(id(n))
+            todo.extend(children(n))
+    return False
 
 
 def kind_of(dtype: torch.dtype) -> str:

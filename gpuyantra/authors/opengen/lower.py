@@ -46,10 +46,17 @@ BINARY = {
 IDENTITY = ("clone", "view_of", "alias", "detach", "lift_fresh_copy", "contiguous", "copy", "_to_copy_identity")
 RESHAPES = ("split_dim", "collapse_view", "collapse", "squeeze", "reshape", "view", "_unsafe_view", "unsqueeze",
             "flatten", "_reshape_alias")  # fmt: skip
+# Matrix products the lowering writes (matmul, linear and einsum reach the graph as these), with
+# their tensor arguments' schema names.
+_MATMUL_ARGS = {
+    "mm": ("self", "mat2"), "bmm": ("self", "mat2"), "mv": ("self", "vec"), "dot": ("self", "tensor"),
+    "vdot": ("self", "other"), "addmm": ("self", "mat1", "mat2"), "baddbmm": ("self", "batch1", "batch2"),
+    "addbmm": ("self", "batch1", "batch2"), "addmv": ("self", "mat", "vec"),
+}  # fmt: skip
+MATMULS = tuple(_MATMUL_ARGS)
 REFUSED = {
-    "mm": "matmul", "bmm": "matmul", "addmm": "matmul", "baddbmm": "matmul", "addbmm": "matmul",
-    "_addmm_activation": "matmul", "dot": "matmul", "vdot": "matmul", "mv": "matmul", "addmv": "matmul",
-    "matmul": "matmul", "linear": "matmul", "einsum": "matmul", "tensordot": "matmul",
+    "_addmm_activation": "matmul", "matmul": "matmul", "linear": "matmul", "einsum": "matmul",
+    "tensordot": "matmul",
     "convolution": "convolution", "_convolution": "convolution", "conv1d": "convolution",
     "conv2d": "convolution", "conv3d": "convolution", "conv_transpose1d": "convolution",
     "conv_transpose2d": "convolution", "conv_transpose3d": "convolution",
@@ -88,7 +95,7 @@ def lower(traced: Traced, spec: OpenSpec) -> Lowered:
 def _refusal(name: str) -> str | None:
     kind = REFUSED.get(name)
     if kind == "matmul":
-        return f"{name} is a matmul (handled by the matmul path, not the open author)"
+        return f"{name} is a matrix product the trace did not reduce to mm/bmm: not supported by the open author"
     if kind == "convolution" or re.match(r"^(conv\d|conv_transpose|convolution|cudnn_conv|mkldnn_conv)", name):
         return f"{name} is a convolution: not supported by the open author"
     if "pool" in name:
@@ -334,6 +341,7 @@ class _Lowering:
             "cumsum": self._scan,
             "cumprod": self._scan,
             "logcumsumexp": self._scan,
+            **{n: self._matmul for n in MATMULS},
         }
 
     # --- pointwise --------------------------------------------------------------------------------
@@ -593,6 +601,52 @@ class _Lowering:
         op = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}[name]
         return ir.Scan(shape, kind, dtype, op, _cast_to(src, kind, dtype), dim)
 
+    # --- matrix products ----------------------------------------------------------------------------
+    def _matmul(self, node: torch.fx.Node, shape: Any, kind: str, dtype: torch.dtype) -> ir.Node:
+        """mm, bmm, mv, dot and their add* forms (beta * input + alpha * product) as a MatMul."""
+        name = _schema_name(node)
+        names = _MATMUL_ARGS[name]
+        first = len(names) - 2  # the add* forms take the added input first
+        a = self._tensor(node, first, names[first])
+        b = self._tensor(node, first + 1, names[first + 1])
+        if a.kind != "f" or b.kind != "f" or kind != "f":
+            raise Unsupported(f"{name} on integer or bool tensors: not supported by the open author")
+        if name in ("mv", "addmv"):
+            product = make_reshape(make_matmul(a, make_reshape(b, (b.shape[0], sympy.Integer(1))), dtype), shape)
+        elif name in ("dot", "vdot"):
+            one = sympy.Integer(1)
+            product = make_reshape(
+                make_matmul(make_reshape(a, (one, a.shape[0])), make_reshape(b, (b.shape[0], one)), dtype), ()
+            )
+        elif name == "addbmm":  # sum over the batch of a_i @ b_i: one product over (batch, K)
+            rows = make_reshape(
+                ir.Permute((a.shape[1], a.shape[0], a.shape[2]), a.kind, a.dtype, a, (1, 0, 2)),
+                (a.shape[1], a.shape[0] * a.shape[2]),
+            )
+            product = make_matmul(rows, make_reshape(b, (b.shape[0] * b.shape[1], b.shape[2])), dtype)
+        else:
+            product = make_matmul(a, b, dtype)
+        if not first:
+            return product
+        return self._add_scaled(node, shape, dtype, product)
+
+    def _add_scaled(self, node: torch.fx.Node, shape: Any, dtype: torch.dtype, product: ir.Node) -> ir.Node:
+        """beta * input + alpha * product (addmm's bias; beta 0 ignores the input, NaNs included)."""
+        beta = self._arg(node, 3, "beta", 1)
+        alpha = self._arg(node, 4, "alpha", 1)
+        if alpha != 1:
+            scale = self._as_node(alpha, (node.name, self._site(node, 4, "alpha")))
+            product = make_pointwise(shape, "f", dtype, "mul", (product, scale))
+        if beta == 0 and (node.name, self._site(node, 3, "beta")) not in self.traced.float_sites:
+            return product
+        bias = self._tensor(node, 0, "self")
+        self._check_broadcastable(bias.shape, shape, _schema_name(node))
+        bias = make_broadcast(bias, shape, tuple(range(len(shape) - bias.rank, len(shape))))
+        if beta != 1:
+            weight = self._as_node(beta, (node.name, self._site(node, 3, "beta")))
+            bias = make_pointwise(shape, "f", dtype, "mul", (bias, weight))
+        return make_pointwise(shape, "f", dtype, "add", (bias, product))
+
 
 # --- constructors (with light simplification) -------------------------------------------------------
 
@@ -729,6 +783,69 @@ def _split_reduce(op: str, src: ir.Node, kind: str, dtype: torch.dtype) -> ir.No
     view = ir.Split((parts, chunk), src.kind, src.dtype, src, pad)
     partial = ir.Reduce((parts,), kind, dtype, op, view, (1,))
     return ir.Reduce((), kind, dtype, op, partial, (0,))
+
+
+def make_matmul(a: ir.Node, b: ir.Node, dtype: torch.dtype) -> ir.Node:
+    """a @ b for a (*batch, M, K) and b (*batch, K, N); a diagonal matrix (torch.diag's
+    where(i == j, v, 0)) on either side becomes a row or column scaling: no product at all."""
+    if a.rank != b.rank or a.rank < 2:
+        raise Unsupported(f"matmul of ranks {a.rank} and {b.rank}")
+    if not same(a.shape[-1], b.shape[-2]) or not same_shape(a.shape[:-2], b.shape[:-2]):
+        raise Unsupported(f"matmul of shapes {list(a.shape)} and {list(b.shape)} (sizes differ)")
+    shape = (*a.shape[:-1], b.shape[-1])
+    rank = len(shape)
+    diagonal = _diagonal_values(a)
+    if diagonal is not None:  # diag(v) @ b: row m of b times v[m, m]
+        scale = make_broadcast(diagonal, shape, (*range(rank - 2), rank - 2))
+        return make_pointwise(shape, "f", dtype, "mul", (scale, b))
+    diagonal = _diagonal_values(b)
+    if diagonal is not None:  # a @ diag(v): column n of a times v[n, n]
+        scale = make_broadcast(diagonal, shape, (*range(rank - 2), rank - 1))
+        return make_pointwise(shape, "f", dtype, "mul", (a, scale))
+    return ir.MatMul(shape, "f", dtype, a, b)
+
+
+def _diagonal_values(node: ir.Node) -> ir.Node | None:
+    """v[..., t, t] when `node` is where(i == j, v, 0) over its last two dims (what torch.diag and
+    diag_embed trace to), else None."""
+    if not (isinstance(node, ir.Pointwise) and node.op == "where" and node.rank >= 2):
+        return None
+    cond, values, other = node.args
+    if not (isinstance(other, ir.Scalar) and other.value == 0):
+        return None
+    if not (isinstance(cond, ir.Pointwise) and cond.op == "eq"):
+        return None
+    axes = {_iota_axis(arg) for arg in cond.args}
+    rank = node.rank
+    if axes != {rank - 2, rank - 1} or not same(node.shape[-1], node.shape[-2]):
+        return None
+    values = make_broadcast(values, node.shape, tuple(range(rank - values.rank, rank)))
+    # Element t of the diagonal is element t * (n + 1) of the row-major (n, n) trailing block.
+    n = node.shape[-1]
+    batch = node.shape[:-2]
+    strides = (*contiguous_strides(node.shape)[:-2], n + 1)
+    return ir.AsStrided((*batch, n), values.kind, values.dtype, values, strides, sympy.Integer(0))
+
+
+def _iota_axis(node: ir.Node) -> int | None:
+    """The dim along which `node` counts 0, 1, 2, ... (an arange broadcast or unsqueezed), else None."""
+    if isinstance(node, ir.Iota):
+        return 0 if node.start == 0 and node.step == 1 and node.rank == 1 else None
+    if isinstance(node, ir.Broadcast):
+        inner = _iota_axis(node.src)
+        return node.bdims[inner] if inner is not None else None
+    if isinstance(node, ir.Reshape):
+        inner = _iota_axis(node.src)
+        if inner is None:
+            return None
+        src_big = [d for d, s in enumerate(node.src.shape) if s != 1]
+        dst_big = [d for d, s in enumerate(node.shape) if s != 1]
+        if inner not in src_big or len(src_big) != len(dst_big):
+            return None
+        return dst_big[src_big.index(inner)]
+    if isinstance(node, ir.Pointwise) and node.op in ("identity", "cast") and node.kind == "i":
+        return _iota_axis(node.args[0])
+    return None
 
 
 def sf_ceildiv(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:

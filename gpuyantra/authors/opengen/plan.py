@@ -4,7 +4,10 @@
    computes the value under them and stores it into the output's memory.
 2. A target's domain comes from the nearest fold below it: a value of the fold's source shape is
    a full-tile target of that row kernel (softmax, norms), a value of its reduced shape a per-row
-   target (sum, mean, norm); with no fold, a flat elementwise kernel.
+   target (sum, mean, norm); a value of a matrix product's shape (or a reshape of it), with no row
+   fold nearer, is an epilogue of that product's matmul kernel; with no fold, a flat elementwise
+   kernel. A product read anywhere else (under a row fold, as another product's operand) is written
+   to a float32 buffer by its own matmul kernel first.
 3. Emitting a target may need a fold read at other rows than the kernel's own (a loss averaging
    per-row norms, GroupNorm's per-group stats read per channel): that fold becomes a target too,
    written to a float32 buffer by an earlier kernel.
@@ -20,10 +23,11 @@ from dataclasses import dataclass, field
 import sympy
 
 from gpuyantra.authors.opengen import ir
-from gpuyantra.authors.opengen.emit import Buffer, Domain, KernelEmitter, Store
+from gpuyantra.authors.opengen.emit import Buffer, Domain, Store
 from gpuyantra.authors.opengen.lower import Lowered
+from gpuyantra.authors.opengen.matmul import make_emitter
 from gpuyantra.authors.opengen.spec import Unsupported
-from gpuyantra.authors.opengen.symbolic import same_shape
+from gpuyantra.authors.opengen.symbolic import product, same, same_shape
 
 
 @dataclass
@@ -57,7 +61,12 @@ def choose_domain(node: ir.Node) -> tuple[Domain, str, bool]:
         return Domain(node.src.shape, node.dims), "row", False
     if isinstance(node, ir.Scan):
         return Domain(node.src.shape, (node.dim,)), "full", False
-    for fold in _nearest_folds(node):
+    if isinstance(node, ir.MatMul):
+        return Domain(node.shape, (), node), "full", False
+    folds = _nearest_folds(node)
+    for fold in folds:
+        if isinstance(fold, ir.MatMul):
+            continue  # a row fold first: its kernel reads the product from the buffer a matmul kernel wrote
         shape = fold.src.shape
         rdims = fold.dims if isinstance(fold, ir.Reduce) else (fold.dim,)
         if same_shape(node.shape, shape):
@@ -69,12 +78,21 @@ def choose_domain(node: ir.Node) -> tuple[Domain, str, bool]:
                 return Domain(shape, rdims), "row", False
             if same_shape(node.shape, ones):
                 return Domain(shape, rdims), "row", True
+    for fold in folds:
+        # An epilogue of the product (its elements in the same row-major order): the matmul kernel's,
+        # unless a reduction it also reads folds the product (GroupNorm's statistics): that product
+        # is written to a buffer anyway, and reading it back costs less than a second K loop.
+        if not isinstance(fold, ir.MatMul) or not same(product(node.shape), product(fold.shape)):
+            continue
+        if not any(other is not fold and ir.reaches(other, fold) for other in folds):
+            return Domain(fold.shape, (), fold), "full", False
     return Domain(node.shape, ()), "full", False
 
 
-def _nearest_folds(node: ir.Node) -> list[ir.Reduce | ir.Scan]:
-    """Reductions and scans reachable from `node` without passing through another one, nearest first."""
-    found: list[ir.Reduce | ir.Scan] = []
+def _nearest_folds(node: ir.Node) -> list[ir.Reduce | ir.Scan | ir.MatMul]:
+    """Reductions, scans and products reachable from `node` without passing through another one,
+    nearest first."""
+    found: list[ir.Reduce | ir.Scan | ir.MatMul] = []
     seen: set[int] = set()
     todo: deque[ir.Node] = deque([node])
     while todo:
@@ -82,7 +100,7 @@ def _nearest_folds(node: ir.Node) -> list[ir.Reduce | ir.Scan]:
         if id(n) in seen:
             continue
         seen.add(id(n))
-        if isinstance(n, (ir.Reduce, ir.Scan)):
+        if isinstance(n, (ir.Reduce, ir.Scan, ir.MatMul)):
             found.append(n)
             continue
         todo.extend(ir.children(n))
@@ -146,9 +164,10 @@ class Planner:
             return self.targets[j].buffer
 
         store = Store(target.node, target.buffer, target.mode, target.keepdim)
-        variants = ("flat",) if target.domain.flat else ("single", "chunked")
+        domain = target.domain
+        variants = ("matmul",) if domain.mm is not None else ("flat",) if domain.flat else ("single", "chunked")
         for variant in variants:
-            KernelEmitter("_dry", target.domain, [store], variant, buffer_of, self.size_code).build()
+            make_emitter("_dry", domain, [store], variant, buffer_of, self.size_code).build()
 
     def _levels(self) -> None:
         order: list[int] = []
@@ -174,7 +193,8 @@ class Planner:
     def _group(self) -> list[KernelPlan]:
         groups: dict[tuple[object, ...], list[Target]] = {}
         for t in sorted(self.targets, key=lambda t: t.level):
-            key = (t.level, tuple(str(sympy.expand(s)) for s in t.domain.shape), t.domain.rdims)
+            product_id = id(t.domain.mm) if t.domain.mm is not None else 0  # one product per matmul kernel
+            key = (t.level, tuple(str(sympy.expand(s)) for s in t.domain.shape), t.domain.rdims, product_id)
             groups.setdefault(key, []).append(t)
         kernels = []
         for k, members in enumerate(groups.values()):

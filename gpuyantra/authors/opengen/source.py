@@ -21,14 +21,56 @@ import torch
 from gpuyantra.authors.opengen import ir
 from gpuyantra.authors.opengen.emit import Buffer, KernelEmitter, dtype_code
 from gpuyantra.authors.opengen.lower import SPLIT_CHUNK, SPLIT_PARTS, Lowered, lower
+from gpuyantra.authors.opengen.matmul import make_emitter
 from gpuyantra.authors.opengen.ops import HELPERS
 from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
-from gpuyantra.authors.opengen.strategy import COMMENTS, normalize
+from gpuyantra.authors.opengen.strategy import COMMENTS, MATMUL_KNOBS, normalize
 from gpuyantra.authors.opengen.symbolic import host_code, product
 from gpuyantra.authors.opengen.trace import check_size_generic, trace_spec
 
 _TEMP_DTYPES = {"f": torch.float32, "i": torch.int64, "b": torch.bool}
+
+# Host helper of files with a matmul kernel: the launch configuration from the run-time sizes.
+MM_PLAN = """def _mm_plan(batch, m, n, k, dtype, interpreted):
+    # (gemv, dot kind, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, K slices, K per slice) for a
+    # (batch, m, k) x (batch, k, n) product of `dtype` operands. Triton's CPU interpreter (no GPU)
+    # pays per program and per op, not per element: there, few large tiles and no auto split.
+    dot = 1 if dtype == torch.float16 else 2 if dtype == torch.bfloat16 else 0
+    p2 = triton.next_power_of_2
+    if min(m, n) <= GEMV_MAX:
+        # a few rows or columns (matrix-vector): bandwidth-bound, broadcast products in registers
+        bk = min(GEMV_BLOCK_K, p2(k))
+        budget = GEMV_TILE * (8 if interpreted else 1)
+        if m <= n:
+            bm = p2(m)
+            bn = max(1, min(p2(n), budget // (bm * bk)))
+        else:
+            bn = p2(n)
+            bm = max(1, min(p2(m), budget // (bn * bk)))
+        gemv, warps, stages = True, 4, 2
+    else:
+        bm, bn, bk = MM_BLOCK_M, MM_BLOCK_N, MM_BLOCK_K
+        if dot == 0 and not interpreted:
+            # float32 IEEE products run on the FMA units: half-size tiles keep the accumulators in registers
+            bm, bn = max(16, bm // 2), max(16, bn // 2)
+        bm = min(bm, max(16, p2(m)))
+        bn = min(bn, max(16, p2(n)))
+        bk = min(bk, max(16, p2(k)))
+        gemv, warps, stages = False, MM_WARPS or max(1, min(8, bm * bn // 1024)), MM_STAGES
+    tiles = batch * triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    k_blocks = triton.cdiv(k, bk)
+    split = MM_SPLIT_K
+    if split == 0 and interpreted:
+        split = 1
+    elif split == 0:
+        # few tiles and a long K (a large-K product, a matrix-vector product): K slices fill the GPU
+        few = tiles < MM_PROGRAMS // 2 and k_blocks >= 8
+        split = min(k_blocks // 4, triton.cdiv(MM_PROGRAMS, tiles), 64) if few else 1
+    split = max(1, min(split, k_blocks))
+    kps = triton.cdiv(k_blocks, split) * bk
+    return gemv, dot, bm, bn, bk, warps, stages, triton.cdiv(k, kps), kps
+"""
 
 
 Analysis = tuple[Lowered, Plan, dict[sympy.Symbol, str]]
@@ -95,6 +137,7 @@ class _File:
         self.kernels: list[str] = []
         self.launches: list[str] = []
         self.buffers = {id(b.node): b for b in plan.temps if b.node is not None}
+        self.has_matmul = False
 
     def size(self, expr: sympy.Expr) -> str:
         return host_code(expr, self.names)
@@ -107,13 +150,16 @@ class _File:
 
     # --- kernels --------------------------------------------------------------------------------
     def _emit(self, kp: KernelPlan, variant: str, name: str) -> KernelEmitter:
-        em = KernelEmitter(name, kp.domain, kp.stores, variant, self.buffer_of, self.size)
+        em = make_emitter(name, kp.domain, kp.stores, variant, self.buffer_of, self.size)
         self.kernels.append(em.build())
         self.helpers |= em.helpers
         return em
 
     def _kernel(self, kp: KernelPlan) -> None:
         what = ", ".join(f"{s.buffer.name} ({s.mode})" for s in kp.stores)
+        if kp.domain.mm is not None:
+            self._matmul_kernel(kp, kp.domain.mm, what)
+            return
         if kp.domain.flat:
             em = self._emit(kp, "flat", kp.name)
             n = self.size(product(kp.domain.shape))
@@ -169,6 +215,40 @@ class _File:
             *["    " + a for a in self._args(chunked, "_rows", chunk, f"_warps(_rows * {chunk})")],
             "    )",
         ]
+
+    def _matmul_kernel(self, kp: KernelPlan, mm: ir.MatMul, what: str) -> None:
+        """Tile sizes, path (tl.dot or GEMV) and K slices from the run-time sizes (`_mm_plan`); with
+        K slices, a partials launch (mode 1) then the epilogue launch (mode 2)."""
+        em = self._emit(kp, "matmul", kp.name)
+        dims = [self.size(product(mm.shape[:-2])), self.size(mm.shape[-2]), self.size(mm.shape[-1])]
+        dims.append(self.size(mm.a.shape[-1]))
+        names = _inputs_read(mm)
+        floating = [i.name for i in self.lowered.inputs if i.kind == "f" and i.name in names]
+        dtype = "torch.float32"
+        for name in floating:
+            dtype = f"{name}.dtype" if dtype == "torch.float32" else f"torch.promote_types({dtype}, {name}.dtype)"
+        p = em.params
+        args = [*p.pointers.values(), *p.scalars.values(), "_part", "_kps", "_split"]
+        kw = [f"{k}={v}" for k, v in p.flags.items()]
+        kw += [
+            "MODE=_mode", "USE_DOT=not _gemv", "DOT=_dot", "BLOCK_M=_bm", "BLOCK_N=_bn", "BLOCK_K=_bk",
+            "GROUP_M=MM_GROUP_M", "I64=_wide", "num_warps=_mw", "num_stages=_stages",
+        ]  # fmt: skip
+        self.launches += [
+            f"# {kp.name}: matmul of {_shape_text(mm.a.shape)} by {_shape_text(mm.b.shape)} -> {what}",
+            f"_bt, _mm_m, _mm_n, _mm_k = {', '.join(dims)}",
+            f"_plan = _mm_plan(_bt, _mm_m, _mm_n, _mm_k, {dtype}, _dev.type != 'cuda')",
+            "_gemv, _dot, _bm, _bn, _bk, _mw, _stages, _split, _kps = _plan",
+            "_total = _bt * _mm_m * _mm_n",
+            "_part = torch.empty((_split * _total if _split > 1 else 1,), dtype=torch.float32, device=_dev)",
+            "_wide = _i64 or _split * _total >= 2**31",
+            "_tiles = max(1, _bt * triton.cdiv(_mm_m, _bm) * triton.cdiv(_mm_n, _bn))",
+            "for _mode in (1, 2) if _split > 1 else (0,):",
+            f"    {kp.name}[(_tiles * (_split if _mode == 1 else 1),)](",
+            *[f"        {a}," for a in args + kw],
+            "    )",
+        ]
+        self.has_matmul = True
 
     def _args(self, em: KernelEmitter, rows: str, block: str, warps: str) -> list[str]:
         p = em.params
@@ -244,7 +324,8 @@ class _File:
     def render(self) -> str:
         entry = self._entry()  # emits the kernels too
         adapter = "ADAPTER = [\n" + "".join(f"    {json.dumps(b)},\n" for b in self.spec.adapter) + "]\n"
-        strategy = "".join(f"{k} = {v!r}  # {COMMENTS[k]}\n" for k, v in self.strategy.items())
+        knobs = {k: v for k, v in self.strategy.items() if self.has_matmul or k not in MATMUL_KNOBS}
+        strategy = "".join(f"{k} = {v!r}  # {COMMENTS[k]}\n" for k, v in knobs.items())
         helpers = [HELPERS[h] for h in sorted(self.helpers)]
         warps = (
             "def _warps(elems):\n"
@@ -255,6 +336,8 @@ class _File:
             "    # elements from the first to the last one a view addresses (a slice of a larger tensor)\n"
             "    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))\n"
         )
+        if self.has_matmul:
+            warps += "\n\n" + MM_PLAN
         doc = (
             f'"""Open target {self.spec.op}: written by the open author from the traced module.\n\n'
             f"{_describe(self.plan)}\n"
@@ -301,6 +384,8 @@ def _describe(plan: Plan) -> str:
     lines = []
     for kp in plan.kernels:
         kind = "elementwise" if kp.domain.flat else f"row kernel folding dims {list(kp.domain.rdims)}"
+        if kp.domain.mm is not None:
+            kind = "matmul (tiles of the product, epilogue fused)"
         stores = ", ".join(f"{s.buffer.name}" for s in kp.stores)
         lines.append(f"- {kp.name}: {kind} over {_shape_text(kp.domain.shape)} -> {stores}")
     return "Kernels, in launch order:\n" + "\n".join(lines)

@@ -13,7 +13,21 @@ DEFAULT: dict[str, Any] = {
     "NUM_WARPS": 0,  # 0: from the tile size (one warp per 256 elements, 1 to 8)
     "SPLIT_PARTS": 1024,  # full reductions: at most this many partial programs
     "SPLIT_CHUNK": 8192,  # full reductions: at least this many elements per partial program
+    # matmul kernels (H100/H200-class defaults; written into files that have one)
+    "MM_BLOCK_M": 128,  # rows per tile for 16-bit operands (float32 IEEE: half)
+    "MM_BLOCK_N": 128,  # columns per tile for 16-bit operands (float32 IEEE: half)
+    "MM_BLOCK_K": 32,  # K per step of the tile loop
+    "MM_GROUP_M": 8,  # row tiles per swizzle group
+    "MM_WARPS": 0,  # 0: from the tile (8 for 128x128, 4 for 64x64)
+    "MM_STAGES": 3,  # software pipelining depth of the K loop
+    "MM_SPLIT_K": 0,  # K slices (0: auto, when the tiles alone leave the GPU idle)
+    "MM_PROGRAMS": 264,  # auto split-K: programs to aim for (2 per SM on a 132-SM H100/H200)
+    "GEMV_MAX": 4,  # products with at most this many rows or columns take the GEMV path
+    "GEMV_BLOCK_K": 128,  # GEMV: K per step
+    "GEMV_TILE": 8192,  # GEMV: elements of the broadcast product per step (rows x K x columns)
 }
+# The knobs only matmul kernels read: written into the files that have one.
+MATMUL_KNOBS = frozenset(k for k in DEFAULT if k.startswith(("MM_", "GEMV_")))
 COMMENTS = {
     "BLOCK_R_MAX": "reduced rows up to this (power-of-2) width stay in registers: one pass over memory",
     "CHUNK": "slice width of the chunked passes over wider rows",
@@ -23,6 +37,17 @@ COMMENTS = {
     "NUM_WARPS": "0: from the tile size (one warp per 256 elements, 1 to 8)",
     "SPLIT_PARTS": "full reductions: at most this many partial programs (then one program folds them)",
     "SPLIT_CHUNK": "full reductions: at least this many elements per partial program",
+    "MM_BLOCK_M": "matmul: rows per tile for 16-bit operands (float32, IEEE products: half)",
+    "MM_BLOCK_N": "matmul: columns per tile for 16-bit operands (float32, IEEE products: half)",
+    "MM_BLOCK_K": "matmul: K per step of the tile loop",
+    "MM_GROUP_M": "matmul: row tiles per swizzle group (neighbouring programs share operand tiles in L2)",
+    "MM_WARPS": "matmul: num_warps (0: from the tile, 8 for 128x128, 4 for 64x64)",
+    "MM_STAGES": "matmul: software pipelining depth of the K loop",
+    "MM_SPLIT_K": "matmul: K slices summed by a second launch (0: auto, when the tiles leave the GPU idle)",
+    "MM_PROGRAMS": "matmul: programs the auto split-K aims for (2 per SM on a 132-SM H100/H200)",
+    "GEMV_MAX": "matmul: at most this many rows or columns take the GEMV path (bandwidth-bound)",
+    "GEMV_BLOCK_K": "GEMV: K per step",
+    "GEMV_TILE": "GEMV: elements of the broadcast product per step (rows x K x columns)",
 }
 KNOBS: dict[str, list[int]] = {
     "BLOCK_R_MAX": [1024, 2048, 4096, 8192, 16384],
@@ -33,7 +58,20 @@ KNOBS: dict[str, list[int]] = {
     "NUM_WARPS": [0, 1, 2, 4, 8, 16],
     "SPLIT_PARTS": [128, 256, 512, 1024, 2048],
     "SPLIT_CHUNK": [2048, 4096, 8192, 16384, 32768],
+    "MM_BLOCK_M": [32, 64, 128, 256],
+    "MM_BLOCK_N": [32, 64, 128, 256],
+    "MM_BLOCK_K": [16, 32, 64, 128],
+    "MM_GROUP_M": [1, 4, 8, 16],
+    "MM_WARPS": [0, 2, 4, 8],
+    "MM_STAGES": [1, 2, 3, 4, 5],
+    "MM_SPLIT_K": [0, 1, 2, 4, 8, 16, 32],
+    "MM_PROGRAMS": [132, 264, 528],
+    "GEMV_MAX": [0, 1, 2, 4, 8, 16],
+    "GEMV_BLOCK_K": [32, 64, 128, 256, 512],
+    "GEMV_TILE": [2048, 4096, 8192, 16384],
 }
+# Knobs whose value must be one of KNOBS' (counts, not tile sizes); the others are powers of 2.
+_CHOICES = frozenset({"NUM_WARPS", "MM_WARPS", "MM_STAGES", "MM_SPLIT_K", "MM_PROGRAMS", "GEMV_MAX"})
 MAX_POINTS = 8
 
 
@@ -43,10 +81,11 @@ def normalize(strategy: dict[str, Any] | None) -> dict[str, Any]:
     for key, value in (strategy or {}).items():
         if key not in DEFAULT or isinstance(value, bool) or not isinstance(value, int):
             continue
-        if key != "NUM_WARPS" and (value < 1 or value & (value - 1)):
+        if key in _CHOICES:
+            if value not in KNOBS[key]:
+                continue
+        elif value < 1 or value & (value - 1):
             continue  # tile sizes must be powers of 2
-        if key == "NUM_WARPS" and value not in KNOBS["NUM_WARPS"]:
-            continue
         out[key] = value
     return out
 
@@ -54,20 +93,30 @@ def normalize(strategy: dict[str, Any] | None) -> dict[str, Any]:
 def points(features: set[str]) -> list[dict[str, Any]]:
     """The default first, then one-knob moves on the knobs the kernels use. `features`: "rows"
     (row kernels), "inner" (folds over a non-last dim), "split" (split full reductions), "flat"
-    (elementwise kernels)."""
+    (elementwise kernels), "matmul" (matmul kernels)."""
     groups = {
+        "matmul": [
+            ("MM_BLOCK_K", 64),
+            ("MM_BLOCK_M", 64),
+            ("MM_STAGES", 4),
+            ("MM_BLOCK_N", 256),
+            ("MM_WARPS", 4),
+            ("MM_SPLIT_K", 1),
+            ("MM_GROUP_M", 4),
+        ],
         "rows": [("TILE", 8192), ("BLOCK_R_MAX", 16384), ("TILE", 2048), ("CHUNK", 4096), ("BLOCK_R_MAX", 4096)],
         "inner": [("INNER_ROWS", 64), ("INNER_ROWS", 16)],
         "split": [("SPLIT_PARTS", 512), ("SPLIT_CHUNK", 32768)],
         "flat": [("FLAT_BLOCK", 2048), ("FLAT_BLOCK", 512), ("FLAT_BLOCK", 4096)],
     }
-    queues = [list(groups[f]) for f in ("rows", "inner", "split", "flat") if f in features]
+    queues = [list(groups[f]) for f in ("matmul", "rows", "inner", "split", "flat") if f in features]
     moves: list[tuple[str, int]] = []
     while any(queues):  # round-robin, so every kind of kernel gets tried early
         for q in queues:
             if q:
                 moves.append(q.pop(0))
-    moves += [("NUM_WARPS", 8), ("NUM_WARPS", 2)]
+    if features - {"matmul"}:  # NUM_WARPS is read by the row and elementwise kernels only
+        moves += [("NUM_WARPS", 8), ("NUM_WARPS", 2)]
     out = [dict(DEFAULT)]
     for key, value in moves:
         point = {**DEFAULT, key: value}

@@ -6,8 +6,9 @@
 - The module's parameters stay real tensors, so their sizes are constants; each is mapped back to
   the kernel parameter that binds it.
 - torch's decomposition table lowers everything it can to prims (explicit broadcasts, reductions
-  without keepdim), except the ops the author either keeps (cumsum, cumprod) or refuses by name
-  (matmuls, convolutions, pooling, ...), which stay visible in the graph.
+  without keepdim), except the ops the author either keeps (cumsum, cumprod, the matrix products
+  mm/bmm/addmm/mv/dot...) or refuses by name (convolutions, pooling, ...), which stay visible in
+  the graph.
 - Float attributes: the module is traced with each one set to sentinel values; a constant of the
   graph that moves with an attribute (as a * value + b) becomes a run-time kernel argument. An
   attribute that moves the graph's structure, or several constants at once in a non-affine way,
@@ -32,7 +33,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
 
-# Ops left undecomposed: scans the author writes natively, and ops it refuses with a named reason.
+# Ops left undecomposed: scans and matrix products the author writes natively, and ops it refuses
+# with a named reason.
 _KEEP = re.compile(
     r"^(cumsum|cumprod|logcumsumexp|mm|bmm|addmm|baddbmm|addbmm|addmm_|_addmm_activation|dot|vdot|mv|addmv|"
     r"matmul|linear|einsum|tensordot|convolution|conv\w*|_convolution|\w*pool\w*|upsample\w*|_upsample\w*|"

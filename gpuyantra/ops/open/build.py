@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -217,7 +218,8 @@ def dim_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tupl
     """Per input, (own dim, input 0's dim) for the dims whose size the forward accepts changing,
     found on the meta device (nothing allocated). Input 0's dim d grows by 3; each other input's
     dim of the same size grows with it, aligned by leading dims first (a shared batch dim), else by
-    trailing dims (broadcasting)."""
+    trailing dims (broadcasting); a dim that cannot grow alone may grow with a same-size dim
+    anywhere in the others (a matmul's contraction dim)."""
     try:
         meta = copy.deepcopy(module).to("meta")
     except Exception:  # noqa: BLE001 - modules that cannot move to meta: only the live shapes
@@ -247,7 +249,8 @@ def dim_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tupl
 
 def _alignments(live: Sequence[Sequence[int]], d: int) -> list[list[list[tuple[int, int]]]]:
     """Ways input 0's dim d can be shared by the other inputs: by leading position, by trailing
-    position, or not at all (the others keep their sizes)."""
+    position, not at all (the others keep their sizes), or, last, by any one dim of the same size
+    per input (a matmul's K)."""
     size = live[0][d]
     ways: list[list[list[tuple[int, int]]]] = []
     for trailing in (False, True):
@@ -260,6 +263,13 @@ def _alignments(live: Sequence[Sequence[int]], d: int) -> list[list[list[tuple[i
     alone = [[(d, d)]] + [[] for _ in live[1:]]
     if alone not in ways:
         ways.append(alone)
+    # A contraction dim (a matmul's K: A's last dim is B's first) sits elsewhere: one same-size
+    # dim of each other input, tried after the dim alone fails.
+    choices = [[None, *(k for k, s in enumerate(shape) if s == size and size != 1)] for shape in live[1:]]
+    for picks in itertools.islice(itertools.product(*choices), 1, 17):
+        way = [[(d, d)]] + [[(own, d)] if own is not None else [] for own in picks]
+        if way not in ways:
+            ways.append(way)
     return ways
 
 

@@ -120,7 +120,7 @@ def reduced_shapes(
         if not movable:
             return None
         d = max(movable, key=lambda i: first[i])
-        first[d] = _halve(first[d])
+        first[d] = halve(first[d])
 
 
 def shrink(shape: list[int], dims: Sequence[int], cap: int) -> list[int]:
@@ -131,11 +131,11 @@ def shrink(shape: list[int], dims: Sequence[int], cap: int) -> list[int]:
         if not movable:
             break
         d = max(movable, key=lambda i: shape[i])
-        shape[d] = _halve(shape[d])
+        shape[d] = halve(shape[d])
     return shape
 
 
-def _halve(size: int) -> int:
+def halve(size: int) -> int:
     """About half of `size`, odd (sizes the kernel never saw as powers of two)."""
     return max(1, (size // 2) | 1) if size > 3 else 1
 

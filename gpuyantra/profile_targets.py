@@ -1,0 +1,49 @@
+"""The identity fields of a profile target (`POST /admin/profile`, docs/CONTRACTS.md section 5): which
+modules or module globals a swap would replace. One place for the profiler (`gpuyantra.profiler`)
+and the serving engine's fallback profile (`serving.profiling`), so both name a target alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpuyantra.binding import ModuleGroup
+from gpuyantra.function_sites import FunctionSite
+
+
+def group_target_fields(group: ModuleGroup) -> dict[str, Any]:
+    """A module-class target: its op, class, module count and the ADAPTER its modules take."""
+    return {
+        "op": group.op,
+        "module_class": group.module_class,
+        "qualified_class": group.qualified_class,
+        "modules": group.count,
+        "adapter": [dict(b) for b in group.adapter],
+    }
+
+
+def param_shape_fields(group: ModuleGroup) -> dict[str, Any]:
+    """Linear: one target per projection shape, verified and swapped at it ({} for other families)."""
+    if not group.param_shapes:
+        return {}
+    return {
+        "param_shapes": {k: None if v is None else list(v) for k, v in group.param_shapes.items()},
+        "variant": group.variant,
+    }
+
+
+def function_target_fields(op: str, sites: Sequence[FunctionSite]) -> dict[str, Any]:
+    """A function-level target (rope's `apply_rotary_pos_emb` globals): `modules` counts the modules
+    calling the functions; `qualified_class` is what verify --module and swap(module_class=...) accept."""
+    from gpuyantra.ops import get_op
+
+    return {
+        "op": op,
+        "module_class": ",".join(dict.fromkeys(s.attr for s in sites)),
+        "qualified_class": get_op(op).default_module,
+        "modules": sum(s.count for s in sites),
+        "adapter": [],
+        "binding": "function",
+        "functions": [s.dotted for s in sites],
+    }

@@ -1,0 +1,110 @@
+"""Hooks that label every module call with a `record_function` range and record activation shapes."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+
+import torch
+
+LABEL = "gy#"
+STEP_LABEL = LABEL + "step"
+
+
+def _profiler(activities):
+    try:  # acc_events keeps every step's events (and silences a torch 2.11 warning)
+        return torch.profiler.profile(activities=activities, acc_events=True)
+    except TypeError:
+        return torch.profiler.profile(activities=activities)
+
+
+# Open record_function ranges per (thread, module): the probe may run its forward on any thread.
+# The server should keep other traffic off the model while it profiles (it would be counted too).
+_OPEN_RANGES: dict[tuple[int, int], list] = {}
+
+
+def _install_hooks(modules, capture_idx, captured):
+    handles = []
+    for idx, (_, module) in enumerate(modules):
+        label = f"{LABEL}{idx}"
+
+        def pre(mod, args, kwargs, _label=label, _idx=idx):
+            if _idx in capture_idx:
+                tensor = _first_tensor(args, kwargs)
+                if tensor is not None:
+                    captured[_idx][(tuple(tensor.shape), _dtype_name(tensor.dtype))] += 1
+            rf = torch.profiler.record_function(_label)
+            rf.__enter__()
+            _OPEN_RANGES.setdefault((threading.get_ident(), id(mod)), []).append(rf)
+
+        def post(mod, args, kwargs, output):
+            stack = _OPEN_RANGES.get((threading.get_ident(), id(mod)))
+            if stack:
+                stack.pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(pre, prepend=True, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+    return handles
+
+
+def _close_open_ranges(modules):
+    ids = {id(module) for _, module in modules}
+    for key in [k for k in _OPEN_RANGES if k[1] in ids]:
+        stack = _OPEN_RANGES.pop(key, None)
+        while stack:
+            try:
+                stack.pop().__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - a range left open by a failed forward
+                pass
+
+
+_MISSING = object()
+
+
+def _capture_activation_shapes(modules, groups, group_of, fn) -> dict[int, Counter]:
+    """Run `fn` once with each module of a `module_activations` family bound through the family's
+    `replacement_forward` to a recording entry that computes the family reference; restore after."""
+    import types
+
+    from gpuyantra.ops import get_op
+
+    bound = []
+    recorded: dict[int, Counter] = defaultdict(Counter)
+    try:
+        for idx, gi in group_of.items():
+            group = groups[gi]
+            family = get_op(group.op)
+            if family.module_activations is None:
+                continue
+            _, module = modules[idx]
+
+            def entry(*acts, _idx=idx, _family=family, **params):
+                first = acts[0] if acts else None
+                if isinstance(first, torch.Tensor):
+                    recorded[_idx][(tuple(first.shape), _dtype_name(first.dtype))] += 1
+                return _family.reference(*acts, **params)
+
+            forward = family.replacement_forward(module, entry, group.adapter)
+            bound.append((module, module.__dict__.get("forward", _MISSING)))
+            module.forward = types.MethodType(forward, module)
+        if bound:
+            with torch.no_grad():
+                fn()
+    finally:
+        for module, original in reversed(bound):
+            if original is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = original
+    return {idx: counts for idx, counts in recorded.items() if counts}
+
+
+def _first_tensor(args, kwargs):
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

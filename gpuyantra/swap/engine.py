@@ -1,0 +1,248 @@
+"""`SwapEngine`: the public face of the swap engine (swap, rollback, faults, re-apply, queries).
+
+Module binding lives in `gpuyantra.swap.modules`, function binding in `gpuyantra.swap.functions`,
+the shared bind -> check -> commit skeleton and the state in `gpuyantra.swap.core`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuyantra.candidate import CandidateError, load_candidate
+from gpuyantra.function_sites import site_matches
+from gpuyantra.ops import UnknownOpError, get_op
+from gpuyantra.swap.functions import FunctionSwaps
+from gpuyantra.swap.guards import _CLASS_FORWARD, _set_forward
+from gpuyantra.swap.modules import ModuleSwaps
+from gpuyantra.swap.records import (
+    CandidateLoadError,
+    NotActiveError,
+    SwapError,
+    SwapForbidden,
+    SwapRecord,
+    UnknownSwapError,
+    shapes_dict,
+)
+
+
+class SwapEngine(ModuleSwaps, FunctionSwaps):
+    # ------------------------------------------------------------------ public: queries
+    def active(self) -> list[dict[str, Any]]:
+        with self._state_lock:
+            return [live.record.to_dict() for live in self._live.values()]
+
+    def history(self) -> list[dict[str, Any]]:
+        with self._state_lock:
+            return [r.to_dict() for r in self._history]
+
+    def get(self, swap_id: str) -> dict[str, Any] | None:
+        with self._state_lock:
+            for r in self._history:
+                if r.swap_id == swap_id:
+                    return r.to_dict()
+        return None
+
+    def active_ids(self) -> list[str]:
+        with self._state_lock:
+            return list(self._live)
+
+    # ------------------------------------------------------------------ public: swap
+    def swap(
+        self,
+        path: str | Path | None = None,
+        *,
+        source: str | None = None,
+        module_class: str | None = None,
+        live_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[Sequence[int]]] | None = None,
+        swap_id: str | None = None,
+        admit: Callable[[bytes], str | None] | None = None,
+        param_shapes: Mapping[str, Sequence[int] | None] | None = None,
+        _reapply_record: SwapRecord | None = None,
+    ) -> SwapRecord:
+        """Load, bind, check parity, commit. Raises a `SwapError` subclass when nothing changed.
+
+        `param_shapes` restricts the swap to modules with those live parameter shapes (a profile
+        target's `param_shapes`: one linear projection shape, e.g. {"weight": [2048, 1536], ...}).
+
+        `admit` sees the exact bytes about to be imported (the kept copy) and returns why they may
+        not be, or None; it runs before the candidate's code does.
+        """
+        with self._op_lock:
+            if _reapply_record is not None:
+                swap_id = _reapply_record.swap_id
+                kept = Path(_reapply_record.file)
+                if not kept.exists():
+                    raise CandidateLoadError(f"kept candidate file {kept} is missing")
+                origin, source_path = "manifest", _reapply_record.source_path
+            else:
+                swap_id = swap_id or self._new_id()
+                kept, origin, source_path = self._keep_file(swap_id, path, source)
+                refused = admit(kept.read_bytes()) if admit is not None else None
+                if refused:
+                    kept.unlink(missing_ok=True)
+                    raise SwapForbidden(refused)
+            try:
+                candidate = load_candidate(kept)
+            except CandidateError as exc:
+                if _reapply_record is None:
+                    kept.unlink(missing_ok=True)
+                raise CandidateLoadError(str(exc)) from exc
+            try:
+                family = get_op(candidate.op)
+            except UnknownOpError as exc:
+                if _reapply_record is None:
+                    kept.unlink(missing_ok=True)
+                raise CandidateLoadError(str(exc)) from exc
+            wanted = sorted(p.name for p in family.params)
+            bound = sorted(b["kernel_param"] for b in candidate.adapter)
+            if bound != wanted:
+                if _reapply_record is None:
+                    kept.unlink(missing_ok=True)
+                raise CandidateLoadError(
+                    f"ADAPTER binds kernel parameters {bound}, but {family.name} entry takes {wanted}"
+                )
+
+            wanted_shapes = shapes_dict(param_shapes)
+            if _reapply_record is not None:
+                wanted_shapes = _reapply_record.requested_param_shapes
+            groups = self._select_groups(family, module_class, wanted_shapes)
+            if not groups and family.known_functions:
+                sites = [s for s in self.function_sites(family.name) if site_matches(s, family, module_class)]
+                if sites:
+                    return self._swap_functions(
+                        family,
+                        candidate,
+                        sites,
+                        swap_id,
+                        kept,
+                        origin,
+                        source_path,
+                        module_class,
+                        live_shapes,
+                        _reapply_record,
+                    )
+            return self._swap_modules(
+                family,
+                candidate,
+                groups,
+                swap_id,
+                kept,
+                origin,
+                source_path,
+                module_class,
+                wanted_shapes,
+                live_shapes,
+                _reapply_record,
+            )
+
+    # ------------------------------------------------------------------ public: rollback
+    def rollback(
+        self, swap_id: str | None = None, *, all: bool = False, reason: str = "admin rollback", cause: str = "admin"
+    ) -> list[SwapRecord]:
+        """Restore the original forward of one swap's modules, or of every active swap."""
+        with self._op_lock:
+            if all:
+                ids = list(self._live)
+            else:
+                if swap_id is None:
+                    raise SwapError("give a swap_id or all")
+                if swap_id not in self._live:
+                    record = next((r for r in self._history if r.swap_id == swap_id), None)
+                    if record is None:
+                        raise UnknownSwapError(f"no swap with id {swap_id!r}")
+                    raise NotActiveError(f"swap {swap_id} is not active (status {record.status})", record)
+                ids = [swap_id]
+            done: list[SwapRecord] = []
+            now = time.time()
+            with self._state_lock:
+                for sid in reversed(ids):
+                    live = self._live.pop(sid)
+                    for name, module in live.modules.items():
+                        _set_forward(module, self._originals.pop(name, _CLASS_FORWARD))
+                        self._owner.pop(name, None)
+                    for dotted, site in live.functions.items():
+                        if self._fn_owner.get(dotted) == sid:
+                            site.set(self._fn_originals.pop(dotted))
+                            self._fn_owner.pop(dotted, None)
+                    live.record.status = "rolled_back"
+                    live.record.rolled_back_at = now
+                    live.record.reason = reason
+                    live.faulted = True  # any stale reference to its forwards now uses the original
+                    done.append(live.record)
+            if done:
+                self._save_manifest()
+                if self.after_restore is not None:
+                    self._safe_after_restore()
+                for record in done:
+                    self._emit("rolled_back", record, cause=cause)
+            return list(reversed(done))
+
+    @contextlib.contextmanager
+    def previous_forwards(self):
+        """Inside `before_commit`: temporarily put back the forwards the swap is replacing (what
+        served before it), e.g. to compute the reference of a graph-path parity check."""
+        staged = self._staged or []
+        if not staged:
+            yield
+            return
+        current = [(kind, obj, kind.get(obj)) for kind, obj, _ in staged]
+        try:
+            for kind, obj, previous in staged:
+                kind.put(obj, previous)
+            yield
+        finally:
+            for kind, obj, state in current:
+                kind.put(obj, state)
+
+    def pending_faults(self) -> bool:
+        return bool(self._faults)
+
+    def handle_faults(self) -> list[SwapRecord]:
+        """Roll back every swap whose kernel raised while serving (call between forward passes)."""
+        out: list[SwapRecord] = []
+        while self._faults:
+            live = self._faults.popleft()
+            sid = live.record.swap_id
+            if sid in self._live:
+                out.extend(
+                    self.rollback(
+                        sid,
+                        reason=f"kernel raised while serving, fell back to the original "
+                        f"forward: {live.record.last_error}",
+                        cause="fallback",
+                    )
+                )
+        return out
+
+    # ------------------------------------------------------------------ public: restart
+    def reapply(self, live_shapes=None) -> list[dict[str, Any]]:
+        """Re-bind this model's committed records from the manifest, each after a fresh parity check."""
+        results = []
+        with self._op_lock:
+            pending = [
+                r
+                for r in self._history
+                if r.status == "committed" and r.model == self.model_id and r.swap_id not in self._live
+            ]
+            pending.sort(key=lambda r: r.committed_at or 0)
+            for old in pending:
+                try:
+                    record = self.swap(
+                        module_class=old.requested_module_class, live_shapes=live_shapes, _reapply_record=old
+                    )
+                    results.append({"swap_id": record.swap_id, "status": "committed", "reapplied": True})
+                except SwapError as exc:
+                    with self._state_lock:
+                        old.status = "rolled_back"
+                        old.rolled_back_at = time.time()
+                        old.reason = f"re-check on restart failed: {exc.reason}"
+                        if exc.record is not None and exc.record.parity:
+                            old.parity = exc.record.parity
+                    self._save_manifest()
+                    self._emit("rolled_back", old, cause="reapply")
+                    results.append({"swap_id": old.swap_id, "status": "rolled_back", "reason": old.reason})
+        return results

@@ -1,0 +1,184 @@
+"""Module swaps: bind a candidate as the forward of every module of the model that computes its family.
+
+The modules are found numerically (`find_module_groups`, never by class name alone), optionally
+restricted to one module class or one set of live parameter shapes. Parity: for each module the
+original forward and the bound kernel run on random inputs of the live shapes with the live
+weights (the first shape once more with every bound float attribute perturbed) and must agree
+within `family.tolerance(dtype)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuyantra.binding import ModuleGroup, find_module_groups, format_param_shapes
+from gpuyantra.candidate import Candidate
+from gpuyantra.ops import OpFamily
+from gpuyantra.ops.base import as_tuple
+from gpuyantra.swap.core import SwapCore
+from gpuyantra.swap.guards import _CLASS_FORWARD, MODULE_FORWARDS, _bind, _LiveSwap, _set_forward
+from gpuyantra.swap.parity import attributes_set, compare_outputs, param_dtype_device, perturbed_scalars
+from gpuyantra.swap.records import Shape, SwapRecord, SwapRejected
+
+
+class ModuleSwaps(SwapCore):
+    def module_state(self) -> dict[str, str | None]:
+        """Module name -> id of the swap bound there (None: original). For atomicity checks."""
+        return {name: self._owner.get(name) for group in self._all_groups() for name in group.names}
+
+    def groups(self, op: str) -> list[ModuleGroup]:
+        if op not in self._groups_cache:
+            self._groups_cache[op] = find_module_groups(self.model, [op])
+        return self._groups_cache[op]
+
+    def _all_groups(self) -> list[ModuleGroup]:
+        out: list[ModuleGroup] = []
+        for op in list(self._groups_cache):
+            out.extend(self._groups_cache[op])
+        return out
+
+    def _swap_modules(
+        self,
+        family: OpFamily,
+        candidate: Candidate,
+        groups: list[ModuleGroup],
+        swap_id: str,
+        kept: Path,
+        origin: str,
+        source_path: str | None,
+        module_class: str | None,
+        wanted_shapes: dict[str, list[int] | None] | None,
+        live_shapes,
+        reapply_record: SwapRecord | None,
+    ) -> SwapRecord:
+        """`swap` for a family bound on modules: bind every module of `groups`, check parity, commit or restore."""
+        record = SwapRecord(
+            swap_id=swap_id,
+            op=family.name,
+            model=self.model_id,
+            file=str(kept),
+            digest=candidate.digest,
+            requested_module_class=module_class,
+            requested_param_shapes=wanted_shapes,
+            adapter=candidate.adapter,
+            origin=origin,
+            source_path=source_path,
+        )
+        if reapply_record is not None:
+            record.created_at = reapply_record.created_at
+        if not groups:
+            where = f" of class {module_class}" if module_class else ""
+            where += f" with parameters {format_param_shapes(wanted_shapes)}" if wanted_shapes else ""
+            reason = f"no module{where} of the served model computes {family.name}"
+            self._finish_failed(record, reason, kept_file=reapply_record is None)
+            raise SwapRejected(reason, record)
+        record.module_classes = [g.module_class for g in groups]
+        record.module_class = ",".join(dict.fromkeys(g.module_class for g in groups))
+        record.qualified_class = ",".join(dict.fromkeys(g.qualified_class for g in groups))
+        targets = [(name, self._modules[name]) for g in groups for name in g.names]
+        record.module_names = [n for n, _ in targets]
+        record.modules = len(targets)
+        missing = [
+            (n, b["module_attr"]) for n, m in targets for b in candidate.adapter if not hasattr(m, b["module_attr"])
+        ]
+        if missing:
+            name, attr = missing[0]
+            reason = (
+                f"ADAPTER reads module attribute {attr!r}, which {type(self._modules[name]).__name__} "
+                f"({name or 'root'}) does not have"
+            )
+            self._finish_failed(record, reason, kept_file=reapply_record is None)
+            raise SwapRejected(reason, record)
+
+        live = _LiveSwap(record, family, candidate, self)
+
+        def check() -> dict[str, Any]:
+            rows_by_group = {g.key: self._parity_rows(g, live_shapes) for g in groups}
+            return self._bind_and_check(live, targets, groups, rows_by_group)
+
+        return self._bind_check_commit(record, live, MODULE_FORWARDS, targets, check, reapply_record)
+
+    def _select_groups(
+        self, family: OpFamily, module_class: str | None, param_shapes: dict[str, list[int] | None] | None = None
+    ) -> list[ModuleGroup]:
+        groups = self.groups(family.name)
+        if module_class:
+            groups = [g for g in groups if module_class in (g.module_class, g.qualified_class)]
+        if param_shapes:
+            groups = [g for g in groups if all(g.param_shapes.get(k, "?") == v for k, v in param_shapes.items())]
+        return groups
+
+    def _parity_rows(self, group: ModuleGroup, live_shapes) -> list[Shape]:
+        """Leading dims ("rows") of the inputs to check: the live shapes' minus their last dim."""
+        if isinstance(live_shapes, Mapping):
+            chosen = (
+                live_shapes.get(group.key)
+                or live_shapes.get(group.qualified_class)
+                or live_shapes.get(group.module_class)
+                or []
+            )
+        elif live_shapes is not None:
+            chosen = live_shapes
+        elif self.shapes_provider is not None:
+            chosen = self.shapes_provider(group.key)
+        else:
+            chosen = []
+        rows: list[Shape] = []
+        for s in chosen:
+            t = tuple(int(d) for d in s)
+            if len(t) >= 2 and all(d > 0 for d in t) and t[:-1] not in rows:
+                rows.append(t[:-1])
+        return rows[: self.max_parity_shapes] or list(self.default_rows)
+
+    def _bind_and_check(self, live: _LiveSwap, targets, groups, rows_by_group) -> dict[str, Any]:
+        family = live.family
+        dtype, device = param_dtype_device(self.model)
+        atol, rtol = family.tolerance(dtype)
+        group_of = {name: g for g in groups for name in g.names}
+        max_abs = 0.0
+        max_rel = 0.0
+        checked = perturbed = 0
+        used_shapes: set[Shape] = set()
+        with torch.no_grad():
+            for index, (name, module) in enumerate(targets):
+                # The reference is the module's original forward, even when another swap holds it now.
+                original = (
+                    self._originals.get(name, _CLASS_FORWARD)
+                    if name in self._owner
+                    else module.__dict__.get("forward", _CLASS_FORWARD)
+                )
+                _set_forward(module, original)
+                wants = []
+                for k, rows in enumerate(rows_by_group[group_of[name].key]):
+                    gen = torch.Generator().manual_seed(self.seed + 7919 * k + index)
+                    acts = family.activations_for_module(module, rows, dtype, device, gen)
+                    # The first rows run once more with every bound float attribute moved off its
+                    # live value on the module itself: a kernel with a baked-in eps fails here.
+                    for scalars in ({}, perturbed_scalars(module, live.candidate.adapter, gen))[: 2 if k == 0 else 1]:
+                        with attributes_set(module, scalars):
+                            wants.append((acts, scalars, as_tuple(family.module_call(module, *acts))))
+                _bind(module, live, original)
+                for acts, scalars, want in wants:
+                    shape = tuple(acts[0].shape)
+                    with attributes_set(module, scalars):
+                        got = as_tuple(family.module_call(module, *acts))
+                    perturbed += bool(scalars)
+                    abs_err, rel_err = compare_outputs(name, got, want, shape, atol, rtol, dtype)
+                    max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
+                    checked += 1
+                    used_shapes.add(shape)
+        return {
+            "max_abs_err": max_abs,
+            "max_rel_err": max_rel,
+            "checked": checked,
+            "shapes": sorted([list(s) for s in used_shapes]),
+            "dtype": str(dtype).replace("torch.", ""),
+            "atol": atol,
+            "rtol": rtol,
+            "modules": len(targets),
+            "perturbed_scalar_checks": perturbed,
+        }

@@ -1,0 +1,286 @@
+"""Profiling the served model (`POST /admin/profile`): probes built from recent traffic, the profiler
+(`gpuyantra.profiler`), and a fallback profile timed here when the profiler cannot run."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from gpuyantra.binding import ModuleGroup, find_open_groups
+from gpuyantra.profile_targets import function_target_fields, group_target_fields, param_shape_fields
+from serving.scheduler import Scheduler
+from serving.shapes import ShapeRecorder
+
+log = logging.getLogger("gpuyantra.serving")
+
+
+class Profiling(Scheduler):
+    groups: list[ModuleGroup]  # set by the engine: the op-family groups of the served model
+    shapes: ShapeRecorder
+    _open_groups_found: bool
+
+    def function_sites(self) -> list[Any]:
+        """Function-level swap sites of the served model (rope's `apply_rotary_pos_emb` globals)."""
+        from gpuyantra.ops import all_ops
+
+        return [
+            site for family in all_ops() if family.known_functions for site in self.swaps.function_sites(family.name)
+        ]
+
+    def live_shapes(self) -> dict[str, list[list[int]]]:
+        return {g.key: [list(s) for s in self.shapes.shapes_for(g.key)] for g in self.groups}
+
+    def _probe_rows(self) -> tuple[int, int]:
+        prompt = int(statistics.median(self._recent_prompt_lens)) if self._recent_prompt_lens else 16
+        batch = Counter(self._recent_batches).most_common(1)[0][0] if self._recent_batches else 1
+        prompt = max(1, min(prompt, self.usable_len - 2))
+        return prompt, max(1, min(batch, self.max_batch))
+
+    def probes(self) -> dict[str, Callable[[], Any]]:
+        """Representative workloads built from recent traffic: one prefill, one decode step."""
+        prompt_len, batch = self._probe_rows()
+        vocab = max(2, self.vocab_size)
+        prompt = [(13 * i + 1) % vocab for i in range(prompt_len)]
+        primed = {"done": False}
+
+        def prefill():
+            self.prefill_row(0, prompt)
+
+        def decode():
+            if not primed["done"]:
+                for r in range(batch):
+                    self.prefill_row(r, prompt)
+                primed["done"] = True
+            self.decode_rows_eager([1] * batch, [prompt_len] * batch, kv_len=prompt_len + 1)
+
+        return {"prefill": prefill, "decode": decode}
+
+    def profile(self) -> dict[str, Any]:
+        if self.active_count:
+            raise RuntimeError("profile needs an idle engine (run it through call(..., exclusive=True))")
+        probes = self.probes()
+        self._add_open_groups(probes["decode"])
+        source, error, result = "fallback", None, None
+        try:
+            result = run_profiler(
+                self.model, probes, str(self.device), self.groups, function_sites=self.function_sites()
+            )
+            if result is not None:
+                source = "profiler"
+        except Exception as exc:  # noqa: BLE001 - the fallback always answers
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("profiler failed; answering with the fallback profile")
+        if result is None:
+            result = self._fallback_profile(probes)
+        result = dict(result)
+        targets = []
+        for t in result.get("targets", []):
+            t = dict(t)
+            group = next(
+                (
+                    g
+                    for g in self.groups
+                    if g.op == t.get("op")
+                    and t.get("module_class") in (g.module_class, g.qualified_class)
+                    and g.variant == t.get("variant", "")  # linear: one group per projection shape
+                ),
+                None,
+            )
+            if group is not None:
+                t.setdefault("qualified_class", group.qualified_class)
+                t.setdefault("adapter", group.adapter)
+                t.setdefault("modules", group.count)
+                live = [list(s) for s in self.shapes.shapes_for(group.key)]
+                if live:
+                    t.setdefault("live_shapes", live)
+                t["swapped"] = sorted({self.swaps._owner.get(n) for n in group.names} - {None})
+                _attach_open_payload(t)
+            elif t.get("functions"):  # function-level target (rope): which swaps hold its globals
+                t["swapped"] = sorted({self.swaps._fn_owner.get(f) for f in t["functions"]} - {None})
+            targets.append(t)
+        result["targets"] = targets
+        result.setdefault("device", str(self.device))
+        result.setdefault("hardware", _hardware_name(self.device))
+        result["source"] = source
+        if error:
+            result["profiler_error"] = error
+        result["model"] = self.model_name
+        result["dtype"] = str(self.dtype).replace("torch.", "")
+        return result
+
+    def _add_open_groups(self, decode: Callable[[], Any]) -> None:
+        """Once per process: open targets for the leaf module classes no registered family covers
+        (their own forward is the reference), profiled and offered to campaigns like families."""
+        if self._open_groups_found:
+            return
+        self._open_groups_found = True
+        try:
+            extra = find_open_groups(self.model, decode, self.groups)
+        except Exception:  # noqa: BLE001 - the registered families are still profiled
+            log.exception("open target discovery failed; profiling registered families only")
+            return
+        known = {(g.op, g.qualified_class) for g in self.groups}
+        self.groups = [*self.groups, *(g for g in extra if (g.op, g.qualified_class) not in known)]
+
+    def _fallback_profile(self, probes: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+        """Rank (op, class) groups by measured share of a decode step, at the live shapes."""
+        from gpuyantra.ops import get_op
+
+        cuda = self.device.type == "cuda"
+
+        def timed(fn, repeat=3) -> float:
+            times = []
+            for _ in range(repeat):
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                fn()
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+
+        with torch.no_grad():
+            probes["decode"]()
+            step_s = timed(probes["decode"])
+        modules = dict(self.model.named_modules())
+        targets: list[dict[str, Any]] = []
+        for group in self.groups:
+            family = get_op(group.op)
+            module = modules[group.names[0]]
+            recent = self.shapes.shapes_for(group.key)
+            shapes = recent[:4] if recent else []
+            rows = tuple(recent[0][:-1]) if recent else (1, 1)
+            try:
+                gen = torch.Generator().manual_seed(0)
+                acts = family.activations_for_module(module, rows, self.dtype, self.device, gen)
+                with torch.no_grad():
+                    family.module_call(module, *acts)
+                    per_call = timed(partial(family.module_call, module, *acts))
+            except Exception:  # noqa: BLE001 - a group we cannot time ranks last
+                per_call = 0.0
+            if not shapes:
+                shapes = [tuple(a.shape) for a in acts[:1]] if per_call else []
+            share = min(1.0, per_call * group.count / step_s) if step_s > 0 else 0.0
+            targets.append(
+                {
+                    **group_target_fields(group),
+                    **param_shape_fields(group),
+                    "shapes": [list(s) for s in shapes],
+                    "dtype": str(self.dtype).replace("torch.", ""),
+                    "regime": "unknown",
+                    "share": round(share, 4),
+                    "est_us_per_step": round(per_call * group.count * 1e6, 2),
+                }
+            )
+        targets.extend(self._fallback_function_targets(probes["decode"], step_s))
+        targets.sort(key=lambda t: t["share"], reverse=True)
+        return {
+            "targets": targets,
+            "device": str(self.device),
+            "hardware": _hardware_name(self.device),
+            "step_ms": round(step_s * 1000, 3),
+        }
+
+    def _fallback_function_targets(self, decode: Callable[[], Any], step_s: float) -> list[dict[str, Any]]:
+        """Function-level targets (rope) for the fallback profile: one decode step with each site's
+        global wrapped in a timer; shapes are the q shapes seen."""
+        sites = self.function_sites()
+        if not sites:
+            return []
+        seen: dict[str, Counter] = {s.op: Counter() for s in sites}
+        spent: dict[str, float] = {s.op: 0.0 for s in sites}
+        states = {s.dotted: s.current() for s in sites}
+
+        def timer(site, current):
+            def timed(*args, **kwargs):
+                if args and isinstance(args[0], torch.Tensor):
+                    seen[site.op][tuple(args[0].shape)] += 1
+                t0 = time.perf_counter()
+                try:
+                    return current(*args, **kwargs)
+                finally:
+                    spent[site.op] += time.perf_counter() - t0
+
+            return timed
+
+        try:
+            for site in sites:
+                site.set(timer(site, states[site.dotted]))
+            with torch.no_grad():
+                decode()
+        finally:
+            for site in sites:
+                site.set(states[site.dotted])
+        out = []
+        for op in seen:
+            mine = [s for s in sites if s.op == op]
+            if not seen[op]:
+                continue
+            out.append(
+                {
+                    **function_target_fields(op, mine),
+                    "shapes": [list(sh) for sh, _ in seen[op].most_common()],
+                    "dtype": str(self.dtype).replace("torch.", ""),
+                    "regime": "unknown",
+                    "share": round(min(1.0, spent[op] / step_s), 4) if step_s > 0 else 0.0,
+                    "est_us_per_step": round(spent[op] * 1e6, 2),
+                }
+            )
+        return out
+
+
+# An open target travels with its profile entry (workers may not share the server's state folder),
+# unless its pickled module is larger than this: Temporal payloads are kept small.
+OPEN_PAYLOAD_MAX_BYTES = 1 << 20
+
+
+def _attach_open_payload(target: dict[str, Any]) -> None:
+    from gpuyantra.ops import get_op
+    from gpuyantra.ops.open import is_open
+
+    if not is_open(target.get("op")):
+        return
+    payload = get_op(str(target["op"])).open_target.to_payload()
+    if len(payload["module_b64"]) <= OPEN_PAYLOAD_MAX_BYTES:
+        target["open_target"] = payload
+
+
+def run_profiler(
+    model: torch.nn.Module,
+    probes: Mapping[str, Callable[[], Any]],
+    device: str,
+    groups: Sequence[ModuleGroup] | None = None,
+    function_sites: Sequence[Any] | None = None,
+) -> dict[str, Any] | None:
+    """`gpuyantra.profiler.profile_model(model, run_probe, device)` when that module exists, else None."""
+    try:
+        from gpuyantra.profiler import profile_model
+    except ImportError:
+        return None
+    try:
+        params = set(inspect.signature(profile_model).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    if "groups" in params:
+        extra: dict[str, Any] = {"function_sites": list(function_sites or [])} if "function_sites" in params else {}
+        return profile_model(model, dict(probes), device, groups=list(groups or []), **extra)
+    # The minimal contract: one callable probe.
+    return profile_model(model, lambda: [p() for p in probes.values()], device)
+
+
+def _hardware_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        try:
+            return torch.cuda.get_device_name(device)
+        except Exception:  # noqa: BLE001
+            return "cuda"
+    return "cpu"

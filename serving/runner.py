@@ -1,0 +1,212 @@
+"""The model runner: the model, its slot cache and the forward passes over it (prefill, decode).
+
+`decode_rows` replays CUDA graphs when the engine has a `GraphDecoder` (`serving.graphs`, which
+drives `_forward` itself); everything else here runs eagerly. Scheduling, swaps and profiling are
+layered on top (`serving.scheduler`, `serving.engine`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from serving.cache import SlotCache, decode_mask, prefill_mask
+from serving.models import LoadedModel
+from serving.request import EngineObserver
+
+if TYPE_CHECKING:
+    from serving.graphs import GraphDecoder
+
+
+def _signature_params(model: torch.nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(type(model).forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+class ModelRunner:
+    graphs: GraphDecoder | None  # set by the engine: CUDA-graph decode, or None (eager)
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        max_batch: int,
+        max_seq_len: int | None,
+        decode_attention: str,
+        fuse_projections: str,
+        observer: EngineObserver | None,
+    ):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_name = loaded.name
+        self.device = torch.device(loaded.device)
+        self.dtype = loaded.dtype
+        self.observer = observer or EngineObserver()
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or getattr(self.tokenizer, "vocab_size", 0))
+        limit = _context_limit(self.model.config)
+        max_len = int(max_seq_len or min(limit, 2048))
+        max_len = min(max_len, limit)
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.max_batch = max_batch
+        self.cache = SlotCache(max_batch, max_len, self.device)
+        self._arange = torch.arange(max_len, device=self.device)
+        params = _signature_params(self.model)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        self.decode_attention = self._install_decode_attention(decode_attention)
+        self.fused_projections = self._fuse_projections(fuse_projections)
+        self.forward_passes = 0
+
+    def _chosen(self, option: str, choice: str, on: str, off: str) -> bool:
+        """An auto/on/off engine option: `auto` means on for CUDA only (on a CPU the Triton
+        interpreter is too slow to serve with, and launch latency, what these options cut, is moot)."""
+        if choice not in ("auto", on, off):
+            raise ValueError(f"{option} must be auto, {on} or {off}, not {choice!r}")
+        return choice == on or (choice == "auto" and self.device.type == "cuda")
+
+    def _install_decode_attention(self, choice: str):
+        """`triton`: one-token attention runs `serving.attention`'s kernel over each row's own
+        positions (fewer, cheaper kernels per decode step); `sdpa`: transformers' SDPA over the masked
+        cache. Either way a model shared with an earlier engine is switched accordingly."""
+        from serving import attention
+
+        if self._chosen("decode_attention", choice, "triton", "sdpa"):
+            return attention.install(self.model, self.cache)
+        attention.uninstall(self.model)
+        return None
+
+    def _fuse_projections(self, choice: str) -> int:
+        """`on`: q/k/v and gate/up projections run as one GEMM each (`serving/fusion.py`); `off`:
+        as the modeling code wrote them. Returns the number of fused groups."""
+        from serving import fusion
+
+        if self._chosen("fuse_projections", choice, "on", "off"):
+            return fusion.fuse(self.model)
+        fusion.unfuse(self.model)
+        return 0
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+    @property
+    def usable_len(self) -> int:
+        return self.cache.usable_len
+
+    # ================================================================== forward passes
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        keep: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits `[rows, positions, V]`: at every position, or only at `keep` (the last `keep`
+        positions, or these position indices) when the model takes `logits_to_keep`."""
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "use_cache": True}
+        if keep is not None and self._keep_kw:
+            kwargs[self._keep_kw] = keep
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
+        self.forward_passes += 1
+        return out.logits
+
+    def prefill_row(self, row: int, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Prefill one cache row with a prompt; returns the last position's logits [1, V]."""
+        length = len(prompt_ids)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+        positions = self._arange[:length][None]
+        mask = prefill_mask(length, 0, self.dtype, self.device)
+        self.cache.set_prefill(row, 0)
+        with torch.no_grad():
+            return self._forward(ids, positions, mask, keep=1)[:, -1, :]
+
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Prefill several cache rows in one forward pass (prompts right-padded to the longest; the
+        causal mask keeps every real position from seeing padding); logits [n, V] at each row's last
+        prompt position."""
+        if len(rows) == 1:
+            return self.prefill_row(rows[0], prompts[0])
+        length = max(len(p) for p in prompts)
+        ids = torch.tensor([list(p) + [0] * (length - len(p)) for p in prompts], dtype=torch.long, device=self.device)
+        positions = self._arange[:length][None].expand(len(rows), length)
+        mask = prefill_mask(length, 0, self.dtype, self.device)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        self.cache.set_prefill_rows(rows)
+        keep = torch.unique(last) if self._keep_kw else None  # logits only where some row ends
+        with torch.no_grad():
+            logits = self._forward(ids, positions, mask, keep=keep)
+        column = torch.searchsorted(keep, last) if keep is not None else last
+        return logits[torch.arange(len(rows), device=self.device), column]
+
+    def decode_rows(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """One decode step over rows 0..n-1 (row r feeds tokens[r] at positions[r]); logits [n, V]."""
+        if self.graphs is not None:
+            return self.graphs.decode(tokens, positions)
+        return self.decode_rows_eager(tokens, positions)
+
+    def decode_rows_eager(
+        self, tokens: Sequence[int], positions: Sequence[int], kv_len: int | None = None
+    ) -> torch.Tensor:
+        n = len(tokens)
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).view(n, 1)
+        pos = torch.tensor(list(positions), dtype=torch.long, device=self.device)
+        if kv_len is None:
+            kv_len = min(self.max_len, max(positions) + 1)
+        self.cache.set_decode(n, pos, kv_len)
+        mask = decode_mask(pos, kv_len, self._arange, self.dtype)
+        with torch.no_grad():
+            return self._forward(ids, pos[:, None], mask)[:, -1, :]
+
+    def last_logits(self, prompt_ids: Sequence[int]) -> list[float]:
+        """Last-position logits of one plain full-sequence forward through the live (possibly
+        swapped) modules: what `/admin/logits` returns for parity checks from outside."""
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, -1]
+        return logits.float().cpu().tolist()
+
+    # ================================================================== checks
+    def self_check(self, prompt_len: int = 6, steps: int = 3) -> dict[str, Any]:
+        """The slot-cache path must reproduce a plain full-sequence forward (run once at startup)."""
+        vocab = max(2, self.vocab_size)
+        prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
+        seq = list(prompt)
+        got = []
+        with torch.no_grad():
+            logits = self.prefill_row(0, prompt)
+            got.append(logits[0].float())
+            for _ in range(steps):
+                token = int(logits[0].argmax())
+                seq.append(token)
+                logits = self.decode_rows_eager([token], [len(seq) - 1])
+                got.append(logits[0].float())
+            ids = torch.tensor([seq], dtype=torch.long, device=self.device)
+            full = self.model(input_ids=ids, use_cache=False).logits[0].float()
+        want = full[prompt_len - 1 :]
+        have = torch.stack(got)
+        diff = float((have - want).abs().max())
+        scale = float(want.abs().max()) or 1.0
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        ok = diff <= tol * max(1.0, scale)
+        report = {"ok": ok, "max_abs_diff": diff, "tolerance": tol * max(1.0, scale)}
+        if not ok:
+            raise RuntimeError(
+                f"{type(self.model).__name__} does not run correctly on the engine's slot cache "
+                f"(max logit difference {diff:.3g} vs a full forward); this architecture is not supported"
+            )
+        return report
+
+
+def _context_limit(config: Any) -> int:
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048

@@ -1,0 +1,358 @@
+"""The scheduler: one model thread, continuous batching over cache slots, admin operations between passes.
+
+See `serving.engine` for the threading model and batching. Requests are admitted into free slots
+with batched prefill passes (within PREFILL_TOKEN_BUDGET), then decode together; a pass during
+which a swapped kernel raised is rolled back and run again (`_clean_pass`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from gpuyantra.swap.engine import SwapEngine
+from serving.request import EngineNotReady, GenRequest, RequestError, _AdminOp, _Slot
+from serving.runner import ModelRunner
+
+log = logging.getLogger("gpuyantra.serving")
+
+# Tokens (rows x longest prompt, padding included) one batched prefill pass may hold.
+PREFILL_TOKEN_BUDGET = 8192
+LIVE_STEPS_KEPT = 65536  # served decode steps remembered for live speed measurements
+
+
+class Scheduler(ModelRunner):
+    swaps: SwapEngine  # set by the engine
+
+    def _init_scheduler(self) -> None:
+        """The queues, slots and thread state (called by the engine once the runner is set up)."""
+        self.slots: list[_Slot | None] = [None] * self.max_batch
+        self._pending: deque[GenRequest] = deque()
+        self._admin: deque[_AdminOp] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.ready = False
+        self.started_at = time.time()
+        self._recent_prompt_lens: deque[int] = deque(maxlen=64)
+        self._recent_batches: deque[int] = deque(maxlen=256)
+        # Served decode steps (end time, rows, active rows, seconds): served speed judged from live
+        # traffic without pausing it.
+        self._live_steps: deque[tuple[float, int, int, float]] = deque(maxlen=LIVE_STEPS_KEPT)
+
+    # ================================================================== lifecycle
+    def start(self, reapply: bool = True) -> list[dict[str, Any]]:
+        """Re-apply the manifest's verified swaps, then start the model thread."""
+        results = self.swaps.reapply() if reapply else []
+        self._thread = threading.Thread(target=self._run, name="gpuyantra-engine", daemon=True)
+        self._thread.start()
+        self.ready = True
+        return results
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for req in list(self._pending):
+            self._finish(req, "error", error="server shutting down")
+        self._pending.clear()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ================================================================== public API (any thread)
+    def submit(self, request: GenRequest) -> GenRequest:
+        self.validate(request)
+        with self._cv:
+            if self._stop:
+                raise EngineNotReady("the engine is stopping")
+            self._pending.append(request)
+            self._cv.notify_all()
+        self.observer.on_queue(len(self._pending), self.active_count)
+        return request
+
+    def validate(self, request: GenRequest) -> None:
+        ids = request.prompt_ids
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if self.vocab_size and any((not isinstance(i, int)) or i < 0 or i >= self.vocab_size for i in ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if request.max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1")
+        needed = len(ids) + request.max_tokens - 1
+        if needed > self.usable_len:
+            raise RequestError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) exceeds the served "
+                f"context of {self.usable_len} tokens"
+            )
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int, timeout: float | None = None, **kw) -> GenRequest:
+        """Blocking helper: submit and wait (worker thread must be running)."""
+        req = self.submit(GenRequest(list(prompt_ids), max_tokens, **kw))
+        if not req.done.wait(timeout):
+            req.cancel()
+            raise TimeoutError("generation timed out")
+        return req
+
+    def call(self, fn: Callable[[], Any], *, exclusive: bool = False, name: str = "admin") -> concurrent.futures.Future:
+        """Run `fn` on the model thread between forward passes; returns a Future of its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._thread is None or not self._thread.is_alive():
+            try:  # no model thread (benchmarks, tests): run inline
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001
+                future.set_exception(exc)
+            return future
+        with self._cv:
+            self._admin.append(_AdminOp(fn, exclusive, future, name))
+            self._cv.notify_all()
+        return future
+
+    @property
+    def active_count(self) -> int:
+        return sum(1 for s in self.slots if s is not None)
+
+    @property
+    def waiting_count(self) -> int:
+        return len(self._pending)
+
+    # ================================================================== the model thread
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._has_work():
+                    self._cv.wait(timeout=0.5)
+                if self._stop:
+                    return
+            try:
+                self._between_passes()
+                self._one_pass()
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("engine loop iteration failed")
+                time.sleep(0.01)
+
+    def _has_work(self) -> bool:
+        return bool(
+            self._admin or self.active_count or self.swaps.pending_faults() or (self._pending and self._can_admit())
+        )
+
+    def _exclusive_waiting(self) -> bool:
+        return any(op.exclusive for op in self._admin)
+
+    def _can_admit(self) -> bool:
+        return not self._exclusive_waiting() and any(s is None for s in self.slots)
+
+    def _between_passes(self) -> None:
+        while True:
+            with self._cv:
+                op = None
+                for candidate in list(self._admin):
+                    if candidate.exclusive and self.active_count:
+                        continue
+                    op = candidate
+                    self._admin.remove(candidate)
+                    break
+            if op is None:
+                break
+            if op.future.set_running_or_notify_cancel():
+                try:
+                    op.future.set_result(op.fn())
+                except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                    op.future.set_exception(exc)
+        if self.swaps.pending_faults():
+            self.swaps.handle_faults()
+        for index, slot in enumerate(self.slots):
+            if slot is not None and slot.request.cancelled:
+                self.slots[index] = None
+                self._finish(slot.request, "cancelled")
+
+    def _admit(self) -> list[tuple[int, GenRequest]]:
+        """Waiting requests for the free slots, as many as one prefill pass may hold: the padded
+        batch (rows x longest prompt) stays within PREFILL_TOKEN_BUDGET (a lone prompt always fits)."""
+        admitted: list[tuple[int, GenRequest]] = []
+        with self._cv:
+            if not self._can_admit():
+                return admitted
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            longest = 0
+            while self._pending and len(admitted) < len(free):
+                req = self._pending[0]
+                if req.cancelled:
+                    self._pending.popleft()
+                    self._finish(req, "cancelled")
+                    continue
+                longest_with = max(longest, len(req.prompt_ids))
+                if admitted and longest_with * (len(admitted) + 1) > PREFILL_TOKEN_BUDGET:
+                    break
+                longest = longest_with
+                admitted.append((free[len(admitted)], self._pending.popleft()))
+        return admitted
+
+    def _one_pass(self) -> None:
+        admitted = self._admit()
+        if admitted:
+            try:
+                self._prefill_requests(admitted)
+            except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
+                log.exception("prefill failed")
+                for index, req in admitted:
+                    self.slots[index] = None
+                    self._finish(req, "error", error=f"{type(exc).__name__}: {exc}")
+            self.observer.on_queue(len(self._pending), self.active_count)
+            return
+        if self.active_count:
+            try:
+                self._decode_active()
+            except Exception as exc:  # noqa: BLE001
+                log.exception("decode step failed")
+                for index, slot in enumerate(self.slots):
+                    if slot is not None:
+                        self.slots[index] = None
+                        self._finish(slot.request, "error", error=f"{type(exc).__name__}: {exc}")
+            self.observer.on_queue(len(self._pending), self.active_count)
+
+    def _clean_pass(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Run one forward pass. If a swapped kernel raised during it (that call fell back to the
+        original forward, later calls bypassed the faulted swap), roll the swap back and run the pass
+        again, so every served pass ran entirely on one set of forwards. Re-running is safe: a pass
+        writes the same cache positions again."""
+        out = run()
+        if self.swaps.pending_faults():
+            self.swaps.handle_faults()
+            out = run()
+        return out
+
+    def _prefill_requests(self, admitted: Sequence[tuple[int, GenRequest]]) -> None:
+        started = time.perf_counter()
+        rows = [index for index, _ in admitted]
+        prompts = [req.prompt_ids for _, req in admitted]
+        logits = self._clean_pass(lambda: self.prefill_rows(rows, prompts))
+        slots = []
+        for index, req in admitted:
+            gen = None
+            if req.temperature > 0:
+                gen = torch.Generator().manual_seed(req.seed if req.seed is not None else int(uuid.uuid4().int % 2**31))
+            slot = _Slot(request=req, pos=len(req.prompt_ids), last_token=0, generator=gen)
+            self.slots[index] = slot
+            slots.append(slot)
+        tokens = self._select(logits, slots)
+        logprobs = token_logprobs(logits, [s.request.logprobs for s in slots], tokens)
+        self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), time.perf_counter() - started)
+        for (index, _), slot, token, lp in zip(admitted, slots, tokens, logprobs):
+            self._recent_prompt_lens.append(len(slot.request.prompt_ids))
+            self._accept(index, slot, token, lp)
+
+    def _decode_active(self) -> None:
+        started = time.perf_counter()
+        n = max(i for i, s in enumerate(self.slots) if s is not None) + 1
+        rows = self.slots[:n]
+        scratch = self.cache.scratch_position
+        tokens = [s.last_token if s is not None else 0 for s in rows]
+        positions = [s.pos if s is not None else scratch for s in rows]
+        graphs = self.graphs
+        if graphs is None:
+            # Eager: attend only up to the longest active row (inactive rows write at scratch).
+            kv_len = max(s.pos for s in rows if s is not None) + 1
+            logits = self._clean_pass(lambda: self.decode_rows_eager(tokens, positions, kv_len=kv_len))
+        else:
+            logits = self._clean_pass(lambda: graphs.decode(tokens, positions))
+        chosen = self._select(logits, rows)
+        logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
+        active = sum(1 for s in rows if s is not None)
+        elapsed = time.perf_counter() - started
+        self.observer.on_forward("decode", n, active, elapsed)
+        self._live_steps.append((time.monotonic(), n, active, elapsed))
+        self._recent_batches.append(active)
+        for index, slot in enumerate(rows):
+            if slot is not None:
+                slot.pos += 1
+                self._accept(index, slot, chosen[index], logprobs[index])
+
+    def _select(self, logits: torch.Tensor, slots: Sequence[_Slot | None]) -> list[int]:
+        greedy = logits.argmax(dim=-1).tolist()
+        out = list(greedy)
+        for r, slot in enumerate(slots):
+            if slot is None or slot.request.temperature <= 0:
+                continue
+            req = slot.request
+            probs = torch.softmax(logits[r].float() / max(req.temperature, 1e-5), dim=-1).cpu()
+            if req.top_p < 1.0:
+                sorted_p, order = probs.sort(descending=True)
+                keep = sorted_p.cumsum(0) - sorted_p < req.top_p
+                keep[0] = True
+                probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+            out[r] = int(torch.multinomial(probs, 1, generator=slot.generator))
+        return out
+
+    def _accept(
+        self, index: int, slot: _Slot, token: int, logprob: tuple[float, list[tuple[int, float]]] | None = None
+    ) -> None:
+        req = slot.request
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        if token in req.stop_token_ids:
+            self.slots[index] = None
+            self._finish(req, "stop")
+            return
+        if logprob is not None:
+            req.output_logprobs.append(logprob)
+        req.output_ids.append(token)
+        slot.last_token = token
+        if req.on_token is not None:
+            try:
+                req.on_token(token)
+            except Exception:  # noqa: BLE001 - a broken consumer cancels its own request only
+                req.cancel()
+        if req.cancelled:
+            self.slots[index] = None
+            self._finish(req, "cancelled")
+        elif len(req.output_ids) >= req.max_tokens or slot.pos >= self.usable_len:
+            self.slots[index] = None
+            self._finish(req, "length")
+
+    def _finish(self, req: GenRequest, reason: str, error: str | None = None) -> None:
+        if req.done.is_set():
+            return
+        req.finish_reason = reason
+        req.error = error
+        req.finished_at = time.perf_counter()
+        req.done.set()
+        if req.on_finish is not None:
+            try:
+                req.on_finish(req)
+            except Exception:  # noqa: BLE001
+                log.exception("on_finish callback failed")
+        self.observer.on_request_finished(req)
+
+
+def token_logprobs(
+    logits: torch.Tensor, wanted: Sequence[int | None], chosen: Sequence[int]
+) -> list[tuple[float, list[tuple[int, float]]] | None]:
+    """Per row r of `logits` [rows, V]: None when wanted[r] is None, else (log-probability of
+    chosen[r], the wanted[r] most likely (token id, log-probability), most likely first), from
+    log_softmax of the logits in float32."""
+    out: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(wanted)
+    rows = [r for r, k in enumerate(wanted) if k is not None]
+    if not rows:
+        return out
+    index = torch.tensor(rows, device=logits.device)
+    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    picked = logp.gather(1, torch.tensor([[int(chosen[r])] for r in rows], device=logits.device))[:, 0].tolist()
+    k = min(max(int(wanted[r]) for r in rows), logp.shape[-1])  # type: ignore[arg-type]
+    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
+    values, ids = top_values.tolist(), top_ids.tolist()
+    for j, r in enumerate(rows):
+        want = int(wanted[r])  # type: ignore[arg-type]
+        out[r] = (picked[j], list(zip(ids[j][:want], values[j][:want])))
+    return out

@@ -1,0 +1,143 @@
+"""Served decode speed on the live path: a benchmark run on an idle engine, and live speed judged
+from the decode steps of real traffic without pausing it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from gpuyantra.served_speed import repeat_spread
+from serving.request import RequestError
+from serving.scheduler import Scheduler
+
+MAX_GENERATIONS_PER_REPEAT = 1000  # bounds one benchmark repeat however small min_repeat_s is against the step time
+
+
+class ServedSpeed(Scheduler):
+    def benchmark(
+        self, max_tokens: int = 16, prompt_tokens: int = 8, batch: int = 1, repeats: int = 1, min_repeat_s: float = 0.0
+    ) -> dict[str, Any]:
+        """Served decode speed on the live path (graphs when enabled), measured in this process.
+
+        `repeats` timed repeats, each generating again until it has run `min_repeat_s` (a single
+        short generation is mostly timer and launch noise). `tokens_per_s` is the median repeat; the
+        spread of the repeats (min, max, (max - min) / median, 1.4826 * MAD / median) says how far
+        two measurements may differ by noise alone."""
+        if self.active_count:
+            raise RuntimeError("benchmark needs an idle engine (run it through call(..., exclusive=True))")
+        if not 1 <= batch <= self.max_batch:
+            raise RequestError(f"batch must be between 1 and max_batch ({self.max_batch})")
+        if prompt_tokens < 1 or max_tokens < 1 or prompt_tokens + max_tokens > self.usable_len:
+            raise RequestError(f"prompt_tokens + max_tokens must be within the context ({self.usable_len})")
+        vocab = max(2, self.vocab_size)
+        prompts = [[(31 * i + 17 * r + 5) % vocab for i in range(prompt_tokens)] for r in range(batch)]
+        cuda = self.device.type == "cuda"
+
+        def sync():
+            if cuda:
+                torch.cuda.synchronize(self.device)
+
+        def run(steps: int) -> tuple[float, float, list[list[int]]]:
+            sync()
+            t0 = time.perf_counter()
+            last = []
+            for r, prompt in enumerate(prompts):
+                last.append(int(self.prefill_row(r, prompt)[0].argmax()))
+            sync()
+            t1 = time.perf_counter()
+            outs = [[t] for t in last]
+            pos = [prompt_tokens] * batch
+            for _ in range(steps):
+                logits = self.decode_rows(last, pos)
+                last = logits.argmax(dim=-1).tolist()
+                for r in range(batch):
+                    outs[r].append(last[r])
+                pos = [p + 1 for p in pos]
+            sync()
+            return t1 - t0, time.perf_counter() - t1, outs
+
+        def timed_repeat(steps: int) -> tuple[float, float, list[list[int]]]:
+            # Mean prefill and decode time of as many generations as fill min_repeat_s (bounded).
+            prefill = decode = 0.0
+            n = 0
+            while True:
+                p, d, outs = run(steps)
+                prefill, decode, n = prefill + p, decode + d, n + 1
+                if prefill + decode >= min_repeat_s or n >= MAX_GENERATIONS_PER_REPEAT:
+                    break
+            return prefill / n, decode / n, outs
+
+        with torch.no_grad():
+            run(min(2, max_tokens - 1))  # warm-up (kernel specialization, allocator)
+            results = [timed_repeat(max_tokens - 1) for _ in range(max(1, repeats))]
+        prefill_s = statistics.median(r[0] for r in results)
+        decode_s = statistics.median(r[1] for r in results)
+        steps = max_tokens - 1
+        e2e_tps = batch * max_tokens / (prefill_s + decode_s)
+        # Per-repeat figures: decode tokens/s, or whole-generation tokens/s when there is no decode step.
+        samples = [batch * steps / max(d, 1e-9) if steps else batch * max_tokens / (p + d) for p, d, _ in results]
+        spread = repeat_spread(samples)
+        return {
+            **spread,
+            "measured": "benchmark",
+            "min_repeat_s": min_repeat_s,
+            "e2e_tokens_per_s": e2e_tps,
+            "ms_per_step": 1000 * decode_s / steps if steps else None,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "ttft_s": prefill_s / batch,
+            "batch": batch,
+            "max_tokens": max_tokens,
+            "prompt_tokens": prompt_tokens,
+            "repeats": len(results),
+            **self._served_state(),
+            "output_ids": results[-1][2][0][:8],
+        }
+
+    def _served_state(self) -> dict[str, Any]:
+        """What a speed figure was measured on: decode path, swaps in, device, dtype, model."""
+        path = "eager"
+        if self.graphs is not None:
+            path = "cuda-graphs" if self.graphs.capture_enabled else "static-eager"
+        return {
+            "path": path,
+            "active_swaps": self.swaps.active_ids(),
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "model": self.model_name,
+        }
+
+    def live_speed(self, batch: int, window_s: float, min_steps: int, repeats: int = 5) -> dict[str, Any]:
+        """Served decode speed from the live steps of the next `window_s` seconds at `batch` full rows
+        (called off the engine thread; traffic is not paused). `{"measured": "none", "reason": ...}`
+        when there is no such traffic: at once when nothing is decoding, else after the window."""
+        if not self.active_count:
+            return {"measured": "none", "reason": "no live traffic is decoding now"}
+        start = time.monotonic()
+        deadline = start + window_s
+        while time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        steps = [s for s in list(self._live_steps) if s[0] > start and s[1] == batch and s[2] == batch]
+        if len(steps) < min_steps:
+            return {
+                "measured": "none",
+                "reason": f"{len(steps)} live decode steps at {batch} row(s) in {window_s:g} s, fewer than {min_steps}",
+            }
+        # Consecutive chunks of steps play the part of a benchmark's repeats (their spread is the noise).
+        chunks = max(1, min(repeats, len(steps) // 5))
+        size = len(steps) // chunks
+        samples = [batch * size / max(sum(s[3] for s in steps[i * size : (i + 1) * size]), 1e-9) for i in range(chunks)]
+        seconds = sum(s[3] for s in steps)
+        return {
+            **repeat_spread(samples),
+            "measured": "live",
+            "batch": batch,
+            "steps": len(steps),
+            "window_s": window_s,
+            "ms_per_step": 1000 * seconds / len(steps),
+            "repeats": chunks,
+            **self._served_state(),
+        }

@@ -1,0 +1,120 @@
+"""Import cycles among the gpuyantra/ and serving/ modules: the module import graph, built with `ast`
+(every import, function-level ones included; `if TYPE_CHECKING:` imports excluded), and its strongly
+connected components. Only the known ones below may remain.
+
+`python -m tests.test_import_cycles` prints every cycle with its edges."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("gpuyantra", "serving")
+# Packages whose cycles are known and kept: the op registry (the package registers the family
+# modules, which import `register` from it) and the open-target code generator.
+ALLOWED = ("gpuyantra.ops", "gpuyantra.authors.opengen")
+
+
+def module_files() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (`from a import b`: a, and a.b when b is a module)."""
+    modules = module_files()
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def edges(name: str, path: Path) -> set[str]:
+        out: set[str] = set()
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        stack: list[ast.AST] = [ast.parse(path.read_text())]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                stack.extend(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                out.update(m for a in node.names if (m := known(a.name)))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                if target := known(base):
+                    out.add(target)
+                out.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules)
+            stack.extend(ast.iter_child_nodes(node))
+        out.discard(name)
+        return out
+
+    return {name: edges(name, path) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def allowed(component: list[str]) -> bool:
+    return any(all(m == p or m.startswith(p + ".") for m in component) for p in ALLOWED)
+
+
+def test_no_new_import_cycles():
+    unexpected = [c for c in cycles(import_graph()) if not allowed(c)]
+    assert unexpected == [], f"import cycles: {unexpected}"
+
+
+if __name__ == "__main__":
+    graph = import_graph()
+    for component in cycles(graph):
+        print(("known " if allowed(component) else "NEW   ") + " <-> ".join(component))
+        for name in component:
+            print(f"    {name} -> {', '.join(sorted(graph[name] & set(component)))}")
