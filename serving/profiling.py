@@ -71,7 +71,12 @@ class Profiling(Scheduler):
         source, error, result = "fallback", None, None
         try:
             result = run_profiler(
-                self.model, probes, str(self.device), self.groups, function_sites=self.function_sites()
+                self.model,
+                probes,
+                str(self.device),
+                self.groups,
+                function_sites=self.function_sites(),
+                graphed_phases=("decode",) if getattr(self, "graphs", None) is not None else (),
             )
             if result is not None:
                 source = "profiler"
@@ -260,6 +265,7 @@ def run_profiler(
     device: str,
     groups: Sequence[ModuleGroup] | None = None,
     function_sites: Sequence[Any] | None = None,
+    graphed_phases: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """`gpuyantra.profiler.profile_model(model, run_probe, device)` when that module exists, else None."""
     try:
@@ -272,6 +278,8 @@ def run_profiler(
         params = set()
     if "groups" in params:
         extra: dict[str, Any] = {"function_sites": list(function_sites or [])} if "function_sites" in params else {}
+        if "graphed_phases" in params:
+            extra["graphed_phases"] = tuple(graphed_phases)
         return profile_model(model, dict(probes), device, groups=list(groups or []), **extra)
     # The minimal contract: one callable probe.
     return profile_model(model, lambda: [p() for p in probes.values()], device)

@@ -30,6 +30,7 @@ def profile_model(
     decode_steps: float = DEFAULT_DECODE_STEPS,
     hardware: HardwareSpec | None = None,
     function_sites: Sequence[Any] | None = None,
+    graphed_phases: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Profile `model` under each probe and rank its op-family targets by effect on served latency.
 
@@ -38,6 +39,8 @@ def profile_model(
     each named phase. `ops` restricts the families; `groups` skips binding discovery.
     `function_sites` (`gpuyantra.function_sites.FunctionSite`, e.g. rope's `apply_rotary_pos_emb` globals) adds
     one function-level target per family; discovered with the groups when `groups` is None.
+    `graphed_phases`: phases the server replays as CUDA graphs (decode under `serve --cuda-graphs`);
+    their targets are ranked by GPU time, since host launches no longer cost the step anything.
     """
     started = time.perf_counter()
     phase_fns = _phase_functions(run_probe, probes)
@@ -57,7 +60,9 @@ def profile_model(
     modules = list(model.named_modules())
     phases: dict[str, dict[str, Any]] = {}
     for phase, fn in phase_fns.items():
-        phases[phase] = _profile_phase(model, modules, groups, fn, device, spec, warmup, repeat, profile_steps, sites)
+        phases[phase] = _profile_phase(
+            model, modules, groups, fn, device, spec, warmup, repeat, profile_steps, sites, phase in graphed_phases
+        )
 
     phase_weights = _phase_weights(phases, weights, decode_steps)
     primary = _primary_phase(phases, phase_weights)

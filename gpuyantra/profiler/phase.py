@@ -32,7 +32,9 @@ from gpuyantra.profiler.hooks import (
 from gpuyantra.profiler.targets import _function_targets, _PhaseContext, _target_metrics
 
 
-def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmup, repeat, profile_steps, sites=()):
+def _profile_phase(
+    model, modules, groups, fn, device, spec: HardwareSpec, warmup, repeat, profile_steps, sites=(), graphed=False
+):
     cuda = device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
@@ -123,7 +125,11 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
         if st.index != "step":
             by_index[st.index].append(st)
 
-    ctx = _PhaseContext(cuda=cuda, spec=spec, step_us=step_us, busy=busy, steps=steps)
+    graphed = graphed and cuda
+    # Replayed as CUDA graphs, a step lasts as long as its GPU work: shares are of that.
+    ctx = _PhaseContext(
+        cuda=cuda, spec=spec, step_us=device_total if graphed else step_us, busy=busy, steps=steps, graphed=graphed
+    )
     targets = [
         _target_metrics(ctx, group, modules, group_of, gi, by_index, captured) for gi, group in enumerate(groups)
     ]
@@ -144,6 +150,7 @@ def _profile_phase(model, modules, groups, fn, device, spec: HardwareSpec, warmu
             "residual_scale": round(residual_scale, 4),
         },
         "busy_fraction": round(busy, 4),
+        "cuda_graphs": graphed,
         "device_ms": round(device_total / 1e3, 4),
         "launches_per_step": round(launches_total, 1),
         "syncs_per_step": round(syncs, 2),

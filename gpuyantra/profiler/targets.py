@@ -25,12 +25,17 @@ IN_SITU_LAUNCH_FACTOR = 2.0
 
 
 class _PhaseContext:
-    def __init__(self, cuda, spec, step_us, busy, steps):
+    """A profiled phase. `graphed`: the server replays this phase's steps as CUDA graphs, so host
+    launches are off the critical path and the step lasts as long as its GPU work (`step_us` is then
+    the GPU time of the eager step the profiler saw)."""
+
+    def __init__(self, cuda, spec, step_us, busy, steps, graphed: bool = False):
         self.cuda, self.spec, self.step_us, self.busy, self.steps = cuda, spec, step_us, busy, steps
+        self.graphed = graphed
 
     @property
     def host_bound(self) -> bool:
-        return self.cuda and self.busy < HOST_BOUND_BUSY
+        return self.cuda and not self.graphed and self.busy < HOST_BOUND_BUSY
 
 
 def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, gi, by_index, captured):
@@ -309,7 +314,7 @@ def _why(ctx: _PhaseContext, t: dict[str, Any]) -> str:
             f"est. {gain:+.0f} us/step ({frac:+.1%} of served latency); "
             "kernel speed in isolation does not matter here."
         )
-    where = "host-bound step, " if ctx.host_bound else ""
+    where = "host-bound step, " if ctx.host_bound else ("step replayed as CUDA graphs, " if ctx.graphed else "")
     return (
         f"{t['regime']}: {where}{ai_text}; {t['device_us']:.0f} us/step on the GPU vs roofline floor "
         f"{t['floor_us']:.0f} us; a kernel at {KERNEL_EFFICIENCY:.0%} of the roof saves est. {gain:+.0f} "

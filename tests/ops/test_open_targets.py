@@ -152,3 +152,36 @@ def test_saved_target_loads_by_name_in_another_process(registered):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split()[0] == registered.op
     assert get_op(registered.op).open_target is registered
+
+
+class _SquareMatmul(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a, b)
+
+
+class _BothTransposed(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a.T, b.T)
+
+
+@pytest.mark.parametrize(
+    ("module", "shapes"),
+    [(_SquareMatmul(), [(1100, 1100), (1100, 1100)]), (_BothTransposed(), [(1100, 1040), (2048, 1100)])],
+)
+def test_large_inputs_are_probed_on_rows_the_forward_accepts(module, shapes):
+    # Past 2^20 elements the probes use input 0's first rows; a square matmul's B shares A's dim-0
+    # size by coincidence and must not be cut with it, and A.T @ B.T accepts no cut at all.
+    inputs = [torch.rand(s) for s in shapes]
+    target = build_open_target(module, inputs, name_hint="matmul")
+    assert [tuple(i.shape) for i in target.inputs] == shapes
+
+
+def test_case_shapes_bound_every_input_and_output_not_only_input_0():
+    # A small-K matmul: A [32768, 64] is small, its [32768, 32768] output is 4 GB per case.
+    from gpuyantra.ops.open.spec import CUDA_CASE_ELEMENTS
+
+    target = build_open_target(_SquareMatmul(), [torch.rand(64, 64), torch.rand(64, 32768)], name_hint="small_k")
+    shapes, stress = target.case_shapes("cuda", [[32768, 64]])
+    assert shapes[0][1] == 64 and shapes[0][0] < 32768
+    assert all(target.largest_tensor(s) <= CUDA_CASE_ELEMENTS for s in shapes)
+    assert all(target.largest_tensor(s) <= 4 * CUDA_CASE_ELEMENTS for s in stress)

@@ -296,3 +296,34 @@ def test_linear_projections_are_targets_per_weight_shape(tiny):
     ranks = [t["rank"] for t in result["targets"]]
     gains = [t["est_gain"] for t in result["targets"]]
     assert ranks == sorted(ranks) and gains == sorted(gains, reverse=True)
+
+
+def test_a_phase_replayed_as_cuda_graphs_ranks_by_gpu_time():
+    # Batch-1 decode of o_proj as eager sees it: GPU busy 10%, 28 one-launch calls of 54 us host and
+    # 4.75 us GPU. Eager: launch-bound, a faster GEMV cannot help. Under CUDA graphs the host cost
+    # leaves the step, and the distance to the roofline is the gain.
+    from gpuyantra.profiler.targets import _PhaseContext
+
+    def gain_in(ctx: _PhaseContext) -> tuple[str, float]:
+        regime, _, _, gain = estimate_gain(
+            cuda=True,
+            host_bound=ctx.host_bound,
+            spec=H200,
+            host_us=1517.0,
+            device_us=133.0,
+            calls=28,
+            launches=28,
+            floor_us=31.0,
+            arithmetic_intensity=1.0,
+        )
+        return regime, gain
+
+    eager = _PhaseContext(cuda=True, spec=H200, step_us=28_000.0, busy=0.1, steps=2)
+    graphed = _PhaseContext(cuda=True, spec=H200, step_us=2_800.0, busy=0.1, steps=2, graphed=True)
+    assert eager.host_bound and not graphed.host_bound
+    assert gain_in(eager)[0] == "launch-bound" and gain_in(eager)[1] <= 0
+    regime, gain = gain_in(graphed)
+    assert regime == "memory-bound" and gain > 0
+    assert gain == pytest.approx(133.0 - max(31.0 / 0.8, 28 * H200.min_kernel_us))
+    # On a CPU there are no graphs: the flag changes nothing.
+    assert not _PhaseContext(cuda=False, spec=H200, step_us=1.0, busy=0.0, steps=1, graphed=True).host_bound

@@ -46,7 +46,7 @@ def build_open_target(
     specs = _link_index_ranges(tuple(_input_spec(name, t) for name, t in zip(names, inputs)))
     if specs[0].domain in ("int", "bool") or not specs[0].shape:
         raise OpenTargetError("the first input must be a floating tensor with at least one dim")
-    probe_inputs = tuple(t.detach().to("cpu") for t in leading_rows(inputs, 1 << 20))
+    probe_inputs = tuple(t.detach().to("cpu") for t in rows_the_forward_accepts(module, inputs, 1 << 20))
     params = _tensor_params(module) + _float_params(module, probe_inputs)
     links = dim_links(module, specs)
     cls = type(module)
@@ -212,6 +212,31 @@ def leading_rows(inputs: Sequence[Any], max_elements: int) -> Sequence[Any]:
         return inputs
     size = first.shape[0]
     return [t[:rows] if isinstance(t, Tensor) and t.dim() and t.shape[0] == size else t for t in inputs]
+
+
+def rows_the_forward_accepts(module: torch.nn.Module, inputs: Sequence[Any], max_elements: int) -> Sequence[Any]:
+    """`inputs` cut to their first rows for probing, the first way the forward accepts (checked on
+    the meta device): every input sharing input 0's dim-0 size, else input 0 alone (a square
+    matmul's B has that size by coincidence); else the inputs as they are."""
+    together = leading_rows(inputs, max_elements)
+    if together is inputs:
+        return inputs
+    alone = [together[0], *inputs[1:]]
+    for cut in (together, alone):
+        if _runs_on_meta(module, cut):
+            return cut
+    return inputs
+
+
+def _runs_on_meta(module: torch.nn.Module, inputs: Sequence[Any]) -> bool:
+    try:
+        meta = copy.deepcopy(module).to("meta")
+        args = [torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, Tensor) else t for t in inputs]
+        with torch.no_grad():
+            meta(*args)
+    except Exception:  # noqa: BLE001 - any failure: the forward does not accept these shapes
+        return False
+    return True
 
 
 def dim_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tuple[tuple[int, int], ...], ...]:

@@ -27,6 +27,7 @@ from gpuyantra.ops.open.spec import (
     _tensors,
     draw_input,
     follow_shapes,
+    halve,
     shrink,
 )
 
@@ -142,7 +143,7 @@ class OpenTarget:
         shapes: list[list[int]] = []
 
         def add(shape: list[int]) -> None:
-            shape = shrink(shape, dims, cap)
+            shape = self._within(shrink(shape, dims, cap), dims, cap)
             if shape not in shapes:
                 shapes.append(shape)
 
@@ -160,11 +161,33 @@ class OpenTarget:
             for others_at_one in (True, False):
                 big = [1 if d in dims and others_at_one else base[d] for d in range(len(base))]
                 big[dim] = STRESS_SIZE.get(device, STRESS_SIZE["cuda"])
-                if numel(big) <= cap * 4 and big not in stress and self.accepts(big):
+                if self.largest_tensor(big) <= cap * 4 and big not in stress and self.accepts(big):
                     stress.append(big)
                     break
         # Sizes the module itself refuses (an instance norm over one element) are no test of a kernel.
         return [s for s in shapes if self.accepts(s)] or shapes[:1], stress
+
+    def largest_tensor(self, first: Sequence[int]) -> int:
+        """Elements of the largest input or output when input 0 has shape `first`: a matmul's B
+        and output follow dims input 0 does not show, and the verifier holds them all."""
+        sizes = [numel(s) for s in self.shapes_for(first)]
+        sizes += [numel(shape) for shape, _ in self.meta_outputs(tuple(int(d) for d in first)) or []]
+        return max(sizes, default=0)
+
+    def _within(self, shape: list[int], dims: Sequence[int], cap: int) -> list[int]:
+        """`shape` with its largest variable dims halved until every input and output holds at most `cap`."""
+        shape = list(shape)
+        largest = self.largest_tensor(shape)
+        while largest > cap:
+            movable = [d for d in dims if shape[d] > 1]
+            if not movable:
+                break
+            d = max(movable, key=lambda i: shape[i])
+            smaller = [halve(n) if i == d else n for i, n in enumerate(shape)]
+            if self.largest_tensor(smaller) >= largest:
+                break  # the largest tensor does not follow input 0's dims (a fixed weight): keep the shape
+            shape, largest = smaller, self.largest_tensor(smaller)
+        return shape
 
     def accepts(self, first: Sequence[int]) -> bool:
         """Whether the module's forward runs when input 0 has shape `first` (meta device)."""
