@@ -60,7 +60,7 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     """Write the candidate to a real file (kept: it is the audit trail) and run the trust anchor."""
     from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.triton_env import prepare
-    from gpuyantra.verifier import run_verification
+    from gpuyantra.verifier import reuse, run_verification
 
     ensure_open_target(request.target)  # an open op travels with its target
 
@@ -75,22 +75,49 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     shapes = [list(s) for s in target.shapes] or None
     # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
     dtypes = [target.dtype] if target.dtype and device != "cpu" else None
-    # keep_warm: the next verification on this worker finds its sandbox child started.
-    verdict = with_heartbeat(
-        lambda: run_verification(
-            path,
-            device=device,
-            module_class=target.qualified_class,
-            shapes=shapes,
-            dtypes=dtypes,
-            keep_warm=device == "cuda",
-            param_shapes=target.param_shapes or None,  # linear: the live weight's out-features
-        )
+    # The same bytes asked the same question before (a warm campaign's seeded candidate): reuse.
+    key = reuse.verdict_key(
+        request.source,
+        op=target.op,
+        module_class=target.qualified_class,
+        shapes=shapes,
+        dtypes=dtypes,
+        param_shapes=target.param_shapes or None,
+        device_name=device_name(device),
+        versions=library_versions(),
     )
-    result = verdict.to_dict()
-    result.setdefault("device", device)
+    result = reuse.load(key) if reuse.enabled() else None
+    if result is None:
+        # keep_warm: the next verification on this worker finds its sandbox child started.
+        verdict = with_heartbeat(
+            lambda: run_verification(
+                path,
+                device=device,
+                module_class=target.qualified_class,
+                shapes=shapes,
+                dtypes=dtypes,
+                keep_warm=device == "cuda",
+                param_shapes=target.param_shapes or None,  # linear: the live weight's out-features
+            )
+        )
+        result = verdict.to_dict()
+        result.setdefault("device", device)
+        reuse.store(key, result)
     result["candidate_path"] = str(path)
     return result
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else device
+
+
+def library_versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__}
 
 
 ACTIVITIES: list[Callable[..., Any]] = [
