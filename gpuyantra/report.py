@@ -606,5 +606,7 @@ async def fetch_result(address: str, workflow_id: str) -> dict[str, Any]:
         raise ReportError(f"no campaign {workflow_id} at {address}: {exc}") from None
     if status != WorkflowExecutionStatus.COMPLETED:
         name = status.name.lower() if status is not None else "unknown"
-        raise ReportError(f"campaign {workflow_id} is {name}, not completed: no result to report yet")
+        # Only a running campaign will have a result later; a failed or terminated one never will.
+        when = "no result to report yet" if status == WorkflowExecutionStatus.RUNNING else "it has no result to report"
+        raise ReportError(f"campaign {workflow_id} is {name}, not completed: {when}")
     return await handle.result()
