@@ -196,11 +196,18 @@ def progress_lines(seen: dict[str, str], progress: Any) -> list[str]:
     if not isinstance(progress, dict):
         return []
     now = {"campaign": f"stage {progress.get('stage')}"}
+    trails: list[str] = []
     for key, target in sorted((progress.get("targets") or {}).items()):
         iteration = f" (iteration {target['iteration']})" if target.get("iteration") else ""
         now[key] = f"{key}: {target.get('stage')}{iteration}"
+        trail = target.get("trail")
+        if isinstance(trail, list):  # every stage since the last poll, not only the current one
+            done = int(seen.get(f"{key}#trail", 0))
+            trails += [f"{key}: {stage}" for stage in trail[done:]]
+            seen[f"{key}#trail"] = str(len(trail))
+            seen[key] = now[key]
     notices = progress.get("notices") or []
-    lines = [text for key, text in now.items() if seen.get(key) != text]
+    lines = [text for key, text in now.items() if seen.get(key) != text] + trails
     lines += [f"notice: {notice}" for notice in notices[int(seen.get("notices", 0)) :]]
     seen.update(now, notices=str(len(notices)))
     return lines

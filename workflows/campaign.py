@@ -131,6 +131,14 @@ class Search:
             self.best = Passed(verdict, written, iteration)
 
 
+def enter(progress: dict[str, Any], stage: str) -> None:
+    """A target's progress moves to `stage`; `trail` keeps every stage it passed through, so a
+    follower polling now and then still sees a stage that lasted a moment (a reused verdict)."""
+    progress["stage"] = stage
+    iteration = f" (iteration {progress['iteration']})" if progress.get("iteration") else ""
+    progress.setdefault("trail", []).append(f"{stage}{iteration}")
+
+
 @workflow.defn(name="OptimizeCampaign")
 class OptimizeCampaign:
     def __init__(self) -> None:
@@ -244,7 +252,7 @@ class OptimizeCampaign:
         if best is None:
             return {"entry": not_passed_entry(target, search)}
 
-        progress["stage"] = "learn"
+        enter(progress, "learn")
         skill_id = await workflow.execute_activity(
             "learn_skill",
             LearnInput(
@@ -268,7 +276,7 @@ class OptimizeCampaign:
         if params.require_approval and not await self._wait_for_approval(target.op, progress):
             return {"entry": {**summary, "reason": "deployment not approved"}}
 
-        progress["stage"] = "waiting-to-deploy"
+        enter(progress, "waiting-to-deploy")
         async with self._deploy_lock:
             self._progress["deploying"] = target.key
             try:
@@ -284,7 +292,7 @@ class OptimizeCampaign:
     ) -> Search:
         """Retrieve a seed skill, then write and verify candidates until one reaches its device's
         ceiling reward or max_iterations runs out."""
-        progress["stage"] = "retrieve"
+        enter(progress, "retrieve")
         retrieved: RetrieveResult = await workflow.execute_activity(
             "retrieve_skills",
             RetrieveInput(target=target.to_dict(), hardware=hardware),
@@ -295,7 +303,8 @@ class OptimizeCampaign:
         )
         search = Search(seed=SkillSeed.from_dict(retrieved.seed) if retrieved.seed else None)
         for iteration in range(1, params.max_iterations + 1):
-            progress.update(stage="write", iteration=iteration)
+            progress["iteration"] = iteration
+            enter(progress, "write")
             written: WriteResult = await workflow.execute_activity(
                 "write_candidate",
                 WriteInput(
@@ -311,7 +320,7 @@ class OptimizeCampaign:
                 retry_policy=RETRY,
                 summary=f"write {target.op} iteration {iteration}",
             )
-            progress["stage"] = "verify"
+            enter(progress, "verify")
             verdict = VerdictSummary.from_dict(
                 await self._gpu(
                     "verify_candidate",
@@ -362,7 +371,7 @@ class OptimizeCampaign:
         progress: dict[str, Any],
     ) -> dict[str, Any]:
         """Swap, measure served speed, keep or roll back. Called with the deploy lock held."""
-        progress["stage"] = "deploy"
+        enter(progress, "deploy")
         verdict = best.verdict
         try:
             swap = await self._gpu(
@@ -381,11 +390,11 @@ class OptimizeCampaign:
         summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
         judged = verdict.speed_judged  # the interpreter's speed says nothing about the server's
         if self._sequential and not judged:
-            progress["stage"] = "deployed"
+            enter(progress, "deployed")
             return {"deployed": True, "entry": summary}
         # Served speed is the number users see: a kernel fast in isolation can still slow a
         # launch-bound decode step. Roll back only a drop larger than the measurements' own spread.
-        progress["stage"] = "e2e-check"
+        enter(progress, "e2e-check")
         before = self._served
         after = await self._gpu(
             "benchmark_server",
@@ -427,11 +436,11 @@ class OptimizeCampaign:
         )
         self._warn(slowdown_warning(f"{target.op} deployed", before, after, note))
         self._served = after
-        progress["stage"] = "deployed"
+        enter(progress, "deployed")
         return {"deployed": True, "entry": summary}
 
     async def _wait_for_approval(self, op: str, progress: dict[str, Any]) -> bool:
-        progress["stage"] = "awaiting-approval"
+        enter(progress, "awaiting-approval")
         decided = lambda: bool({op, "*"} & (self._approved | self._rejected_by_user))  # noqa: E731
         await workflow.wait_condition(decided)
         return not ({op, "*"} & self._rejected_by_user)

@@ -139,3 +139,24 @@ def test_ctrl_c_leaves_the_campaign_running_and_says_how_to_follow(fake, capsys)
     assert f"campaign {workflow_id} keeps running" in err
     assert f"temporal workflow show --address 127.0.0.1:7233 --workflow-id {workflow_id} --follow" in err
     assert f"temporal workflow cancel --address 127.0.0.1:7233 --workflow-id {workflow_id}" in err
+
+
+def test_progress_lines_show_every_stage_a_target_passed_between_two_polls():
+    # A reused verdict turns verify into deploy within a poll: the trail still shows verify.
+    from workflows.campaign import enter
+
+    seen: dict[str, str] = {}
+    target: dict[str, Any] = {}
+    progress = {"stage": "search", "targets": {"rms_norm:Qwen2RMSNorm": target}, "notices": []}
+    enter(target, "retrieve")
+    first = campaign_client.progress_lines(seen, progress)
+    assert first == ["stage search", "rms_norm:Qwen2RMSNorm: retrieve"]
+    target["iteration"] = 1
+    for stage in ("write", "verify", "deploy"):
+        enter(target, stage)
+    assert campaign_client.progress_lines(seen, progress) == [
+        "rms_norm:Qwen2RMSNorm: write (iteration 1)",
+        "rms_norm:Qwen2RMSNorm: verify (iteration 1)",
+        "rms_norm:Qwen2RMSNorm: deploy (iteration 1)",
+    ]
+    assert campaign_client.progress_lines(seen, progress) == []  # nothing new, nothing printed
