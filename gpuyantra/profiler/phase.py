@@ -194,6 +194,7 @@ def _class_breakdown(ctx: _PhaseContext, modules, by_index, captured):
                 top[0] += n / steps
                 top[1] += t / steps
     out = []
+    costs = []
     for row in rows.values():
         row["modules"] = len(row["modules"])
         for name, value in zip(fields_, _median_per_step(row.pop("_steps"), steps, len(fields_))):
@@ -201,15 +202,20 @@ def _class_breakdown(ctx: _PhaseContext, modules, by_index, captured):
         top = sorted(row.pop("_ops").items(), key=lambda kv: -kv[1][1])[:4]
         row["top_ops"] = [{"name": name, "calls": round(n, 1), "host_us": round(t, 1)} for name, (n, t) in top]
         row["syncs"] = round(row["syncs"], 2)
-        cost = (
+        costs.append(
             max(row["host_us"], row["device_us"])
             if ctx.host_bound
             else (row["device_us"] if ctx.cuda else row["host_us"])
         )
-        row["share"] = round(cost / ctx.step_us, 5) if ctx.step_us else 0.0
+        out.append(row)
+    # Self times partition the step, so their shares cannot add up to more than one step. When a
+    # busy machine left more profiler cost than the calibration removes, they are read as shares of
+    # their own sum.
+    whole = max(ctx.step_us, sum(costs))
+    for row, cost in zip(out, costs):
+        row["share"] = round(cost / whole, 5) if whole else 0.0
         for k in ("host_us", "ops_host_us", "device_us", "launches"):
             row[k] = round(row[k], 2)
-        out.append(row)
     out.sort(key=lambda r: -r["share"])
 
     flops = nbytes = 0.0
