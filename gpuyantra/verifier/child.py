@@ -329,21 +329,24 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
         results["device_name"] = name
         bandwidth = (job.get("bandwidth_cache") or {}).get(name)
         if job.get("benchmark") and not bandwidth:
-            bandwidth = bench.measure_copy_bandwidth()  # before any candidate code has run
+            with _timed(results.setdefault("timings", {}), "setup_bandwidth"):
+                bandwidth = bench.measure_copy_bandwidth()  # before any candidate code has run
             results["bandwidth_measured"] = True
         results["copy_bandwidth_gbs"] = bandwidth
-    for module_name in job.get("family_modules", []):
-        importlib.import_module(module_name)
-    if job.get("open_target"):
-        from pathlib import Path
+    with _timed(results.setdefault("timings", {}), "setup_family"):
+        for module_name in job.get("family_modules", []):
+            importlib.import_module(module_name)
+        if job.get("open_target"):
+            from pathlib import Path
 
-        from gpuyantra.ops.open import load_open_target, register_open
+            from gpuyantra.ops.open import load_open_target, register_open
 
-        register_open(load_open_target(Path(job["open_target"])), save=False)
-    family = get_op(job["op"])
+            register_open(load_open_target(Path(job["open_target"])), save=False)
+        family = get_op(job["op"])
     results["stage"] = "import"
     try:
-        candidate = load_candidate(job["path"])
+        with _timed(results.setdefault("timings", {}), "setup_import"):
+            candidate = load_candidate(job["path"])
     except CandidateError as exc:
         results["error"] = {"rule": "import-failed", "message": str(exc)}
         return
@@ -480,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
                 _torch.save(outputs, job["outputs_path"])
         except BaseException as exc:  # noqa: BLE001
             results["harness_error"] = f"saving outputs failed: {type(exc).__name__}: {exc}"[:2000]
+        # When the results were complete: the parent attributes the rest (the interpreter's and the
+        # CUDA context's teardown) to `child_exit`.
+        results["finished_at"] = time.time()
         _write_json(job["results_path"], results)
     return 0
 

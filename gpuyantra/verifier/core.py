@@ -208,6 +208,8 @@ def _run(
         outcome = sandbox.run(job)
         verdict.timings["sandbox"] = round(time.monotonic() - clock, 3)
         verdict.timings["load_outputs"] = outcome.load_seconds
+        if outcome.exit_seconds is not None:
+            verdict.timings["child_exit"] = outcome.exit_seconds
         verdict.timings.update(
             {f"child_{k}": float(v) for k, v in ((outcome.results or {}).get("timings") or {}).items()}
         )

@@ -60,6 +60,7 @@ class SandboxOutcome:
     memory_exceeded: bool = False
     peak_rss: int = 0
     leftover: list[int] = field(default_factory=list)
+    exit_seconds: float | None = None  # from the child's results written to its process gone
     stderr_tail: str = ""
     seconds: float = 0.0
     load_seconds: float = 0.0  # reading the saved outputs back (parent side)
@@ -238,6 +239,7 @@ class Sandbox:
                 break
             time.sleep(POLL_SECONDS)
         outcome.returncode = self.proc.wait()
+        exited_at = time.time()
         outcome.seconds = time.monotonic() - self.started_at
         # Anything of the session still alive now was started by the candidate and outlived it.
         time.sleep(0.05)
@@ -252,6 +254,9 @@ class Sandbox:
                 outcome.results = json.loads(results_path.read_text())
             except (OSError, ValueError):
                 outcome.results = None
+            finished_at = (outcome.results or {}).get("finished_at")
+            if isinstance(finished_at, (int, float)):
+                outcome.exit_seconds = round(max(exited_at - finished_at, 0.0), 3)
             if outcome.results is not None and outputs_path.exists():
                 import torch
 
