@@ -3,17 +3,7 @@
 from __future__ import annotations
 
 from gpuyantra.ops.base import OpFamily, ParamSpec, adapter_kwargs, import_class
-
-_REGISTRY: dict[str, OpFamily] = {}
-
-
-class UnknownOpError(LookupError):
-    pass
-
-
-def register(family: OpFamily) -> OpFamily:
-    _REGISTRY[family.name] = family
-    return family
+from gpuyantra.ops.registry import _REGISTRY, UnknownOpError, register
 
 
 def get_op(name: str) -> OpFamily:
@@ -36,7 +26,7 @@ def all_ops(include_open: bool = False) -> list[OpFamily]:
 
 def _load_builtin_families() -> None:
     # Imported lazily so `gpuyantra.ops` stays cheap to import; each module registers its family.
-    from gpuyantra.ops import families  # noqa: F401
+    import gpuyantra.ops.families  # noqa: F401
 
 
 __all__ = ["OpFamily", "ParamSpec", "UnknownOpError", "adapter_kwargs", "all_ops", "get_op", "import_class", "register"]

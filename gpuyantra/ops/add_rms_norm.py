@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from gpuyantra.ops import register
-from gpuyantra.ops import rms_norm as _rms
+import gpuyantra.ops.rms_norm as _rms
 from gpuyantra.ops._rows import call_module, forward_with_entry, has_vector_weight, norm_bytes, per_element_flops
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, randn
+from gpuyantra.ops.registry import register
 
 
 def reference(x: Tensor, residual: Tensor, *, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:

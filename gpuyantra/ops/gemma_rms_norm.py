@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from gpuyantra.ops import register
 from gpuyantra.ops._rows import (
     call_module,
     compute_dtype,
@@ -23,6 +22,7 @@ from gpuyantra.ops._rows import (
     per_element_flops,
 )
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, randn
+from gpuyantra.ops.registry import register
 
 
 def reference(x: Tensor, *, weight: Tensor, eps: float) -> Tensor:

@@ -12,7 +12,6 @@ from typing import cast
 
 import torch
 
-from gpuyantra.ops import register
 from gpuyantra.ops._rows import (
     call_module,
     compute_dtype,
@@ -23,6 +22,7 @@ from gpuyantra.ops._rows import (
     per_element_flops,
 )
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, randn
+from gpuyantra.ops.registry import register
 
 
 def reference(x: Tensor, *, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpuyantra.ops import register
 from gpuyantra.ops._rows import call_module, forward_with_entry, make_x
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, itemsize, numel, randn
+from gpuyantra.ops.registry import register
 
 # Unit roundoff (half an ulp at 1) of each output dtype and of the float32 accumulator.
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24, torch.float64: 2.0**-53}

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from gpuyantra.ops import register
 from gpuyantra.ops._rows import has_vector_weight
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, randn
+from gpuyantra.ops.registry import register
 
 
 def reference(x: Tensor, *, weight: Tensor, eps: float) -> Tensor:

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import torch
 
-from gpuyantra.ops import register
 from gpuyantra.ops._rows import call_module, forward_with_entry, is_parameterless_leaf
 from gpuyantra.ops.base import OpFamily, Tensor, itemsize, randn
+from gpuyantra.ops.registry import register
 
 _MODELS = (
     "llama",

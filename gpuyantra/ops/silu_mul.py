@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from gpuyantra.ops import register
 from gpuyantra.ops._gated import gated_family
 from gpuyantra.ops.base import Tensor
+from gpuyantra.ops.registry import register
 
 
 def reference(gate: Tensor, up: Tensor) -> Tensor:

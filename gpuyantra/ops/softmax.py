@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from gpuyantra.ops import register
 from gpuyantra.ops._rows import (
     call_module,
     compute_dtype,
@@ -24,6 +23,7 @@ from gpuyantra.ops._rows import (
     per_element_flops,
 )
 from gpuyantra.ops.base import OpFamily, Tensor
+from gpuyantra.ops.registry import register
 
 
 def reference(x: Tensor) -> Tensor:

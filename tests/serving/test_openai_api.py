@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from serving.engine import GenRequest, token_logprobs
-from serving.models import ByteTokenizer
-from serving.openai_api import (
+from serving.generation import (
     Generation,
     IncrementalText,
     chat_logprobs,
@@ -19,6 +18,7 @@ from serving.openai_api import (
     stop_overlap,
     truncate_at_stop,
 )
+from serving.models import ByteTokenizer
 
 
 @pytest.mark.parametrize(
@@ -168,7 +168,7 @@ def test_generation_n_samples_length_and_eos():
 
 
 def test_sample_seeds_stay_in_torch_range():
-    from serving.openai_api import SEED_MAX, _sample_seed
+    from serving.generation import SEED_MAX, _sample_seed
 
     assert _sample_seed(None, 3) is None and _sample_seed(5, 2) == 7
     assert _sample_seed(SEED_MAX, 1) == 0

@@ -17,6 +17,7 @@ from gpuyantra.ops.base import OpFamily
 from gpuyantra.ops.open.family import open_family
 from gpuyantra.ops.open.spec import OPEN_PREFIX, OpenInput, OpenParam, OpenTargetError, is_open
 from gpuyantra.ops.open.target import OpenTarget
+from gpuyantra.ops.registry import register, registered
 
 
 def targets_dir() -> Path:
@@ -27,8 +28,6 @@ def targets_dir() -> Path:
 
 def register_open(target: OpenTarget, save: bool = True) -> OpFamily:
     """Register the target's family in this process (and save it for other processes)."""
-    from gpuyantra.ops import register
-
     if save:
         target.save(targets_dir() / target.op)
     return register(open_family(target))
@@ -46,9 +45,7 @@ def ensure_open_target(target: dict[str, Any]) -> None:
     op = str(target.get("op") or "")
     if not is_open(op) or not payload:
         return
-    from gpuyantra.ops import _REGISTRY
-
-    if op in _REGISTRY:
+    if registered(op) is not None:
         return
     folder = targets_dir() / op
     if not (folder / "target.json").is_file():
@@ -95,9 +92,8 @@ def find_open_family(name: str) -> OpFamily | None:
 
 def open_spec_for(name: str) -> OpenTarget:
     """The open target behind op `name` (what the open author reads)."""
-    from gpuyantra.ops import get_op
-
-    target = getattr(get_op(name), "open_target", None)
+    family = registered(name) or find_open_family(name)
+    target = getattr(family, "open_target", None)
     if target is None:
         raise OpenTargetError(f"{name!r} is not an open target")
     return target

@@ -1,0 +1,239 @@
+"""The generation core both OpenAI routes share (`serving/openai_api.py` formats its output).
+
+`Generation` submits one engine request per (prompt, sample), turns the engine's tokens into text
+deltas (`IncrementalText` holds back a trailing incomplete UTF-8 sequence, `stop_overlap` text that
+could still grow into a stop string), cuts at the first stop string (`truncate_at_stop`) and reports
+log-probabilities in the completions or the chat shape. Kept apart from the routes so that the
+request/response formats and the token-to-text logic can each be read on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from serving.engine import Engine
+from serving.request import GenRequest
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
+
+# ====================================================================== text helpers
+class IncrementalText:
+    """Text deltas of a growing token list; holds back a trailing incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        if text.startswith(self.emitted) and len(text) > len(self.emitted):
+            delta = text[len(self.emitted) :]
+            self.emitted = text
+            return delta
+        return ""
+
+
+def stop_overlap(text: str, stops: list[str] | None) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    best = 0
+    for stop in stops or ():
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                best = max(best, k)
+                break
+    return best
+
+
+def truncate_at_stop(text: str, stops: list[str] | None) -> tuple[str, bool]:
+    """`text` cut before the earliest stop string it contains, and whether it contained one."""
+    if not stops:
+        return text, False
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+LogprobEntry = tuple[float, list[tuple[int, float]]]  # the engine's: (chosen, [(id, logprob), ...])
+
+
+def completion_logprobs(tok, ids: list[int], entries: list[LogprobEntry], offsets: list[int]) -> dict[str, Any]:
+    """The legacy completions `logprobs` object of these tokens."""
+    top: list[dict[str, float]] = []
+    for token, (chosen, alternatives) in zip(ids, entries):
+        best: dict[str, float] = {}
+        for alt, lp in [*alternatives, (token, chosen)]:
+            best.setdefault(tok.token_text(alt), lp)  # two ids with one text: the likelier one's
+        top.append(best)
+    return {
+        "tokens": [tok.token_text(i) for i in ids],
+        "token_logprobs": [e[0] for e in entries],
+        "top_logprobs": top,
+        "text_offset": list(offsets),
+    }
+
+
+def chat_logprobs(tok, ids: list[int], entries: list[LogprobEntry]) -> dict[str, Any]:
+    """The chat `logprobs` object (`{"content": [...]}`) of these tokens."""
+
+    def item(token: int, lp: float) -> dict[str, Any]:
+        return {"token": tok.token_text(token), "logprob": lp, "bytes": list(tok.token_bytes(token))}
+
+    return {
+        "content": [
+            {**item(token, chosen), "top_logprobs": [item(a, lp) for a, lp in alternatives]}
+            for token, (chosen, alternatives) in zip(ids, entries)
+        ]
+    }
+
+
+# ====================================================================== the generation core
+@dataclass
+class Delta:
+    """New output of one choice: text, its tokens (with log-probabilities when asked) and, on its
+    last delta, the finish reason (or the error)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[LogprobEntry] | None
+    offsets: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Choice:
+    req: GenRequest
+    decoder: IncrementalText
+    sent: str = ""
+    count: int = 0  # tokens kept: up to the one that completed a stop string
+    reported: int = 0  # tokens already in a Delta
+    offsets: list[int] = field(default_factory=list)
+    stopped: bool = False
+    finished: bool = False
+
+
+class Generation:
+    """`n` samples of each prompt on the engine; choice index = prompt index * n + sample."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompts: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stops: list[str] | None,
+        logprobs: int | None,
+    ):
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.prompts = prompts
+        self.stops = stops
+        self.logprobs = logprobs
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.choices: list[_Choice] = []
+        for ids in prompts:
+            for j in range(n):
+                index = len(self.choices)
+                budget = max_tokens if max_tokens is not None else max(1, engine.usable_len - len(ids) + 1)
+                req = GenRequest(
+                    prompt_ids=ids,
+                    max_tokens=budget,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=_sample_seed(seed, j),
+                    logprobs=logprobs,
+                    stop_token_ids=frozenset(self.tok.eos_token_ids),
+                    on_token=partial(self._post, index, "token"),
+                    on_finish=partial(self._post, index, "finish"),
+                )
+                engine.validate(req)  # RequestError: 400, before anything runs
+                self.choices.append(_Choice(req, IncrementalText(self.tok)))
+
+    def _post(self, index: int, kind: str, value: Any) -> None:  # engine thread
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, kind, value))
+
+    def start(self) -> None:
+        for c in self.choices:
+            self.engine.submit(c.req)
+
+    def cancel(self) -> None:
+        for c in self.choices:
+            if not c.req.done.is_set():
+                c.req.cancel()
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(len(p) for p in self.prompts)
+        completion = sum(c.count for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _delta(self, index: int, c: _Choice, text: str, **extra: Any) -> Delta:
+        lo, hi = c.reported, c.count
+        c.reported = hi
+        return Delta(
+            index,
+            text,
+            c.req.output_ids[lo:hi],
+            c.req.output_logprobs[lo:hi] if self.logprobs is not None else None,
+            c.offsets[lo:hi],
+            **extra,
+        )
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Deltas until every choice finished; cancels what is left when the consumer goes away."""
+        stops = self.stops
+        done = 0
+        try:
+            while done < len(self.choices):
+                index, kind, value = await self.queue.get()
+                c = self.choices[index]
+                if c.finished or (kind == "token" and c.stopped):
+                    continue
+                if kind == "token":
+                    c.offsets.append(len(c.decoder.emitted))
+                    c.decoder.push(value)
+                    c.count += 1
+                    text, hit = truncate_at_stop(c.decoder.emitted, stops)
+                    if hit:
+                        c.stopped = True
+                        c.req.cancel()
+                        safe = len(text)
+                    else:
+                        safe = len(text) - stop_overlap(text, stops)
+                    if safe > len(c.sent):
+                        delta = text[len(c.sent) : safe]
+                        c.sent += delta
+                        yield self._delta(index, c, delta)
+                    continue
+                c.finished = True
+                done += 1
+                req: GenRequest = value
+                if req.finish_reason == "error":
+                    yield self._delta(index, c, "", error=f"generation failed: {req.error}")
+                    continue
+                full, hit = truncate_at_stop(self.tok.decode(req.output_ids[: c.count]), stops)
+                tail = full[len(c.sent) :] if full.startswith(c.sent) else ""
+                c.sent += tail
+                reason = "stop" if (c.stopped or hit or req.finish_reason != "length") else "length"
+                yield self._delta(index, c, tail, finish_reason=reason)
+        finally:
+            self.cancel()
+
+
+def _sample_seed(seed: int | None, sample: int) -> int | None:
+    """Seed of sample `sample` of a request seeded `seed`: seed + sample, wrapped into torch's range."""
+    if seed is None:
+        return None
+    s = seed + sample
+    return s - 2**64 if s > SEED_MAX else s
