@@ -19,6 +19,15 @@ import time
 from pathlib import Path
 
 
+def problem_numbers(text: str) -> set[int]:
+    """`1-4,9,12-13` -> {1, 2, 3, 4, 9, 12, 13}."""
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
 def problem_files(folder: Path, only: set[int] | None) -> list[Path]:
     files = sorted(
         folder.glob("*.py"), key=lambda p: int(re.match(r"(\d+)", p.name).group(1)) if p.name[0].isdigit() else 0
@@ -101,10 +110,10 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--max-iterations", type=int, default=2)
     parser.add_argument("--out", default="kb_out")
-    parser.add_argument("--only", default="", help="comma-separated problem numbers")
+    parser.add_argument("--only", default="", help="problem numbers and ranges, comma separated: 1-18,93,96")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="stop the shards after this long")
     args = parser.parse_args()
-    only = {int(x) for x in args.only.split(",") if x} or None
+    only = problem_numbers(args.only) or None
     files = problem_files(Path(args.folder), only)
     started = time.time()
     deadline = started + args.deadline_s
