@@ -22,6 +22,23 @@ from serving.shapes import ShapeRecorder
 log = logging.getLogger("gpuyantra.serving")
 
 
+def prepare_profiler_on_this_thread(device: str) -> None:
+    """Start and stop an empty CUDA profile on the calling (main) thread, before the server's threads.
+
+    Why: the profiler library registers its client on the thread that imported torch and runs that
+    client's init on the thread that first starts a profile; when those differ (a profile served
+    from the engine's thread) it logs "External init callback must run in same thread as
+    registerClient" and skips the init. Starting it once here keeps both on one thread."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    try:
+        with torch.profiler.profile(activities=activities):
+            pass
+    except Exception as exc:  # noqa: BLE001 - serving must start without a profiler too
+        log.warning("profiler warm-up failed (profiles fall back to timing): %s", exc)
+
+
 class Profiling(Scheduler):
     groups: list[ModuleGroup]  # set by the engine: the op-family groups of the served model
     shapes: ShapeRecorder

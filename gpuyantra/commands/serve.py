@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from serving.app import ServeConfig, create_app
+    from serving.profiling import prepare_profiler_on_this_thread
 
     token = args.admin_token or os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
     config = ServeConfig(
@@ -155,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             "gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
             file=sys.stderr,
         )
+    prepare_profiler_on_this_thread(device)
     app = create_app(config)
     print(
         f"gpuyantra serve: {args.model} on {device}, http://{args.host}:{args.port} "
