@@ -23,6 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
+    from gpuyantra.profile_digest import profile_digest  # stdlib only
     from gpuyantra.rewards import ceiling  # stdlib only
     from gpuyantra.served_speed import figures, judge_swap, slowdown_warning  # stdlib only
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
@@ -230,6 +231,11 @@ class OptimizeCampaign:
         after = await self._gpu("benchmark_server", server, timedelta(minutes=10))
         if deployed:
             self._warn(slowdown_warning("campaign", before, after, f"{len(deployed)} kernel(s) deployed"))
+        profile_after = None
+        # Where the step's time goes once the kernels are in (the report draws both profiles).
+        if deployed and workflow.patched("profile-after"):
+            self._stage("profile-after")
+            profile_after = await self._gpu("profile_server", server, timedelta(minutes=10))
         self._stage("done")
         return {
             "workflow_id": campaign_id,
@@ -240,6 +246,8 @@ class OptimizeCampaign:
             "rejected": rejected,
             "e2e": {"tokens_per_s_before": before.get("tokens_per_s"), "tokens_per_s_after": after.get("tokens_per_s")},
             "served_speed": {"before": figures(before), "after": figures(after)},
+            "profile": profile_digest(profile),
+            "profile_after": profile_digest(profile_after),
             "warnings": self._warnings,
         }
 

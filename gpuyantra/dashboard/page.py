@@ -2,7 +2,7 @@
 
 The script polls the JSON routes every 2 s (skills every 10 s and on search), builds tables with
 textContent (nothing from a server is parsed as HTML) and places the charts, inline SVG the
-dashboard draws with gpuyantra/report.py's helpers and escapes itself. The admin token, typed once,
+dashboard draws with gpuyantra/report/live.py and escapes itself. The admin token, typed once,
 stays in this tab's sessionStorage and goes out as `Authorization: Bearer`.
 """
 

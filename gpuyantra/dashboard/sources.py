@@ -214,7 +214,7 @@ class Sources:
         return {"status": self.status["skills"].to_dict(), "skills": rows}
 
     async def report(self, campaign_id: str) -> str:
-        """A completed campaign's report, the page `gpuyantra report` writes (gpuyantra/report.py),
+        """A completed campaign's report, the page `gpuyantra report` writes (gpuyantra/report/),
         from its result in Temporal; NoReport when there is none."""
         from temporalio.client import WorkflowExecutionStatus
         from temporalio.service import RPCError, RPCStatusCode
@@ -236,7 +236,7 @@ class Sources:
             raise NoReport(502, f"cannot read campaign {campaign_id} at {address}: {one_line(exc)}") from None
         except TimeoutError:
             raise NoReport(502, f"Temporal at {address} did not answer within {REPORT_WITHIN_S:g} s") from None
-        return render_html(result)
+        return await asyncio.to_thread(render_html, result)  # matplotlib: off the event loop
 
     # ------------------------------------------------------------------ helpers
 

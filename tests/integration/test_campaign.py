@@ -72,6 +72,14 @@ async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, wor
     assert [d["op"] for d in result["deployed"]] == ["rms_norm"], result
     deployed = result["deployed"][0]
     assert deployed["reward"] == 1 and deployed["modules"] == expected_modules and deployed["skill_id"]
+    # The profiles before and after the swap travel with the result (digests: no open-target payloads).
+    norm_classes = [
+        [c for c in p["phases"][p["primary_phase"]]["classes"] if c["module_class"] == "Qwen2RMSNorm"]
+        for p in (result["profile"], result["profile_after"])
+    ]
+    assert all(len(rows) == 1 and rows[0]["modules"] == expected_modules for rows in norm_classes), norm_classes
+    assert any(t["op"] == "rms_norm" for t in result["profile"]["targets"])
+    assert "open_target" not in json.dumps(result["profile"])
     kernels = httpx.get(f"{url}/admin/kernels", headers=admin_headers, timeout=30).json()
     active = [k for k in kernels["active"] if k["op"] == "rms_norm"]
     assert len(active) == 1 and active[0]["modules"] == expected_modules

@@ -168,3 +168,47 @@ def cpu_result() -> dict[str, Any]:
             "is not judged on a cpu verdict)"
         ],
     }
+
+
+def profile() -> dict[str, Any]:
+    """The server's /admin/profile answer, trimmed to what a report reads (gpuyantra/profiler/model.py)."""
+    return {
+        "hardware": "nvidia-h200",
+        "hardware_spec": {
+            "name": "nvidia-h200",
+            "device_name": "NVIDIA H200",
+            "copy_bytes_per_s": 4.13e12,
+            "matmul_flops_per_s": 7.98e14,
+            "measured": True,
+        },
+        "primary_phase": "decode",
+        "regime": "launch-bound",
+        "busy_fraction": 0.035,
+        "step_ms": 88.5,
+        "launches_per_step": 1174.0,
+        "targets": [
+            {
+                "op": "rms_norm",
+                "module_class": "Qwen2RMSNorm",
+                "regime": "launch-bound",
+                "cost_us": 14673.02,
+                "est_cost_after_us": 5035.92,
+            },
+            {
+                "op": "rope",
+                "module_class": "apply_rotary_pos_emb",
+                "binding": "function",
+                "regime": "memory-bound",
+                "cost_us": 9469.2,
+                "est_cost_after_us": 2473.79,
+            },
+        ],
+        "phases": {
+            "decode": {
+                "classes": [
+                    {"module_class": "Qwen2Attention", "host_us": 69411.03, "device_us": 671.17, "share": 0.591},
+                    {"module_class": "Qwen2RMSNorm", "host_us": 14673.02, "device_us": 651.42, "share": 0.125},
+                ]
+            }
+        },
+    }

@@ -10,7 +10,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from gpuyantra.report import render_html
-from tests.report.results import cpu_result, gpu_result
+from tests.report.results import cpu_result, gpu_result, profile
 
 KERNEL = "import triton\n\n@triton.jit\ndef _rms_norm_kernel(X, W, Y, N: tl.constexpr):\n    pass  # a < b & c\n"
 
@@ -37,6 +37,20 @@ def assert_offline(page: str) -> None:
         ElementTree.fromstring(svg)  # each chart is well-formed
 
 
+def charts_of(page: str) -> dict[str, list[str]]:
+    """Each inline chart by its title, with the texts it shows (axis labels, ticks, legend, values)."""
+    charts = {}
+    for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
+        root = ElementTree.fromstring(svg)
+        charts[str(root.findtext("title"))] = ["".join(text.itertext()) for text in root.iter("text")]
+    return charts
+
+
+def chart(page: str, title_start: str) -> list[str]:
+    [texts] = [texts for title, texts in charts_of(page).items() if title.startswith(title_start)]
+    return texts
+
+
 def test_gpu_result_report_shows_every_target_and_figure(tmp_path):
     source = tmp_path / "rms_norm_Qwen2RMSNorm_2.py"
     source.write_text(KERNEL)
@@ -52,8 +66,19 @@ def test_gpu_result_report_shows_every_target_and_figure(tmp_path):
     ):
         assert name in page
     assert page.count("<svg") == 3  # speedups, roofline, served speed
-    assert "Kernel speedup" in page and "Time vs bytes moved" in page and "Served decode tokens/s" in page
-    assert ": absent." not in page.split("<h2>Per target</h2>")[0]
+    speedup = chart(page, "Kernel speedup (x, higher is better; dashed: 1x)")
+    assert {"speedup (x)", "vs eager", "vs torch.compile", "1x: no faster", "rms_norm", "3", "1.4"} <= set(speedup)
+    roofline = chart(page, "Roofline on NVIDIA H200: attained bandwidth vs bytes moved per call")
+    assert {"bytes moved per call", "attained bandwidth (GB/s)", "kernel", "eager", "torch.compile"} <= set(roofline)
+    assert "rms_norm (Qwen2RMSNorm): 75.0–90.0% of copy bandwidth" in roofline  # floors 6 and 9 us, kernel 8 and 10
+    assert any(text.startswith("copy roof ") and text.endswith(" GB/s") for text in roofline)
+    served = chart(page, "Served decode tokens/s before and after")
+    assert {"tokens/s", "campaign", "rms_norm swap", "before", "after"} <= set(served)
+    assert {"250.0 (spread 4.0%)", "262.0 (spread 4.0%)"} <= set(served)
+    overview = page.split("<h2>Per target</h2>")[0]
+    assert re.findall(r"<strong>([^<]*): absent.</strong>", overview) == ["Profile chart"]  # the result holds none
+    assert "measured by the verifier (bytes / floor time of its benchmark rows)" in overview
+    assert "absent: measured with the profile, which this result does not carry" in overview  # matmul rate
     assert "75.0%" in page  # floor 6 us over kernel 8 us: 75% of copy bandwidth
     assert "static/forbidden-import" in page or "forbidden-import" in page
     assert "the served model has no module computing rope" in page
@@ -61,12 +86,51 @@ def test_gpu_result_report_shows_every_target_and_figure(tmp_path):
     assert "250.0" in page and "262.0" in page
 
 
+def test_per_target_section_shows_layers_skill_seed_and_strategies():
+    page = render_html(gpu_result()).split("<h2>Per target</h2>")[1]
+    deployed, rejected = page.split('<h3 id="silu_mul">')
+    assert "<td>benchmark</td><td>passed: x3.00 vs eager, x1.40 vs torch.compile</td>" in deployed
+    assert "<td>skill</td><td>s-1</td>" in deployed and "none: written without a seed" in deployed
+    assert "{&quot;BLOCK&quot;: 2048}" in deployed and "correctness/mismatch" in deployed  # strategies tried
+    assert "<td>static</td><td>failed: forbidden-import</td>" in rejected
+    assert "<td>correctness</td><td>not judged (an earlier layer failed)</td>" in rejected
+
+
+def test_profile_in_the_result_is_drawn_with_the_device_roofs():
+    result = {**gpu_result(), "profile": profile()}
+    page = render_html(result)
+    assert_offline(page)
+    assert page.count("<svg") == 5 and ": absent." not in page.split("<h2>Per target</h2>")[0]
+    targets = chart(page, "Profile targets: µs per step on the critical path, measured before and estimated after")
+    assert {"rms_norm · Qwen2RMSNorm · launch-bound", "rope · apply_rotary_pos_emb · memory-bound"} <= set(targets)
+    assert {"measured before", "estimated after", "14,673", "5,036", "µs per step"} <= set(targets)
+    classes = chart(page, "Self time per module class (decode step)")
+    assert {"Qwen2Attention · 59.1% of step", "host µs", "device µs", "69,411"} <= set(classes)
+    assert "Profiled decode step: 88.50 ms, GPU busy 3.5%" in page
+    assert "<td>matmul rate</td><td>798 TFLOP/s</td>" in page and "<td>193 FLOP/byte</td>" in page
+    assert "copy roof 4,130 GB/s" in chart(page, "Roofline on NVIDIA H200")  # the profile's measured copy rate
+
+
+def test_profile_after_the_swaps_is_drawn_beside_the_one_before():
+    after = profile()
+    after["phases"]["decode"]["classes"] = [
+        {"module_class": "Qwen2Attention", "host_us": 60000.0, "device_us": 640.5, "share": 0.7},
+        {"module_class": "Qwen2RMSNorm", "host_us": 900.0, "device_us": 120.25, "share": 0.02},
+    ]
+    page = render_html({**gpu_result(), "profile": profile(), "profile_after": after})
+    classes = chart(page, "Self GPU time per module class (decode step), before the campaign and after its swaps")
+    assert {"Qwen2RMSNorm · 12.5% of step", "before", "after", "651", "120", "µs per step"} <= set(classes)
+    assert "Self time per module class (decode step)" not in page  # one class chart, not two
+
+
 def test_cpu_result_report_says_speed_is_not_judged(tmp_path):
     page = report_of(cpu_result(), tmp_path)
     assert_offline(page)
     assert "speed is not judged" in page
-    assert "Speedup chart: absent." in page and "Roofline plot: absent." in page
-    assert page.count("<svg") == 1 and "Served decode tokens/s" in page  # served speed is still measured
+    assert "Speedup chart: absent." in page and "Roofline plot: absent." in page and "Profile chart: absent." in page
+    assert page.count("<svg") == 1  # served speed is still measured
+    assert {"40.0 (spread 4.0%)", "3.0 (spread 4.0%)"} <= set(chart(page, "Served decode tokens/s"))
+    assert "not timed: speed is not judged on cpu" in page
     assert "Kernel source: absent." in page
     assert "92.5% slower" in page  # the warning
 
@@ -74,8 +138,18 @@ def test_cpu_result_report_says_speed_is_not_judged(tmp_path):
 def test_report_escapes_what_the_result_holds():
     result = gpu_result()
     result["rejected"][0]["reason"] = "<img src=x onerror=alert(1)>"
+    result["deployed"][0]["op"] = "rms<norm>&$x$"
     page = render_html(result)
     assert "<img" not in page and "&lt;img src=x" in page
+    assert_offline(page)  # the charts stay well-formed
+    assert "rms<norm>&$x$ swap" in chart(page, "Served decode tokens/s")  # shown as written, not as math
+
+
+def test_report_is_deterministic_and_gpuyantra_starts_without_matplotlib():
+    assert render_html(gpu_result()) == render_html(gpu_result())
+    code = "import sys, gpuyantra.cli, gpuyantra.report; assert 'matplotlib' not in sys.modules, 'imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_report_without_id_or_json_is_a_usage_error(tmp_path):
