@@ -1,10 +1,13 @@
 """The open author: a Triton candidate for any traced PyTorch computation, or a reason why not.
 
 Given a module and example inputs (an OpenSpec), `write_open_source` traces the forward to prims
-with symbolic sizes (trace.py), lowers it to a small IR of lazy tensor values (ir.py, lower.py),
-plans kernels around its reductions and scans (plan.py), writes each kernel in Triton (emit.py,
-ops.py) and wraps them in a candidate file whose `entry` computes every size from the actual
-inputs (source.py). Supported: elementwise chains with broadcasting, reductions over any dims
+with symbolic sizes (trace.py), lowers it to a small IR of lazy tensor values (ir.py; lower.py
+dispatches each op to its family, lower_*.py, which build nodes with construct.py), plans kernels
+around its reductions and scans (plan.py), writes each kernel in Triton (emit.py over kernel.py and
+emit_*.py, matmul.py, ops.py) and wraps them in a candidate file whose `entry` computes every size
+from the actual inputs (source.py).
+
+Supported: elementwise chains with broadcasting, reductions over any dims
 (sum, mean, max, min, prod, argmax/argmin, var/std, norms, logsumexp), softmax/log-softmax, the
 normalizations (RMS, Layer, Batch in inference, Instance, Group), scans (cumsum, cumprod, reversed,
 exclusive, masked) and losses built from these; matrix products (mm, bmm, addmm/baddbmm/addbmm,

@@ -25,8 +25,9 @@ from collections.abc import Callable, Sequence
 
 import sympy
 
-from gpuyantra.authors.opengen import ir
-from gpuyantra.authors.opengen.emit import ZERO, Buffer, Domain, KernelEmitter, Store, Val
+import gpuyantra.authors.opengen.ir as ir
+from gpuyantra.authors.opengen.emit import KernelEmitter
+from gpuyantra.authors.opengen.kernel import ZERO, Buffer, Domain, Store, Val
 from gpuyantra.authors.opengen.spec import Unsupported
 from gpuyantra.authors.opengen.symbolic import product, same_shape
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from gpuyantra.authors.opengen import ir
-from gpuyantra.authors.opengen.emit import Buffer, Domain, Store
+import gpuyantra.authors.opengen.ir as ir
+from gpuyantra.authors.opengen.kernel import Buffer, Domain, Store
 from gpuyantra.authors.opengen.lower import Lowered
 from gpuyantra.authors.opengen.matmul import make_emitter
 from gpuyantra.authors.opengen.spec import Unsupported

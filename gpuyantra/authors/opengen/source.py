@@ -18,9 +18,11 @@ from typing import Any
 import sympy
 import torch
 
-from gpuyantra.authors.opengen import ir
-from gpuyantra.authors.opengen.emit import Buffer, KernelEmitter, dtype_code
-from gpuyantra.authors.opengen.lower import SPLIT_CHUNK, SPLIT_PARTS, Lowered, lower
+import gpuyantra.authors.opengen.ir as ir
+from gpuyantra.authors.opengen.construct import SPLIT_CHUNK, SPLIT_PARTS
+from gpuyantra.authors.opengen.emit import KernelEmitter
+from gpuyantra.authors.opengen.kernel import Buffer, dtype_code
+from gpuyantra.authors.opengen.lower import Lowered, lower
 from gpuyantra.authors.opengen.matmul import make_emitter
 from gpuyantra.authors.opengen.ops import HELPERS
 from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
