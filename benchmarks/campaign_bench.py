@@ -36,6 +36,10 @@ each optimize with a timestamp per progress line). A short table is printed at t
     .venv/bin/python benchmarks/campaign_bench.py --smoke --out /tmp/campaign-smoke
 
 Exit status: 0 when every selected phase succeeded, 1 otherwise.
+
+One file of about a thousand lines on purpose: it is the script a GPU machine runs bare (one
+device call, nothing installed but the project), and it reads top to bottom in the order of the
+phases above; its parts are used nowhere else.
 """
 
 from __future__ import annotations
