@@ -324,7 +324,7 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
     if device == "cuda":
         from gpuyantra.verifier import bench
 
-        bench.allow_tf32()
+        bench.float32_as_float32()
         name = torch.cuda.get_device_name()
         results["device_name"] = name
         bandwidth = (job.get("bandwidth_cache") or {}).get(name)
