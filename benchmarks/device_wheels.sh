@@ -11,8 +11,11 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/ex
 mkdir -p .whl
 # matplotlib and what it needs beyond torch/numpy/packaging draw `gpuyantra report` pages (about 24 MB).
 pkgs=(temporalio nexus-rpc types-protobuf qdrant-client portalocker fastapi starlette annotated-doc
-      uvicorn pydantic pydantic-core annotated-types typing-inspection opentelemetry-api
-      matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata "$@")
+      uvicorn pydantic pydantic-core annotated-types typing-inspection opentelemetry-api "$@")
+# Not by default: matplotlib and its dependencies (~24 MB; .whl and the tree must stay under the 64 MiB
+# a device call carries). Without them a report written there names each chart absent; render the
+# reports here from the saved results (`gpuyantra report --from-json`), or add them:
+#   benchmarks/device_wheels.sh matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d .whl "${pkgs[@]}" 2>&1 | grep -v '^WARNING' || true

@@ -7,7 +7,9 @@ itself is gpuyantra/report/charts.py's.
 
 from __future__ import annotations
 
+import functools
 import html
+from collections.abc import Callable
 from typing import Any
 
 import gpuyantra.report.charts as charts
@@ -31,10 +33,30 @@ def absent(what: str, why: str) -> str:
     return f'<p class="absent"><strong>{html.escape(what)}: absent.</strong> {html.escape(why)}</p>'
 
 
+def drawn_with_matplotlib(what: str) -> Callable[[Callable[[dict[str, Any]], str]], Callable[[dict[str, Any]], str]]:
+    """A figure that says it is absent, and why, where matplotlib cannot be imported (a machine with
+    gpuyantra on its path but not installed), instead of failing the whole page."""
+
+    def wrap(figure: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
+        @functools.wraps(figure)
+        def drawn(result: dict[str, Any]) -> str:
+            try:
+                return figure(result)
+            except ImportError as exc:
+                if not (exc.name or "").startswith("matplotlib"):
+                    raise
+                return absent(what, f"matplotlib cannot be imported here ({exc}); install gpuyantra's dependencies.")
+
+        return drawn
+
+    return wrap
+
+
 def note(text: str) -> str:
     return f'<p class="note">{html.escape(text)}</p>'
 
 
+@drawn_with_matplotlib("Speedup chart")
 def speedup_figure(result: dict[str, Any]) -> str:
     groups: list[charts.Bars] = [
         (str(e["op"]), [figure(e, "speedup_vs_eager"), figure(e, "speedup_vs_compile")], []) for e in targets(result)
@@ -65,6 +87,7 @@ def _served(figures: dict[str, Any] | None) -> charts.Served | None:
     )
 
 
+@drawn_with_matplotlib("Served-speed chart")
 def served_figure(result: dict[str, Any]) -> str:
     """Served tokens/s before and after: the campaign's start and end, then around each swap."""
     served = result.get("served_speed") or {}
@@ -103,6 +126,7 @@ def _timed(value: Any) -> bool:
     return isinstance(value, (int, float)) and value > 0
 
 
+@drawn_with_matplotlib("Roofline plot")
 def roofline_figure(result: dict[str, Any]) -> str:
     placed = []
     for entry in targets(result):
@@ -157,6 +181,7 @@ def _matmul_note(matmul: float | None) -> str:
 # ------------------------------------------------------------------------------- profile
 
 
+@drawn_with_matplotlib("Profile chart")
 def profile_figure(result: dict[str, Any]) -> str:
     """Where a served step's time goes (the server's /admin/profile answer, when the result carries
     it as `profile`): per target its measured cost before a swap and the profile's estimate after,

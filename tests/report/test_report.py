@@ -166,3 +166,18 @@ def test_report_without_id_or_json_is_a_usage_error(tmp_path):
         timeout=120,
     )
     assert done.returncode == 1 and "holds no campaign result" in done.stderr
+
+
+def test_page_without_matplotlib_names_each_chart_absent():
+    # gpuyantra on a path without its dependencies installed (a bare GPU machine): the page still renders.
+    code = (
+        "import sys, json; sys.modules['matplotlib'] = None\n"
+        "from gpuyantra.report import render_html\n"
+        "from tests.report.results import gpu_result\n"
+        "print(render_html(gpu_result()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    page = done.stdout
+    assert "<svg" not in page and "Speedup chart: absent." in page and "Roofline plot: absent." in page
+    assert "matplotlib cannot be imported here" in page and "rms_norm" in page  # the tables are still there
