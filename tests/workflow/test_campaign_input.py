@@ -155,7 +155,8 @@ async def test_malformed_signals_leave_notices_and_a_bare_approve_deploys_every_
         assert "deploy" not in script.calls
         temporal_cli(env, "workflow", "signal", "--workflow-id", handle.id, "--name", "approve")  # no input
         result = await asyncio.wait_for(handle.result(), HANG_GUARD_S)
-    assert script.calls[-1] == "deploy" and result["deployed"][0]["op"] == "rms_norm"
+    # Deployed; then the server is profiled once more, with the kernel in (the result's profile_after).
+    assert script.calls[-2:] == ["deploy", "profile"] and result["deployed"][0]["op"] == "rms_norm"
 
 
 async def test_second_campaign_on_one_server_is_refused_naming_the_first(env):

@@ -160,8 +160,9 @@ async def test_loop_stops_at_reward_three_and_deploys(env):
     script = Script(rewards=[-1, 2, 3, 3])
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert [c for c in script.calls if c.startswith("verify")] == ["verify1", "verify2", "verify3"]
-    assert "learn3" in script.calls and script.calls[-1] == "deploy"
+    assert "learn3" in script.calls and script.calls[-2:] == ["deploy", "profile"]
     assert result["deployed"][0]["iterations"] == 3 and result["deployed"][0]["reward"] == 3
+    assert result["profile"]["targets"][0]["op"] == "rms_norm" and result["profile_after"]["hardware"] == "test-gpu"
     assert script.outcomes == [-1.0]  # the seed skill's bandit arm is paid with its own attempt
 
 
@@ -262,4 +263,4 @@ async def test_require_approval_waits_for_the_signal(env):
             assert "deploy" not in script.calls
             await handle.signal(OptimizeCampaign.approve, "rms_norm")
             result = await handle.result()
-    assert script.calls[-1] == "deploy" and result["deployed"][0]["op"] == "rms_norm"
+    assert script.calls[-2:] == ["deploy", "profile"] and result["deployed"][0]["op"] == "rms_norm"
