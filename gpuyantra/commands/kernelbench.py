@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="skip problems whose inputs hold more elements (default on cpu: 4194304, on cuda: no cap)",
+        help="problems whose inputs and parameters hold more elements run at reduced sizes of themselves on cpu, "
+        "or are skipped where they cannot be reduced (and always on cuda) (default on cpu: 4194304, on cuda: no cap)",
     )
     parser.set_defaults(handler=run, _parser=parser)
 

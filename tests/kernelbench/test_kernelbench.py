@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpuyantra as gpuyantra_package
 from gpuyantra import kernelbench as kb
 from gpuyantra.ops import UnknownOpError, get_op
 
@@ -183,7 +184,7 @@ def has_family(name: str) -> bool:
         get_op(name)
     except UnknownOpError:
         return False
-    return (Path(kb.__file__).parent / "kernels" / f"{name}.py").exists()
+    return (Path(gpuyantra_package.__file__).parent / "kernels" / f"{name}.py").exists()
 
 
 def verifier_available() -> bool:

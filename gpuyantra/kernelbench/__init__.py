@@ -1,0 +1,150 @@
+"""Run gpuyantra's optimize loop on KernelBench-format problems (docs/CONTRACTS.md section 3, `kernelbench`).
+
+A KernelBench problem (ScalingIntelligence/KernelBench) is one `.py` file defining
+`class Model(nn.Module)`, built as `Model(*get_init_inputs())` and called as `model(*get_inputs())`.
+For each problem file this module:
+
+1. loads it from disk (importlib, under a private module name), builds the model and its inputs
+   (the same seed every time). On CPU, problems whose inputs exceed `max_elements` are skipped for
+   size *before* their inputs are allocated (their shapes are read on the `meta` device); nothing in
+   the problem is ever shrunk.
+2. binds an op family **by computation**: for every registered family with as many activations as
+   the problem has inputs, the family's parameters are read from the model's attributes
+   (`family.default_adapter(model)`), and `family.reference(*inputs, **params)` must equal
+   `model(*inputs)` on (a) a float64 copy with the model's own parameters and the problem's
+   inputs, (b) a float64 copy with freshly randomized parameters (never weight = 1) and a second,
+   differently scaled input draw, (c) the model as is, at its dtype, within the family's tolerance
+   and with the same output dtype. No family agrees -> "unsupported", which is the honest answer
+   for most KernelBench problems (matmuls, convolutions, fused graphs...).
+3. runs the optimize loop: the configured author writes `OUT/<problem>/candidate_<i>.py`, the
+   verifier judges it; the loop stops at the device's ceiling reward (+3 on CUDA, +1 on CPU where
+   speed is not judged), when the author repeats itself, or after `max_iterations`.
+4. writes `OUT/<problem>/ModelNew.py`: the problem's source verbatim, then
+   `class ModelNew(Model)` (same `__init__` signature, same parameters and state) whose `forward`
+   calls the best candidate's `entry` on the activations and the live attributes its ADAPTER
+   names. The candidate is imported from the real `.py` file next to ModelNew.py (Triton reads
+   kernel source with `inspect`), and kernelbench checks ModelNew against Model on 5 fresh input
+   draws at the family's tolerance. On CUDA both are timed (median of `triton.testing.do_bench`).
+5. reports fast_0 / fast_1 / fast_2 as KernelBench defines them: the fraction of *all* problems
+   whose ModelNew is correct and, for fast_p, more than p times faster than Model. On CPU speed is
+   not measured, so fast_1 / fast_2 are None.
+
+Verifier binding: the verifier imports `module_class` in its own process (its sandbox child never
+imports it) and checks the ADAPTER's attributes on a meta-device instance built with tiny sizes. The
+problem's module stays registered in sys.modules under its private name, so the candidate is
+verified against the problem's own `Model` whenever that instance builds (`Model(64)`, `Model()`);
+otherwise against the family's default module class, with a verification copy of the candidate
+whose ADAPTER is that class's (`candidate_<i>.verify.py`, identical kernel code). Either way the
+binding to the real `Model` is also checked here (steps 2 and 4).
+
+The package's modules: `problems` (finding and loading problem files, building model and inputs),
+`sizes` (the CPU size cap and reduced sizes), `bind` (binding by computation), `optimize` (the
+write/verify loop), `model_new` (writing and checking ModelNew.py), `results` (the result records
+and fast_p), `runner` (one problem, a whole run).
+"""
+
+from __future__ import annotations
+
+from gpuyantra.kernelbench.bind import (
+    FP64_TOLERANCE,
+    PROBE_ELEMENTS,
+    bind_family,
+    bind_open_target,
+    family_matches,
+    probe_inputs,
+)
+from gpuyantra.kernelbench.model_new import (
+    CHECK_DRAWS,
+    COMPARE_CHUNK,
+    check_model_new,
+    compare_chunked,
+    load_model_new,
+    model_new_source,
+    time_cuda_us,
+)
+from gpuyantra.kernelbench.optimize import (
+    CEILING,
+    DEFAULT_MAX_ITERATIONS,
+    default_module_adapter,
+    optimize,
+    verification_target,
+    verify_dtypes,
+)
+from gpuyantra.kernelbench.problems import (
+    SEED,
+    KernelBenchError,
+    Problem,
+    build_model,
+    check_problem_module,
+    find_problems,
+    input_elements,
+    load_module,
+    make_inputs,
+    parameter_elements,
+    safe_name,
+    to_device,
+)
+from gpuyantra.kernelbench.results import STATUSES, Attempt, ProblemResult, RunResult, fast_p
+from gpuyantra.kernelbench.runner import default_out, run, run_problem
+from gpuyantra.kernelbench.sizes import (
+    CONSTRAINT_MARGIN,
+    CPU_MAX_ELEMENTS,
+    MIN_REDUCED_DIM,
+    REDUCED_ELEMENTS,
+    REDUCED_PARAMETERS,
+    ModelReduction,
+    dimension_values,
+    plan_reduced_model,
+    plan_reduced_sizes,
+)
+
+__all__ = [
+    "CEILING",
+    "CHECK_DRAWS",
+    "COMPARE_CHUNK",
+    "CONSTRAINT_MARGIN",
+    "CPU_MAX_ELEMENTS",
+    "DEFAULT_MAX_ITERATIONS",
+    "FP64_TOLERANCE",
+    "MIN_REDUCED_DIM",
+    "PROBE_ELEMENTS",
+    "REDUCED_ELEMENTS",
+    "REDUCED_PARAMETERS",
+    "SEED",
+    "STATUSES",
+    "Attempt",
+    "KernelBenchError",
+    "ModelReduction",
+    "Problem",
+    "ProblemResult",
+    "RunResult",
+    "bind_family",
+    "bind_open_target",
+    "build_model",
+    "check_model_new",
+    "check_problem_module",
+    "compare_chunked",
+    "default_module_adapter",
+    "default_out",
+    "dimension_values",
+    "fast_p",
+    "family_matches",
+    "find_problems",
+    "input_elements",
+    "load_model_new",
+    "load_module",
+    "make_inputs",
+    "model_new_source",
+    "optimize",
+    "parameter_elements",
+    "plan_reduced_model",
+    "plan_reduced_sizes",
+    "probe_inputs",
+    "run",
+    "run_problem",
+    "safe_name",
+    "time_cuda_us",
+    "to_device",
+    "verification_target",
+    "verify_dtypes",
+]

@@ -1,0 +1,347 @@
+"""One problem from file to result (load, size, bind, optimize, ModelNew, timing) and a whole run
+over PATH, whose summary with fast_0/fast_1/fast_2 is written to OUT/kernelbench.json."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from gpuyantra.kernelbench.bind import bind_family, bind_open_target, probe_inputs
+from gpuyantra.kernelbench.model_new import _forward_params, check_model_new, model_new_source, time_cuda_us
+from gpuyantra.kernelbench.optimize import DEFAULT_MAX_ITERATIONS, optimize
+from gpuyantra.kernelbench.problems import (
+    SEED,
+    build_model,
+    check_problem_module,
+    find_problems,
+    input_elements,
+    load_module,
+    make_inputs,
+    parameter_elements,
+    safe_name,
+)
+from gpuyantra.kernelbench.results import ProblemResult, RunResult, fast_p
+from gpuyantra.kernelbench.sizes import (
+    CPU_MAX_ELEMENTS,
+    REDUCED_ELEMENTS,
+    Shapes,
+    plan_reduced_model,
+    plan_reduced_sizes,
+)
+
+
+def run_problem(
+    name: str,
+    file: Path,
+    device: str,
+    out: Path,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    max_elements: int | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> ProblemResult:
+    started = time.perf_counter()
+    result = ProblemResult(name=name, path=str(file))
+    try:
+        # Problem code may print: keep stdout for the report.
+        with contextlib.redirect_stdout(sys.stderr):
+            _run_problem(result, file, device, out, max_iterations, max_elements, log)
+    except Exception as exc:  # noqa: BLE001 - one broken problem must not stop the run
+        result.status, result.correct = "error", False
+        result.reason = f"{type(exc).__name__}: {exc}"
+        log("".join(traceback.format_exception(exc)).rstrip())
+    finally:
+        if device == "cuda":  # the next problem (or a shard beside this one) gets the memory back
+            gc.collect()
+            torch.cuda.empty_cache()
+    result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _run_problem(
+    result: ProblemResult,
+    file: Path,
+    device: str,
+    out: Path,
+    max_iterations: int,
+    max_elements: int | None,
+    log: Callable[[str], None],
+) -> None:
+    # 1. load
+    try:
+        module = load_module(file)
+    except SyntaxError as exc:
+        result.reason = f"cannot load the problem: SyntaxError: {exc.msg} (line {exc.lineno})"
+        return
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from problem code included
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result.reason = f"cannot load the problem: {type(exc).__name__}: {exc}"
+        return
+    why_not = check_problem_module(module)
+    if why_not:
+        result.reason = why_not
+        return
+    sized = _sized_model(result, module, device, max_elements, log)
+    if sized is None:
+        return
+    model, sizes, init = sized
+    try:
+        with result.phase("inputs"):
+            inputs = make_inputs(module, device, SEED, sizes)
+    except Exception as exc:  # noqa: BLE001
+        result.reason = f"cannot build the problem's inputs: {type(exc).__name__}: {exc}"
+        return
+    if max_elements is not None:
+        total = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        total += sum(p.numel() for p in model.parameters())
+        if total > max_elements:
+            result.status = "skipped"
+            result.reason = (
+                f"skipped for size: inputs and parameters hold {total:,} elements, over the "
+                f"{max_elements:,} cap on {device}; run on --device cuda or raise --max-elements"
+            )
+            return
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    result.shapes = [list(t.shape) for t in tensors]
+    result.dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else None
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as exc:  # noqa: BLE001
+        if result.reduced:  # a size the meta device let through and the real op refuses
+            result.status = "skipped"
+            result.reason = (
+                f"skipped for size: over the {max_elements:,} cap on {device}, and the Model refuses its "
+                f"reduced inputs ({result.reduced}): {type(exc).__name__}: {exc}; run on --device cuda"
+            )
+            return
+        result.reason = f"the problem's Model does not run on its inputs: {type(exc).__name__}: {exc}"
+        return
+
+    # 2. bind by computation: a registered family first, else an open target (the Model itself)
+    with result.phase("bind"):
+        probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
+        bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
+    if bound is None:
+        return
+    family, adapter = bound
+    result.op, result.adapter = family.name, adapter
+    log(f"  {result.name}: computes {family.name} (ADAPTER {adapter})")
+
+    # 3. optimize
+    folder = out / safe_name(result.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob("candidate_*.py"), folder / "ModelNew.py"]:
+        stale.unlink(missing_ok=True)  # files of an earlier run of this problem
+    shapes, dtype, n_inputs = [list(inputs[0].shape)], inputs[0].dtype, len(inputs)
+    # The verifier's sandbox draws its own inputs: give the device memory back before it runs
+    # (KernelBench inputs reach several GB each).
+    del inputs, probe
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        with result.phase("optimize"):
+            attempts, best, stop, verified_against = optimize(
+                family,
+                adapter,
+                module.Model,
+                f"{module.__name__}.Model",
+                shapes,
+                dtype,
+                device,
+                folder,
+                max_iterations,
+                log,
+            )
+    except ImportError as exc:
+        result.reason = f"the verifier is not available: {exc}"
+        return
+    result.attempts, result.verified_against = attempts, verified_against
+    if not attempts:
+        result.status, result.reason = "unsupported", f"unsupported: {stop}"
+        return
+    if best is None:
+        result.status = "rejected"
+        result.reward = max((a.reward for a in attempts), default=None)
+        last = attempts[-1].failures if attempts else []
+        why = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:2])
+        result.reason = f"no candidate passed verification in {len(attempts)} iteration(s); stopped: {stop}" + (
+            f" ({why})" if why else ""
+        )
+        return
+    result.reward = best.reward
+
+    # 4. ModelNew.py, checked against Model
+    model_new_path = folder / "ModelNew.py"
+    model_new_path.write_text(
+        model_new_source(
+            file.read_text(),
+            file,
+            Path(best.candidate),
+            family.name,
+            adapter,
+            _forward_params(module.Model, n_inputs),
+            best.reward,
+        )
+    )
+    result.model_new = str(model_new_path)
+    try:
+        with result.phase("check_model_new"):
+            correct, why, worst, (model, model_new) = check_model_new(
+                module, model_new_path, family, device, sizes=sizes, init=init
+            )
+    except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
+        result.status, result.correct = "incorrect", False
+        result.reason = f"ModelNew.py failed against Model: {type(exc).__name__}: {exc}"
+        return
+    result.correct, result.max_abs_err = correct, worst
+    if not correct:
+        result.status, result.reason = "incorrect", why
+        return
+    result.status = "optimized"
+    result.reason = f"candidate_{best.iteration}.py, reward {best.reward:+d}; {why}"
+    if result.reduced:
+        result.reason += f"; verified on reduced sizes of the problem ({result.reduced})"
+    if device != "cuda":
+        result.reason += "; speed not measured on CPU"
+        return
+    try:
+        with result.phase("time_model_new"):
+            timing_inputs = make_inputs(module, device, SEED)
+            result.model_us = time_cuda_us(lambda: model(*timing_inputs))
+            result.model_new_us = time_cuda_us(lambda: model_new(*timing_inputs))
+    except Exception as exc:  # noqa: BLE001 - correct, but the timing itself failed: say so
+        result.reason += f"; timing failed: {type(exc).__name__}: {exc}"
+        return
+    result.speedup = result.model_us / result.model_new_us if result.model_new_us > 0 else None
+    result.reason += (
+        f"; Model {result.model_us:.1f} us, ModelNew {result.model_new_us:.1f} us (median of triton.testing.do_bench)"
+    )
+    # Against the better of eager and torch.compile: the verifier timed torch.compile of the same
+    # computation at the same shapes beside the kernel (no second compile here).
+    ratios = [r for r in (result.speedup, best.speedup_vs_compile) if r is not None]
+    result.speedup_vs_best = min(ratios) if ratios else None
+    if best.speedup_vs_compile is not None:
+        result.reason += f"; {best.speedup_vs_compile:.2f}x torch.compile (verifier)"
+
+
+def _sized_model(
+    result: ProblemResult,
+    module: ModuleType,
+    device: str,
+    max_elements: int | None,
+    log: Callable[[str], None],
+) -> tuple[torch.nn.Module, Shapes | None, list[Any] | None] | None:
+    """(model, {live input shape: reduced shape} or None, reduced init inputs or None) for the
+    problem under the size cap; None, with the reason in `result`, when it is skipped or its Model
+    does not build. Over the cap on CPU the problem runs at reduced sizes of itself: its inputs, and
+    its Model's dimensions too when its parameters are over the cap (never on CUDA)."""
+    sizes: Shapes | None = None
+    init: list[Any] | None = None
+    elements: int | None = None
+    params: int | None = None
+    if max_elements is not None:
+        elements, params = input_elements(module), parameter_elements(module)
+        if params is not None and params > max_elements:
+            reduction, why = plan_reduced_model(module, max_elements) if device == "cpu" else (None, "")
+            if reduction is None:
+                result.status = "skipped"
+                result.reason = (
+                    f"skipped for size: the Model's parameters hold {params:,} elements, over the "
+                    f"{max_elements:,} cap on {device} (kernels run in Triton's interpreter there)"
+                    + (f", and they cannot be reduced: {why}" if why else "")
+                    + "; run on --device cuda or raise --max-elements"
+                )
+                return None
+            sizes, init, result.reduced = reduction.sizes, reduction.init, reduction.how
+            log(f"  {result.name}: Model and inputs reduced for the {device} interpreter: {reduction.how}")
+    try:
+        model = build_model(module, module.Model, device, init=init)
+    except Exception as exc:  # noqa: BLE001
+        result.reason = f"cannot build the problem's Model: {type(exc).__name__}: {exc}"
+        return None
+    if init is None and max_elements is not None and elements is not None and elements + (params or 0) > max_elements:
+        # Too large for the interpreter: the same problem at reduced sizes, drawn by its own get_inputs().
+        sizes, how = plan_reduced_sizes(module, model, REDUCED_ELEMENTS)
+        if sizes is None and device == "cpu":
+            # The fixed dims may be the Model's own sizes (its in_features): reduce the Model with them.
+            reduction, _ = plan_reduced_model(module, max_elements)
+            if reduction is not None:
+                try:
+                    model = build_model(module, module.Model, device, init=reduction.init)
+                except Exception:  # noqa: BLE001 - the live model and the first reason stand
+                    reduction = None
+            if reduction is not None:
+                sizes, init, how = reduction.sizes, reduction.init, reduction.how
+        if sizes is None:
+            result.status = "skipped"
+            result.reason = (
+                f"skipped for size: inputs hold {elements:,} elements, over the {max_elements:,} cap on "
+                f"{device}, and they cannot be reduced: {how}; run on --device cuda or raise --max-elements"
+            )
+            return None
+        result.reduced = how
+        log(f"  {result.name}: {'Model and inputs' if init else 'inputs'} reduced for the {device} interpreter: {how}")
+    return model, sizes, init
+
+
+def default_out() -> Path:
+    """Where a run writes when no folder is given: `kernelbench/` in the state folder, not the working directory."""
+    from gpuyantra.config import state_dir
+
+    return state_dir() / "kernelbench"
+
+
+def run(
+    path: str | Path,
+    device: str = "cpu",
+    out: str | Path | None = None,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    max_elements: int | None = -1,
+    log: Callable[[str], None] = lambda _: None,
+    on_result: Callable[[ProblemResult], None] = lambda _: None,
+) -> RunResult:
+    """Every problem under PATH. `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
+    no cap on CUDA); None means no cap. `out=None`: the state folder's `kernelbench/`.
+    Raises KernelBenchError when PATH holds no problems."""
+    problems = find_problems(path)
+    if max_elements == -1:
+        max_elements = CPU_MAX_ELEMENTS if device == "cpu" else None
+    out = Path(out).resolve() if out is not None else default_out()
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[ProblemResult] = []
+    for name, file in problems:
+        log(f"[{len(results) + 1}/{len(problems)}] {name}")
+        result = run_problem(name, file, device, out, max_iterations, max_elements, log)
+        results.append(result)
+        on_result(result)
+        _summary(results, device, out)  # after every problem: an interrupted run keeps what it did
+    return _summary(results, device, out)
+
+
+def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:
+    """The run so far, also written to OUT/kernelbench.json."""
+    note = "fast_p: share of all problems whose ModelNew is correct and more than p times faster than Model"
+    if device != "cuda":
+        note += "; speed is not measured on CPU (Triton's interpreter), so fast_1 and fast_2 are null"
+    run_result = RunResult(
+        device=device,
+        out=str(out),
+        problems=list(results),
+        fast_0=fast_p(results, 0, device),
+        fast_1=fast_p(results, 1, device),
+        fast_2=fast_p(results, 2, device),
+        note=note,
+    )
+    (out / "kernelbench.json").write_text(json.dumps(run_result.to_dict(), indent=2, default=str) + "\n")
+    return run_result
