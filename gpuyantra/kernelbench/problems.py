@@ -98,6 +98,18 @@ def input_elements(module: ModuleType) -> int | None:
     return sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
 
 
+def output_elements(module: ModuleType) -> int | None:
+    """Elements of the Model's outputs on get_inputs(), from a forward on the meta device (a
+    matmul's output can be far larger than its inputs); None when the forward cannot run there."""
+    try:
+        with torch.device("meta"), torch.no_grad():
+            outputs = module.Model(*module.get_init_inputs())(*module.get_inputs())
+    except Exception:  # noqa: BLE001 - data-dependent ops and the like: the inputs' count stands alone
+        return None
+    items = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    return sum(t.numel() for t in items if isinstance(t, torch.Tensor))
+
+
 def parameter_elements(module: ModuleType) -> int | None:
     """Elements of Model's parameters and buffers, built on the meta device; None when it cannot be."""
     try:

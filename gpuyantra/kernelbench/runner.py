@@ -27,6 +27,7 @@ from gpuyantra.kernelbench.problems import (
     input_elements,
     load_module,
     make_inputs,
+    output_elements,
     parameter_elements,
     safe_name,
 )
@@ -192,6 +193,7 @@ def _run_problem(
             adapter,
             _forward_params(module.Model, n_inputs),
             best.reward,
+            **_state_updates(family),
         )
     )
     result.model_new = str(model_new_path)
@@ -252,6 +254,8 @@ def _sized_model(
     params: int | None = None
     if max_elements is not None:
         elements, params = input_elements(module), parameter_elements(module)
+        if elements is not None:
+            elements += output_elements(module) or 0  # the interpreter writes the outputs too
         if params is not None and params > max_elements:
             reduction, why = plan_reduced_model(module, max_elements) if device == "cpu" else (None, "")
             if reduction is None:
@@ -286,7 +290,7 @@ def _sized_model(
         if sizes is None:
             result.status = "skipped"
             result.reason = (
-                f"skipped for size: inputs hold {elements:,} elements, over the {max_elements:,} cap on "
+                f"skipped for size: inputs and outputs hold {elements:,} elements, over the {max_elements:,} cap on "
                 f"{device}, and they cannot be reduced: {how}; run on --device cuda or raise --max-elements"
             )
             return None
@@ -345,3 +349,15 @@ def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:
     )
     (out / "kernelbench.json").write_text(json.dumps(run_result.to_dict(), indent=2, default=str) + "\n")
     return run_result
+
+
+def _state_updates(family: Any) -> dict[str, Any]:
+    """model_new_source's arguments for the buffers an open target's forward updates (none else)."""
+    target = getattr(family, "open_target", None)
+    if target is None or not target.updates_state:
+        return {}
+    return {
+        "updated_buffers": target.updated_attrs,
+        "buffer_steps": target.buffer_steps,
+        "forward_returns_tuple": target.forward_returns_tuple,
+    }

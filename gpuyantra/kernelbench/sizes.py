@@ -18,6 +18,9 @@ from gpuyantra.ops.open.spec import halve
 # same problem with its variable dims halved down to REDUCED_ELEMENTS per input), or skipped.
 CPU_MAX_ELEMENTS = 4 * 1024 * 1024
 REDUCED_ELEMENTS = 1 << 16
+# ...and the reduced problem's outputs at most this many (an outer product or a matmul's output
+# grows with the product of its inputs' dims).
+REDUCED_OUTPUT_ELEMENTS = 1 << 20
 
 
 def plan_reduced_sizes(
@@ -43,8 +46,48 @@ def plan_reduced_sizes(
         dims = [[own for own, _ in pairs] for pairs in links]
         return None, f"its fixed dims alone exceed {cap:,} elements (variable dims per input: {dims})"
     shapes = _same_live_same_reduced(live, shapes, links, cap)
+    shapes = _outputs_bounded(model, live, shapes, links, [t.dtype for t in meta_inputs])
     sizes = {tuple(a): tuple(b) for a, b in zip(live, shapes) if tuple(a) != tuple(b)}
     return sizes, ", ".join(f"{list(a)} -> {list(b)}" for a, b in sizes.items())
+
+
+def _outputs_bounded(
+    model: torch.nn.Module,
+    live: Sequence[Sequence[int]],
+    shapes: list[tuple[int, ...]],
+    links: Sequence[Sequence[tuple[int, int]]],
+    dtypes: Sequence[torch.dtype],
+) -> list[tuple[int, ...]]:
+    """`shapes` with input 0's variable dims halved further (the others follow) while the Model's
+    outputs on them (a forward on the meta device) hold more than REDUCED_OUTPUT_ELEMENTS."""
+    from gpuyantra.ops.open.spec import follow_shapes
+
+    try:
+        meta_model = copy.deepcopy(model).to("meta")
+    except Exception:  # noqa: BLE001 - a Model that cannot move to meta: the inputs' bound stands alone
+        return shapes
+    dims0 = [own for own, _ in links[0]] if links else []
+    first = [int(d) for d in shapes[0]]
+    while (_meta_output_elements(meta_model, shapes, dtypes) or 0) > REDUCED_OUTPUT_ELEMENTS:
+        movable = [d for d in dims0 if first[d] > 1]
+        if not movable:
+            break
+        d = max(movable, key=lambda i: first[i])
+        first[d] = halve(first[d])
+        shapes = [tuple(s) for s in follow_shapes(live, links, first)]
+    return shapes
+
+
+def _meta_output_elements(
+    model: torch.nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]
+) -> int | None:
+    try:
+        with torch.no_grad():
+            outputs = model(*[torch.empty(tuple(s), dtype=dt, device="meta") for s, dt in zip(shapes, dtypes)])
+    except Exception:  # noqa: BLE001 - data-dependent ops: outputs unknown
+        return None
+    items = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    return sum(t.numel() for t in items if isinstance(t, torch.Tensor))
 
 
 def _same_live_same_reduced(

@@ -286,8 +286,37 @@ def test_huge_inputs_with_fixed_sizes_are_skipped_without_being_allocated(tmp_pa
     result = kb.run(tmp_path / "huge_fixed.py", device="cpu", out=tmp_path / "out")
     (problem,) = result.problems
     assert problem.status == "skipped" and "skipped for size" in problem.reason
-    assert "268,435,456" in problem.reason and "cannot be reduced" in problem.reason
+    assert "536,870,912" in problem.reason and "cannot be reduced" in problem.reason  # inputs and outputs
     assert result.fast_0 == 0.0 and result.fast_1 is None and result.fast_2 is None
+
+
+OUTER = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return x * y  # [8192, 1] * [1, 8192]: 16K input elements, a 67M-element output
+
+
+def get_inputs():
+    return [torch.randn(8192, 1), torch.randn(1, 8192)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_small_inputs_with_a_huge_output_run_at_reduced_sizes_on_cpu(tmp_path):
+    write(tmp_path, "outer.py", OUTER)
+    result = kb.run(tmp_path / "outer.py", device="cpu", out=tmp_path / "out", max_iterations=1)
+    (problem,) = result.problems
+    assert problem.status == "optimized" and problem.correct, problem.reason
+    assert problem.reduced and "[8192, 1] -> [" in problem.reduced
+    (rows, _), (_, cols) = problem.shapes
+    assert rows < 8192 and rows * cols <= kb.REDUCED_OUTPUT_ELEMENTS  # the output, not only the inputs, bounded
 
 
 def test_a_file_without_model_is_reported_not_crashed(tmp_path):
