@@ -100,6 +100,7 @@ def spec_from_target(target: Any) -> OpenSpec:
         example_inputs=tuple(examples),
         tensor_params=tuple(tuple(p) for p in target.tensor_params),
         float_params=tuple(tuple(p) for p in target.float_params),
+        updated_buffers=tuple(getattr(target, "updated_buffers", ())),
     )
 
 

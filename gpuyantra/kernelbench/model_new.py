@@ -43,8 +43,14 @@ def model_new_source(
     adapter: list[dict[str, str]],
     forward_args: list[str] | None,
     reward: int | None,
+    updated_buffers: Sequence[str] = (),
+    buffer_steps: Sequence[tuple[str, int]] = (),
+    forward_returns_tuple: bool = False,
 ) -> str:
-    """ModelNew.py: the problem's source verbatim, then ModelNew(Model) calling the kernel's entry."""
+    """ModelNew.py: the problem's source verbatim, then ModelNew(Model) calling the kernel's entry.
+    `updated_buffers` are the module attrs of the floating buffers the forward writes new values into,
+    whose values the entry returns after the forward's outputs; `buffer_steps` the integer buffers
+    the forward advances by a fixed step: ModelNew writes both into its own buffers, as Model does."""
     candidate_source = candidate_file.read_bytes()
     digest = hashlib.sha256(candidate_source).hexdigest()[:16]
     args = ", ".join(forward_args) if forward_args else "*inputs"
@@ -107,8 +113,38 @@ class ModelNew(Model):
         # the kernel's ADAPTER, bound to this module's live attributes: {adapter_text}
         return _gy_kernel.entry({call_args}{kwargs})
 '''
+    if updated_buffers or buffer_steps:
+        footer = footer.replace(
+            f"        return _gy_kernel.entry({call_args}{kwargs})\n",
+            _forward_with_updates(
+                f"_gy_kernel.entry({call_args}{kwargs})", updated_buffers, buffer_steps, forward_returns_tuple
+            ),
+        )
     body = problem_source if problem_source.endswith("\n") else problem_source + "\n"
     return header + body + footer
+
+
+def _forward_with_updates(
+    call: str, updated: Sequence[str], steps: Sequence[tuple[str, int]], returns_tuple: bool
+) -> str:
+    """The body of a forward whose Model writes into its own buffers (a training-mode BatchNorm's
+    running statistics): the entry returns the forward's outputs, then the buffers' new values."""
+    lines = [f"        _gy_out = {call}\n"]
+    if updated:
+        lines.append(
+            "        # the kernel also returns the new values of the buffers Model's forward updates:\n"
+            f"        # {', '.join(f'self.{a}' for a in updated)}\n"
+            f"        _gy_new = _gy_out[len(_gy_out) - {len(updated)} :]\n"
+            f"        _gy_out = tuple(_gy_out[: len(_gy_out) - {len(updated)}])\n"
+        )
+    lines.append("        with _gy_torch.no_grad():\n")
+    lines += [f"            self.{attr}.copy_(_gy_new[{k}])\n" for k, attr in enumerate(updated)]
+    lines += [f"            self.{attr}.add_({step})  # as Model's forward advances it\n" for attr, step in steps]
+    if updated:
+        lines.append(f"        return _gy_out{'' if returns_tuple else '[0] if len(_gy_out) == 1 else _gy_out'}\n")
+    else:
+        lines.append("        return _gy_out\n")
+    return "".join(lines)
 
 
 def load_model_new(path: Path) -> ModuleType:
@@ -140,6 +176,23 @@ def check_model_new(
         with torch.no_grad():
             want = model(*inputs)
             got = model_new(*inputs)
+        # The buffers after the call (a training-mode BatchNorm's running statistics): ModelNew keeps
+        # Model's state semantics.
+        own, new = dict(model.named_buffers()), dict(model_new.named_buffers())
+        state_tol = family.tolerance(next((v.dtype for v in own.values() if v.is_floating_point()), torch.float32))
+        for key, value in own.items():
+            err, within = (
+                compare_chunked(new[key], value, *state_tol)
+                if value.is_floating_point()
+                else (0.0, torch.equal(new[key], value))
+            )
+            if not within:
+                return (
+                    False,
+                    f"draw {draw}: ModelNew's {key} differs from Model's after the call (max abs err {err:.3g})",
+                    err,
+                    (model, model_new),
+                )
         want_t, got_t = as_tuple(want), as_tuple(got)
         if len(want_t) != len(got_t) or any(g.shape != w.shape or g.dtype != w.dtype for g, w in zip(got_t, want_t)):
             return (

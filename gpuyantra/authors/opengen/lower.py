@@ -105,7 +105,20 @@ class _Lowering(FxArgs):
             dtypes.append(o.meta["val"].dtype)
         if not outs:
             raise Unsupported("the forward returns no tensor")
-        return Lowered(outs, structure, dtypes, self.traced.follows_input_dtype, self.inputs, self.symbols)
+        follows = tuple(self.traced.follows_input_dtype)
+        if self.spec.updated_buffers:
+            # The buffers the forward updates: their new values are extra outputs, after the
+            # forward's own, in the spec's order (the caller writes them into the module).
+            follows = (follows + (True,) * len(outs))[: len(outs)]
+            for kp in self.spec.updated_buffers:
+                new = self.updates.get(kp)
+                if new is None:
+                    raise Unsupported(f"the forward updates buffer {kp} outside the traced graph")
+                outs.append(new)
+                dtypes.append(new.dtype)
+                follows += (True,)
+            structure = "tuple"
+        return Lowered(outs, structure, dtypes, follows, self.inputs, self.symbols)
 
     @staticmethod
     def _live(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
@@ -136,7 +149,9 @@ class _Lowering(FxArgs):
     # --- one node -------------------------------------------------------------------------------
     def _lower(self, node: torch.fx.Node) -> Any:
         if node.op == "get_attr":
-            return self._get_attr(node)
+            # A buffer read after the forward wrote into it sees the new value.
+            written = self.written.get(str(node.target))
+            return written if written is not None else self._get_attr(node)
         val = node.meta.get("val")
         if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or node.target in (
             operator.mul,
@@ -180,7 +195,8 @@ class _Lowering(FxArgs):
         """`dst.op_(...)`: the functional result, which later readers of dst see as well."""
         dst_fx = node.args[0]
         dst = self.tensor(node, 0, "self")
-        if isinstance(dst, ir.Input):
+        update = isinstance(dst, ir.Input) and dst.role == "param" and dst.name in self.spec.updated_buffers
+        if isinstance(dst, ir.Input) and not update:
             raise Unsupported(f"the forward writes into its input or a parameter ({name})")
         if not isinstance(dst_fx, torch.fx.Node) or any(isinstance(dst, t) for t in _VIEWS):
             raise Unsupported(f"in-place {name} into a view")
@@ -193,6 +209,13 @@ class _Lowering(FxArgs):
         else:
             raise Unsupported(f"in-place op {name} is not supported by the open author")
         self.env[dst_fx] = result
+        if update:
+            assert isinstance(dst, ir.Input) and isinstance(dst_fx, torch.fx.Node)
+            if tuple(result.shape) != tuple(dst.shape):
+                raise Unsupported(f"the forward writes a value of another shape into buffer {dst.name}")
+            self.updates[dst.name] = cast_to(result, dst.kind, dst.dtype)
+            if dst_fx.op == "get_attr":
+                self.written[str(dst_fx.target)] = self.updates[dst.name]
         return result
 
     def _get_attr(self, node: torch.fx.Node) -> ir.Node:

@@ -28,6 +28,8 @@ class FxArgs:
         self.env: dict[torch.fx.Node, Any] = {}
         self.inputs: list[ir.Input] = []
         self.symbols: dict[sympy.Symbol, tuple[str, int]] = {}
+        self.updates: dict[str, ir.Node] = {}  # updated buffer's kernel param -> its new value
+        self.written: dict[str, ir.Node] = {}  # get_attr target -> the value the forward wrote into it
 
     # --- argument access --------------------------------------------------------------------------
     def arg(self, node: torch.fx.Node, i: int, name: str, default: Any = None) -> Any:

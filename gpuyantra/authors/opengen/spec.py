@@ -25,6 +25,9 @@ class OpenSpec:
     example_inputs: tuple[torch.Tensor, ...]  # CPU tensors at representative (possibly reduced) shapes
     tensor_params: tuple[tuple[str, str], ...] = ()  # (kernel_param, dotted module attr)
     float_params: tuple[tuple[str, str], ...] = ()  # (kernel_param, dotted module attr) of float attributes
+    # Kernel params of bound buffers the forward writes new values into (a training-mode
+    # BatchNorm's running statistics): entry returns their new values after the forward's outputs.
+    updated_buffers: tuple[str, ...] = ()
 
     @property
     def adapter(self) -> list[dict[str, str]]:

@@ -47,11 +47,13 @@ def build_open_target(
     if specs[0].domain in ("int", "bool") or not specs[0].shape:
         raise OpenTargetError("the first input must be a floating tensor with at least one dim")
     probe_inputs = tuple(t.detach().to("cpu") for t in rows_the_forward_accepts(module, inputs, 1 << 20))
-    params = _tensor_params(module) + _float_params(module, probe_inputs)
+    tensor_params = _tensor_params(module)
+    updated, steps, returns_tuple = buffer_updates(module, probe_inputs, tensor_params)
+    params = tensor_params + _float_params(module, probe_inputs)
     links = dim_links(module, specs)
     cls = type(module)
     dotted = f"{cls.__module__}.{cls.__qualname__}"
-    digest = _digest(dotted, specs, params, source_file)
+    digest = _digest(dotted, specs, params, source_file, (updated, steps))
     slug = re.sub(r"[^a-z0-9]+", "_", (name_hint or cls.__name__).lower()).strip("_")[:40] or "module"
     return OpenTarget(
         op=f"{OPEN_PREFIX}{slug}_{digest}",
@@ -62,7 +64,68 @@ def build_open_target(
         module=module,
         source_file=source_file,
         source_module=source_module,
+        updated_buffers=updated,
+        buffer_steps=steps,
+        forward_returns_tuple=returns_tuple,
     )
+
+
+def _run_restoring(module: torch.nn.Module, inputs: Sequence[Any]) -> tuple[list[Tensor], dict[str, Tensor], bool]:
+    """(outputs, every buffer after the call, whether the forward returned a tuple) of one forward
+    under no_grad; the module's buffers are restored afterwards, so every probe starts alike."""
+    saved = {path: b.clone() for path, b in module.named_buffers()}
+    try:
+        with torch.no_grad():
+            out = module(*inputs)
+            outputs = [o.clone() for o in _tensors(out)]
+            after = {path: b.clone() for path, b in module.named_buffers()}
+    finally:
+        with torch.no_grad():
+            for path, b in module.named_buffers():
+                if path in saved:
+                    b.copy_(saved[path])
+    return outputs, after, isinstance(out, (tuple, list))
+
+
+def buffer_updates(
+    module: torch.nn.Module, inputs: Sequence[Any], tensor_params: Sequence[OpenParam]
+) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...], bool]:
+    """(kernel params of the floating buffers the forward writes new values into, (attr, step) of
+    the integer buffers it advances by a fixed step, whether the forward returns a tuple): found by
+    running the forward twice on the probe inputs and comparing the buffers before and after.
+    Parameters and inputs the forward writes into are left to the authors, which refuse them."""
+    before = {path: b.detach().clone() for path, b in module.named_buffers()}
+    if not before:
+        return (), (), False  # nothing to update: no probe run
+    try:
+        _, first, returns_tuple = _run_restoring(module, inputs)
+    except Exception:  # noqa: BLE001 - the forward fails: _float_params says why
+        return (), (), False
+    changed = [p for p, b in before.items() if p in first and not torch.equal(first[p], b)]
+    if not changed:
+        return (), (), returns_tuple
+    kernel = {p.module_attr: p.kernel_param for p in tensor_params}
+    updated = tuple(kernel[p] for p in changed if p in kernel)
+    steps: list[tuple[str, int]] = []
+    for path in changed:
+        if path in kernel:
+            continue
+        delta = first[path] - before[path]
+        if before[path].is_floating_point() or delta.numel() != 1:
+            raise OpenTargetError(f"the forward updates buffer {path}, which is not a bound parameter")
+        # The step must not depend on the values: one more call from the updated state moves it alike.
+        owner, _, attr = _owner(module, path)
+        with torch.no_grad():
+            getattr(owner, attr).copy_(first[path])
+        try:
+            _, second, _ = _run_restoring(module, inputs)
+        finally:
+            with torch.no_grad():
+                getattr(owner, attr).copy_(before[path])
+        if not torch.equal(second[path] - first[path], delta):
+            raise OpenTargetError(f"the forward updates integer buffer {path} by a step that is not fixed")
+        steps.append((path, int(delta.item())))
+    return updated, tuple(steps), returns_tuple
 
 
 def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -166,18 +229,22 @@ def _float_attributes(module: torch.nn.Module) -> list[tuple[str, float]]:
 
 
 def _float_params(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> tuple[OpenParam, ...]:
-    """Float attributes whose value changes the output on the probe inputs (dropout's p in eval
-    mode, momentum: no effect, not bound)."""
-    module = copy.deepcopy(module)  # a forward in training mode updates running statistics
+    """Float attributes whose value changes the output or the buffers the forward updates on the
+    probe inputs (dropout's p in eval mode, momentum in eval mode: no effect, not bound; momentum
+    in training mode moves the running statistics: bound)."""
+    module = copy.deepcopy(module)
+
+    def run(probe: Sequence[Any]) -> list[Tensor]:
+        outputs, after, _ = _run_restoring(module, probe)  # buffers restored: every probe starts alike
+        return outputs + list(after.values())
+
     probe = list(leading_rows(inputs, 1 << 16))
     try:
-        with torch.no_grad():
-            before = [o.clone() for o in _tensors(module(*probe))]
+        before = run(probe)
     except Exception:  # noqa: BLE001 - dim 0 is not free: probe on the whole inputs
         probe = list(inputs)
         try:
-            with torch.no_grad():
-                before = [o.clone() for o in _tensors(module(*probe))]
+            before = run(probe)
         except Exception as exc:  # noqa: BLE001 - the forward itself fails: nothing can be bound
             raise OpenTargetError(f"the module's forward fails on its inputs: {type(exc).__name__}: {exc}") from exc
     taken = {p.kernel_param for p in _tensor_params(module)}
@@ -186,8 +253,7 @@ def _float_params(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> tuple[
         owner, _, attr = _owner(module, path)
         setattr(owner, attr, value * _PROBE_FACTOR + _PROBE_SHIFT)
         try:
-            with torch.no_grad():
-                after = _tensors(module(*probe))
+            after = run(probe)
             changed = any(not torch.equal(a, b) for a, b in zip(after, before))
         except Exception:  # noqa: BLE001 - another value breaks the forward: structural, not bound
             changed = False
@@ -298,11 +364,13 @@ def _alignments(live: Sequence[Sequence[int]], d: int) -> list[list[list[tuple[i
     return ways
 
 
-def _digest(dotted: str, specs: Sequence[OpenInput], params: Sequence[OpenParam], source: str | None) -> str:
-    text = json.dumps(
-        [dotted, [asdict(s) for s in specs], [(p.module_attr, p.kind, p.shape) for p in params], source],
-        sort_keys=True,
-    )
+def _digest(
+    dotted: str, specs: Sequence[OpenInput], params: Sequence[OpenParam], source: str | None, updates: Any = None
+) -> str:
+    parts: list[Any] = [dotted, [asdict(s) for s in specs], [(p.module_attr, p.kind, p.shape) for p in params], source]
+    if updates and any(updates):
+        parts.append(updates)  # only then: the names of targets without updated buffers stay as they were
+    text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 

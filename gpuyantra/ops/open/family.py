@@ -34,13 +34,22 @@ def open_family(target: OpenTarget) -> OpFamily:
         return target.draw(target.shapes_for(first), dtype, device, generator)
 
     def module_reference(module: torch.nn.Module, *activations: Tensor, **params: Any) -> Any:
-        return target.reference(*activations, **params)
+        # What the module returns: the forward's outputs, without the updated buffers' new values.
+        return target.split_outputs(target.reference(*activations, **params))[0]
 
     def replacement_forward(module: torch.nn.Module, entry: Callable[..., Any], adapter: list[dict[str, str]]) -> Any:
         def forward(_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             # Inputs passed by keyword (`norm(hidden_states=x)`) take their place in forward order.
             named = tuple(kwargs[n] for n in target.input_names[len(args) :] if n in kwargs)
-            return entry(*args, *named, **adapter_kwargs(module, adapter))
+            out = entry(*args, *named, **adapter_kwargs(module, adapter))
+            if not target.updates_state:
+                return out
+            # The entry also returns the new values of the buffers the forward updates (a
+            # training-mode BatchNorm's running statistics): written into the module, as its
+            # own forward would, and left out of what the forward returns.
+            result, new = target.split_outputs(out)
+            target.apply_updates(module, new)
+            return result
 
         return forward
 
@@ -101,6 +110,13 @@ def describe_reference(target: OpenTarget) -> str:
     for p in target.params:
         if p.kind == "float":
             parts.append(f"# {p.module_attr} = {p.value!r}  (live value; passed as keyword {p.kernel_param!r})")
+    if target.updated_buffers:
+        steps = ", ".join(path for path, _ in target.buffer_steps)
+        parts.append(
+            f"# the forward writes new values into its buffers {', '.join(target.updated_attrs)}: entry returns "
+            "the forward's outputs, then the new value of each of these, in this order"
+            + (f" (the caller advances {steps} itself)" if steps else "")
+        )
     for spec, dims in zip(target.inputs, target.variable_dims):
         extra = f", values in [0, size of input 0 dim {spec.high_dim})" if spec.high_dim >= 0 else ""
         parts.append(

@@ -71,6 +71,9 @@ def _from_meta(meta: dict[str, Any], load_module: Callable[[], torch.nn.Module])
         module=module,
         source_file=source_file,
         source_module=source_module,
+        updated_buffers=tuple(meta.get("updated_buffers") or ()),
+        buffer_steps=tuple((str(a), int(b)) for a, b in meta.get("buffer_steps") or ()),
+        forward_returns_tuple=bool(meta.get("forward_returns_tuple", False)),
     )
 
 

@@ -46,6 +46,13 @@ class OpenTarget:
     # `source_module` before the module is unpickled elsewhere.
     source_file: str | None = None
     source_module: str | None = None
+    # Buffers the forward writes new values into (a BatchNorm's running statistics in training
+    # mode): the kernel params of the floating ones, whose new values the reference returns after
+    # the forward's outputs in this order, and (module attr, step) of the integer ones the forward
+    # advances by a fixed step (num_batches_tracked), which the wrapper applies itself.
+    updated_buffers: tuple[str, ...] = ()
+    buffer_steps: tuple[tuple[str, int], ...] = ()
+    forward_returns_tuple: bool = False  # with updated buffers: whether the forward itself returns a tuple
     _copies: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict, repr=False)
     _meta_cache: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
 
@@ -66,6 +73,36 @@ class OpenTarget:
     def variable_dims(self) -> tuple[tuple[int, ...], ...]:
         """Per input, the dims that may take any size."""
         return tuple(tuple(own for own, _ in pairs) for pairs in self.links)
+
+    @property
+    def updated_attrs(self) -> tuple[str, ...]:
+        """Module attrs of the floating buffers the forward updates, in the order of the extra outputs."""
+        attr = {p.kernel_param: p.module_attr for p in self.params}
+        return tuple(attr[kp] for kp in self.updated_buffers)
+
+    @property
+    def updates_state(self) -> bool:
+        return bool(self.updated_buffers or self.buffer_steps)
+
+    def split_outputs(self, out: Any) -> tuple[Any, tuple[Tensor, ...]]:
+        """(what the forward returns, the updated buffers' new values) from an entry's or the
+        reference's outputs (the forward's outputs, then one per updated buffer)."""
+        if not self.updated_buffers:
+            return out, ()
+        items = tuple(out)
+        k = len(items) - len(self.updated_buffers)
+        kept, new = items[:k], items[k:]
+        return (kept if self.forward_returns_tuple or len(kept) != 1 else kept[0]), new
+
+    def apply_updates(self, module: torch.nn.Module, new: Sequence[Tensor]) -> None:
+        """Write the updated buffers' new values (and the integer buffers' steps) into `module`."""
+        with torch.no_grad():
+            for path, value in zip(self.updated_attrs, new):
+                owner, _, attr = _owner(module, path)
+                getattr(owner, attr).copy_(value)
+            for path, step in self.buffer_steps:
+                owner, _, attr = _owner(module, path)
+                getattr(owner, attr).add_(step)
 
     @property
     def adapter(self) -> list[dict[str, str]]:
@@ -123,9 +160,25 @@ class OpenTarget:
                 setattr(owner, attr, value)
             else:
                 tensors[spec.module_attr] = value
+        if self.updates_state:
+            return self._reference_with_updates(module, tensors, activations)
         if not tensors:
             return module(*activations)
         return torch.func.functional_call(module, tensors, tuple(activations))
+
+    def _reference_with_updates(
+        self, module: torch.nn.Module, tensors: dict[str, Tensor], activations: Sequence[Tensor]
+    ) -> tuple[Tensor, ...]:
+        """The forward on private copies of the buffers it updates (neither the caller's tensors nor
+        the module copy change), returning its outputs, then the updated buffers' new values."""
+        for path in (*self.updated_attrs, *(p for p, _ in self.buffer_steps)):
+            value = tensors.get(path)
+            if value is None:
+                owner, _, attr = _owner(module, path)
+                value = getattr(owner, attr)
+            tensors[path] = value.clone()
+        out = torch.func.functional_call(module, tensors, tuple(activations))
+        return (*_tensors(out), *(tensors[path] for path in self.updated_attrs))
 
     def params_dtype(self) -> str:
         for p in self.params:
@@ -207,6 +260,8 @@ class OpenTarget:
                 with torch.no_grad():
                     outs = _tensors(self.copy_for(torch.float32, "meta")(*args))
                 cache[first] = [(tuple(o.shape), o.is_floating_point()) for o in outs]
+                shapes_of = {p.kernel_param: tuple(p.shape) for p in self.params}
+                cache[first] += [(shapes_of[kp], True) for kp in self.updated_buffers]
             except Exception:  # noqa: BLE001 - the module refuses these sizes
                 cache[first] = None
         return cache[first]
@@ -232,6 +287,9 @@ class OpenTarget:
             "links": [[list(pair) for pair in pairs] for pairs in self.links],
             "source_file": self.source_file,
             "source_module": self.source_module,
+            "updated_buffers": list(self.updated_buffers),
+            "buffer_steps": [list(pair) for pair in self.buffer_steps],
+            "forward_returns_tuple": self.forward_returns_tuple,
         }
 
     def save(self, folder: Path) -> Path:
