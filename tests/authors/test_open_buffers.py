@@ -7,9 +7,7 @@ parameters stay refused with the reason."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +19,7 @@ from torch import nn
 
 from gpuyantra.authors.open_author import spec_from_target
 from gpuyantra.authors.opengen import Unsupported, write_open_source
+from gpuyantra.candidate import import_file
 from gpuyantra.kernelbench.model_new import check_model_new, load_model_new, model_new_source
 from gpuyantra.kernelbench.problems import load_module
 from gpuyantra.ops.base import adapter_kwargs
@@ -84,12 +83,7 @@ def _load(source: str, folder: Path) -> ModuleType:
     name = f"open_buffers_candidate_{next(_names)}"
     path = folder / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(path, name)
 
 
 def _candidate(target: OpenTarget, folder: Path) -> ModuleType:

@@ -6,9 +6,7 @@ small strategy search."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from torch import nn
 from gpuyantra.authors.base import Attempt, WriteRequest
 from gpuyantra.authors.open_author import OpenAuthor, next_strategy
 from gpuyantra.authors.opengen import OpenSpec, Unsupported, strategy_space, write_open_source
+from gpuyantra.candidate import import_file
 from gpuyantra.verifier.static import check_source
 
 # Padding lanes of a tile may hold -inf - -inf or 0/0 (never stored): numpy warns about them.
@@ -330,12 +329,7 @@ def _load(source: str, tmp_path: Path) -> ModuleType:
     name = f"opengen_candidate_{next(_names)}"
     path = tmp_path / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(path, name)
 
 
 def _draw(case: Case, shapes: Shapes, seed: int) -> list[torch.Tensor]:
