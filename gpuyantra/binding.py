@@ -127,6 +127,11 @@ def _agrees(
             want = family.expected_module_output(module, activations, adapter)
     except Exception:  # noqa: BLE001 - a module that cannot run the family's inputs is no match
         return None
+    return same_outputs(got, want, atol=atol, rtol=rtol)
+
+
+def same_outputs(got: Any, want: Any, *, atol: float, rtol: float) -> bool:
+    """Outputs of one structure: as many tensors, of the same dtypes, each close to its reference."""
     got_t, want_t = as_tuple(got), as_tuple(want)
     if len(got_t) != len(want_t) or any(
         not isinstance(g, torch.Tensor) or not isinstance(w, torch.Tensor) or g.dtype != w.dtype

@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
+from gpuyantra.binding import same_outputs
 from gpuyantra.kernelbench.problems import SEED
 from gpuyantra.kernelbench.results import ProblemResult
 from gpuyantra.ops import OpFamily, all_ops
-from gpuyantra.ops.base import adapter_kwargs, as_tuple, outputs_close
+from gpuyantra.ops.base import adapter_kwargs
 
 # Binding probes (float64 copies of model and inputs) run on at most this many elements of input 0.
 PROBE_ELEMENTS = 1 << 20
@@ -41,13 +42,7 @@ def _agrees(
             want = family.reference(*inputs, **adapter_kwargs(model, adapter))
     except Exception:  # noqa: BLE001 - the family's math does not run on these inputs: no match
         return False
-    got_t, want_t = as_tuple(got), as_tuple(want)
-    if len(got_t) != len(want_t) or any(
-        not isinstance(g, torch.Tensor) or not isinstance(w, torch.Tensor) or g.dtype != w.dtype
-        for g, w in zip(got_t, want_t)
-    ):
-        return False
-    return outputs_close(got, want, atol=atol, rtol=rtol)
+    return same_outputs(got, want, atol=atol, rtol=rtol)
 
 
 def family_matches(
