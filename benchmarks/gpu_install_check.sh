@@ -22,6 +22,10 @@ python3 -c 'import sysconfig, os, sys; h = os.path.join(sysconfig.get_paths()["i
 step "virtual environment over the image's packages"
 before=$(python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)')
 python3 -m venv --system-site-packages "$VENV" || fail "venv"
+# The image's python may itself be a virtual environment (or use PYTHONPATH), whose packages
+# --system-site-packages does not reach: point the new one at the folders torch was found in.
+python3 -c 'import sys, os; print("\n".join(p for p in sys.path if os.path.isdir(p) and p.endswith(("site-packages", "dist-packages"))))' \
+  > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image-packages.pth"
 "$VENV/bin/pip" install -q --no-index --no-deps --no-cache-dir .whl/*.whl >"$OUT/install.log" 2>&1 || fail "wheels (see install.log)"
 "$VENV/bin/pip" install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . >>"$OUT/install.log" 2>&1 \
   || fail "gpuyantra (see install.log)"
@@ -45,5 +49,6 @@ timeout 180 gpuyantra verify gpuyantra/kernels/rms_norm.py --device cuda --shape
 tail -c 400 "$OUT/verify.json"; echo
 
 step "a short campaign (Temporal dev server, workers, gpuyantra serve --cuda-graphs, optimize --wait)"
-timeout 420 python benchmarks/campaign_bench.py --out "$OUT/campaign" --phases before,cold,after --max-targets 2 \
-  --max-iterations 1 --budget-s 400 --skip-compile; echo "campaign exit $?"
+budget=${CAMPAIGN_BUDGET_S:-400}  # one device call is 10 minutes: shorter when run beside other parts
+timeout $((budget + 20)) python benchmarks/campaign_bench.py --out "$OUT/campaign" --phases "${CAMPAIGN_PHASES:-before,cold,after}" \
+  --max-targets 1 --max-iterations 1 --budget-s "$budget" --skip-compile; echo "campaign exit $?"

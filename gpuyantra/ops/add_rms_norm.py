@@ -31,6 +31,12 @@ def reference(x: Tensor, residual: Tensor, *, weight: Tensor, eps: float) -> tup
     return _rms.reference(summed, weight=weight, eps=eps), summed
 
 
+def eager(x: Tensor, residual: Tensor, *, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """What the decoder layer runs: `residual + x` in x's dtype (one rounding, as the reference), then the norm."""
+    summed = x + residual
+    return _rms.reference(summed, weight=weight, eps=eps), summed
+
+
 class AddRMSNorm(torch.nn.Module):
     """`h = residual + x; return (LlamaRMSNorm(h), h)`: the module form of the family."""
 
@@ -61,6 +67,7 @@ FAMILY = register(
         ),
         default_module="gpuyantra.ops.add_rms_norm.AddRMSNorm",
         reference=reference,
+        eager=eager,
         make_activations=make_activations,
         module_call=call_module,
         replacement_forward=forward_with_entry,

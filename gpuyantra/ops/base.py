@@ -64,6 +64,11 @@ class OpFamily:
     # computes this family, built from `reference` (e.g. an MLP: down_proj(reference(gate_proj(x),
     # up_proj(x)))). None: `reference(*module_activations, **params)`.
     module_reference: Callable[..., Any] | None = None
+    # eager(*activations, **params) -> what the module itself computes in PyTorch, timed as the eager
+    # and torch.compile baselines. `reference` may upcast for accuracy (a linear's float32 copies of
+    # its weight), which a served module never does: timing that would flatter every candidate.
+    # None: `reference` is already the module's own computation.
+    eager: Callable[..., Any] | None = None
     # module_filter(module) -> False when the module cannot compute this family (cheap structural
     # precheck before the numerical probe, e.g. "has gate_proj/up_proj/down_proj"). None: any module.
     module_filter: Callable[[torch.nn.Module], bool] | None = None

@@ -32,6 +32,11 @@ def reference(x: Tensor, *, weight: Tensor | None, bias: Tensor | None, eps: flo
     return torch.nn.functional.layer_norm(x.to(ct), (x.shape[-1],), w, b, eps).to(x.dtype)
 
 
+def eager(x: Tensor, *, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """What `nn.LayerNorm` runs: one fused kernel on x as it is (float32 statistics inside)."""
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
 def make_params(hidden: int, dtype: torch.dtype, device, generator: torch.Generator) -> dict:
     return {
         "weight": randn((hidden,), dtype, device, generator, 0.5) + 1.0,
@@ -62,6 +67,7 @@ FAMILY = register(
         ),
         default_module="torch.nn.LayerNorm",
         reference=reference,
+        eager=eager,
         make_activations=make_x,
         module_call=call_module,
         replacement_forward=forward_with_entry,

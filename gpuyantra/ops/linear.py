@@ -56,6 +56,11 @@ def reference(x: Tensor, *, weight: Tensor, bias: Tensor | None) -> Tensor:
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
+def eager(x: Tensor, *, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """What `nn.Linear` runs: one cuBLAS GEMM in x's dtype (float32 accumulation inside)."""
+    return F.linear(x, weight, bias)
+
+
 def make_params(hidden: int, dtype: torch.dtype, device, generator: torch.Generator) -> dict[str, Any]:
     """Probe parameters: N = hidden + 3 (N != K, not a power of two), weights away from 0 and 1."""
     n = hidden + 3
@@ -171,6 +176,7 @@ FAMILY = register(
         params=(ParamSpec("weight", ("weight",)), ParamSpec("bias", ("bias",), kind="optional_tensor")),
         default_module="torch.nn.Linear",
         reference=reference,
+        eager=eager,
         make_activations=make_x,
         module_call=call_module,
         replacement_forward=forward_with_entry,

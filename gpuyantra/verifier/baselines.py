@@ -77,8 +77,14 @@ def _versions() -> str:
     return f"torch {torch.__version__} triton {triton.__version__}"
 
 
+# Bumped when what a baseline times changes (2: the module's own computation, `OpFamily.eager`), so
+# timings cached by an older verifier are never reused as if they measured the same thing.
+BASELINE_FORMAT = 2
+
+
 def baseline_key(op: str, module_class: str | None, shape: Sequence[int], dtype: str, device_name: str) -> str:
-    return f"{op}|{module_class}|{'x'.join(str(d) for d in shape)}|{dtype}|{device_name}|{_versions()}"
+    shape_text = "x".join(str(d) for d in shape)
+    return f"{op}|{module_class}|{shape_text}|{dtype}|{device_name}|{_versions()}|v{BASELINE_FORMAT}"
 
 
 def cached_baselines(

@@ -2,9 +2,10 @@
 
 Median of many runs after warm-up; the L2 cache is flushed before every run; inputs rotate over
 fresh sets; CUDA events on the default stream, which is synchronized before times are read.
-Baselines: the family's reference in eager PyTorch (the module's own math) and torch.compile of it,
-default and reduce-overhead, with TF32 allowed for both sides. The parent turns these numbers into
-speedups, the physical floor check and the reward.
+Baselines: the module's own computation in eager PyTorch (`OpFamily.eager`, else the family's
+reference) and torch.compile of it, default and reduce-overhead, float32 products in float32 for
+every side (`float32_as_float32`). The parent turns these numbers into speedups, the physical floor
+check and the reward.
 """
 
 from __future__ import annotations
@@ -128,8 +129,9 @@ def bench_shape(
 
     def make_reference(tag: str) -> Callable[..., Any]:
         # A code object of its own per compile mode, so two compiled wrappers never share a cache entry.
-        namespace: dict[str, Any] = {"_family": family}
-        exec(f"def reference_{tag}(*acts, **params):\n    return _family.reference(*acts, **params)\n", namespace)
+        # The module's own computation (`eager`), not the upcast accuracy reference where they differ.
+        namespace: dict[str, Any] = {"_module_math": family.eager or family.reference}
+        exec(f"def reference_{tag}(*acts, **params):\n    return _module_math(*acts, **params)\n", namespace)
         return namespace[f"reference_{tag}"]
 
     def rounds(timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]], flush: torch.Tensor) -> bool:
