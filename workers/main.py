@@ -12,10 +12,20 @@ from temporalio.worker import Worker
 from gpuyantra import config
 
 ROLES = ("gpu", "cpu", "all")
+# GPU-queue activities in flight at once on a CUDA device. Verifications overlap their setup,
+# compilation and correctness work; their timing phases still run one at a time (the verifier's
+# GPU-wide timing lock), so no verdict is measured under another's load. Enough slots that a
+# deployment or a served-speed check never queues behind a campaign's verifications.
+CUDA_GPU_SLOTS = 8
 log = logging.getLogger("gpuyantra.worker")
 
 
-def build_workers(client: Client, role: str, executor: concurrent.futures.Executor) -> list[Worker]:
+def default_gpu_slots(device: str) -> int:
+    """On a CPU the interpreter's verifications only share the same cores: one at a time."""
+    return CUDA_GPU_SLOTS if device.startswith("cuda") else 1
+
+
+def build_workers(client: Client, role: str, executor: concurrent.futures.Executor, gpu_slots: int = 1) -> list[Worker]:
     """The workers a role runs. The workflow runs beside the CPU activities (no GPU needed)."""
     from activities import cpu, gpu
     from workflows.campaign import OptimizeCampaign
@@ -33,20 +43,21 @@ def build_workers(client: Client, role: str, executor: concurrent.futures.Execut
             )
         )
     if role in ("gpu", "all"):
-        # One verification at a time: timings must not share the device with each other.
         workers.append(
             Worker(
                 client,
                 task_queue=config.GPU_TASK_QUEUE,
                 activities=gpu.ACTIVITIES,
                 activity_executor=executor,
-                max_concurrent_activities=1,
+                max_concurrent_activities=gpu_slots,
             )
         )
     return workers
 
 
-async def run_workers(role: str, address: str, ready: asyncio.Event | None = None) -> None:
+async def run_workers(
+    role: str, address: str, ready: asyncio.Event | None = None, gpu_slots: int | None = None
+) -> None:
     if role not in ROLES:
         raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(ROLES)}")
     from gpuyantra.campaign_client import connect
@@ -54,12 +65,14 @@ async def run_workers(role: str, address: str, ready: asyncio.Event | None = Non
 
     client = await connect(address)  # first: a wrong address fails in seconds, before torch loads
     device = prepare()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as executor:
-        workers = build_workers(client, role, executor)
+    slots = gpu_slots if gpu_slots is not None else default_gpu_slots(device)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4 + slots) as executor:
+        workers = build_workers(client, role, executor, slots)
         log.info("worker %s polling %s on %s (device %s)", role, [w.task_queue for w in workers], address, device)
+        gpu_note = f", {slots} GPU-queue slot(s)" if role in ("gpu", "all") else ""
         print(
             f"gpuyantra worker {role}: polling {', '.join(w.task_queue for w in workers)} at {address} "
-            f"(kernels on {device})",
+            f"(kernels on {device}{gpu_note})",
             flush=True,
         )
         if ready is not None:

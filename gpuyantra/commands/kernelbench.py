@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from gpuyantra.commands import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -47,16 +49,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or are skipped where they cannot be reduced (and always on cuda) (default on cpu: 4194304, on cuda: no cap)",
     )
     parser.set_defaults(handler=run, _parser=parser)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

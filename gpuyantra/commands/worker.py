@@ -8,6 +8,7 @@ import logging
 import sys
 
 from gpuyantra import config
+from gpuyantra.commands import positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="Temporal frontend address (default: $TEMPORAL_ADDRESS or localhost:7233)",
     )
+    parser.add_argument(
+        "--gpu-slots",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="GPU-queue activities at once (default: 8 on CUDA, 1 on CPU); verifications' timing "
+        "phases still run one at a time",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -35,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     address = args.temporal or config.temporal_address()
     try:
-        asyncio.run(run_workers(args.role, address))
+        asyncio.run(run_workers(args.role, address, gpu_slots=args.gpu_slots))
     except TemporalUnreachable as exc:
         if getattr(args, "debug", False):
             raise

@@ -1,0 +1,30 @@
+"""The GPU worker's slots: on CUDA several GPU-queue activities at once (a deployment never queues
+behind a campaign's verifications; their timing phases still take turns), on CPU one."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from gpuyantra.config import CPU_TASK_QUEUE, GPU_TASK_QUEUE
+from workers.main import CUDA_GPU_SLOTS, build_workers, default_gpu_slots
+
+
+def test_default_slots_follow_the_device() -> None:
+    assert default_gpu_slots("cuda") == default_gpu_slots("cuda:1") == CUDA_GPU_SLOTS > 1
+    assert default_gpu_slots("cpu") == 1
+
+
+@pytest.mark.parametrize("role", ["gpu", "all"])
+async def test_the_gpu_queue_takes_as_many_activities_as_slots(env: WorkflowEnvironment, role: str) -> None:
+    # A client of its own: a client registers each worker it builds, one per task queue.
+    client = await Client.connect(env.client.service_client.config.target_host)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as executor:
+        workers = build_workers(client, role, executor, gpu_slots=5)
+        slots = {w.task_queue: w.config().get("max_concurrent_activities") for w in workers}
+    assert slots[GPU_TASK_QUEUE] == 5
+    if role == "all":
+        assert slots[CPU_TASK_QUEUE] == 4
