@@ -8,11 +8,13 @@ from typing import Any
 
 from temporalio import activity
 
+from activities import timing_lock
 from activities.errors import as_application_error
 from activities.heartbeat import with_heartbeat
 from gpuyantra import config
+from gpuyantra.served_speed import measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
-from workflows.types import DeployInput, RollbackInput, ServerCall, Target, VerifyInput
+from workflows.types import BenchmarkInput, DeployInput, RollbackInput, ServerCall, Target, VerifyInput
 
 
 def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -30,11 +32,30 @@ def profile_server(call: ServerCall) -> dict[str, Any]:
 
 # Five repeats of at least a quarter second each: the campaign judges a swap against their spread.
 BENCHMARK = {"max_tokens": 16, "prompt_tokens": 8, "repeats": 5, "min_repeat_s": 0.25}
+# How long the check waits for the GPU timing lock: longer than one verification's timing phase
+# usually holds it, short enough that a stuck one cannot stall the campaign's deployments.
+TIMING_LOCK_WAIT_S = 180.0
 
 
 @activity.defn(name="benchmark_server")
-def benchmark_server(call: ServerCall) -> dict[str, Any]:
-    return admin_post(call.server_url, "/admin/benchmark", BENCHMARK)
+def benchmark_server(call: BenchmarkInput) -> dict[str, Any]:
+    """Served speed at each of `call.batches` (batch 1 when none), with the GPU timing lock held."""
+    batches = sorted(set(call.batches or [1]))
+    try:
+        return with_heartbeat(lambda: measure_served_speed(call.server_url, batches))
+    except ServerError as exc:
+        raise as_application_error(exc) from exc
+
+
+def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TIMING_LOCK_WAIT_S) -> dict[str, Any]:
+    """/admin/benchmark at each batch, one after another, while holding the lock verifications time
+    under: no other verdict's timing runs on this GPU meanwhile, and this one loads none of theirs."""
+    from gpuyantra.verifier.baselines import timing_lock as timing_lock_path
+
+    client = AdminClient(server_url)
+    with timing_lock.held(timing_lock_path(), wait_s) as lock:
+        answers = [client.post("/admin/benchmark", {**BENCHMARK, "batch": batch}) for batch in batches]
+    return measurement_of(answers, lock)
 
 
 @activity.defn(name="deploy_kernel")

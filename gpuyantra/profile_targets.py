@@ -5,11 +5,13 @@ and the serving engine's fallback profile (`serving.profiling`), so both name a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuyantra.binding import ModuleGroup
 from gpuyantra.function_sites import FunctionSite
+
+TargetKey = tuple[str, str, str]  # (op, qualified_class, variant): one profile target
 
 
 def group_target_fields(group: ModuleGroup) -> dict[str, Any]:
@@ -47,3 +49,26 @@ def function_target_fields(op: str, sites: Sequence[FunctionSite]) -> dict[str, 
         "binding": "function",
         "functions": [s.dotted for s in sites],
     }
+
+
+def target_key(target: Mapping[str, Any]) -> TargetKey:
+    """What names one profile target: op, qualified class and (linear) variant."""
+    return (str(target.get("op")), str(target.get("qualified_class") or ""), str(target.get("variant") or ""))
+
+
+def add_served_shapes(
+    targets: Sequence[dict[str, Any]], served: Mapping[str, Mapping[TargetKey, list[list[int]]]]
+) -> None:
+    """Complete each target's `shapes` with those it takes in the served workloads (`served`:
+    workload name -> target -> shapes): the shapes it already has stay first, in their order, the
+    missing ones follow. `served_shapes` records which workload gave which shapes."""
+    for target in targets:
+        key = target_key(target)
+        by_workload = {name: [list(s) for s in shapes[key]] for name, shapes in served.items() if shapes.get(key)}
+        if not by_workload:
+            continue
+        shapes = [list(s) for s in target.get("shapes") or []]
+        for workload_shapes in by_workload.values():
+            shapes += [s for s in workload_shapes if s not in shapes]
+        target["shapes"] = shapes
+        target["served_shapes"] = by_workload

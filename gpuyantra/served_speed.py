@@ -1,10 +1,15 @@
 """Served-speed figures and the keep-or-roll-back rule for a swap, in plain Python (no torch, no
 Temporal): the server computes the spread of its benchmark repeats with `repeat_spread`, the
-campaign workflow decides with `judge_swap` and words its warnings with `slowdown_warning`."""
+campaign workflow decides with `judge_swap` and words its warnings with `slowdown_warning`.
+
+A campaign measures served speed at every decode batch that matters (one row and the server's
+batched decode, `benchmark_batches`): one measurement holds each batch's answer (`measurement_of`),
+and a swap is judged batch by batch against that batch's own spread (`judge_batches`)."""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 # The smallest drop ever called a slowdown: two measurements minutes apart also differ by drift
@@ -48,6 +53,7 @@ def figures(measurement: dict[str, Any] | None) -> dict[str, Any] | None:
         "relative_spread": measurement.get("relative_spread", 0.0),
         "repeats": measurement.get("repeats", 1),
         "measured": measurement.get("measured", "benchmark"),
+        **{key: measurement[key] for key in ("batch", "timing_lock") if key in measurement},
     }
 
 
@@ -78,3 +84,118 @@ def slowdown_warning(what: str, before: dict[str, Any] | None, after: dict[str, 
     if not b or a is None or a >= b:
         return None
     return f"{what}: served speed went from {b:.1f} to {a:.1f} tokens/s ({(b - a) / b:.1%} slower; {note})"
+
+
+# ---------------------------------------------------------------------- one measurement, several batches
+def benchmark_batches(profile: Mapping[str, Any] | None) -> list[int] | None:
+    """The decode batches the server says a kernel must be judged at (its profile's
+    `served_batches`), smallest first; None when it does not say (batch 1 alone is measured)."""
+    batches = (profile or {}).get("served_batches")
+    if not isinstance(batches, list):
+        return None
+    kept = sorted({b for b in batches if isinstance(b, int) and not isinstance(b, bool) and b >= 1})
+    return kept or None
+
+
+def measurement_of(answers: list[dict[str, Any]], timing_lock: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One served-speed measurement from the /admin/benchmark answers at each batch: the smallest
+    batch's answer at the top (the figures results held before batches were measured apart), every
+    answer under `batches`, and how the GPU timing lock was held while they were measured."""
+    ordered = sorted(answers, key=lambda answer: int(answer.get("batch") or 1))
+    return {**ordered[0], "batches": ordered, **({"timing_lock": timing_lock} if timing_lock else {})}
+
+
+def per_batch(measurement: Mapping[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """Each batch's answer in one measurement. A measurement from before batches were measured
+    apart is the answer of its own batch (1)."""
+    if not measurement:
+        return {}
+    answers = measurement.get("batches") or [measurement]
+    return {int(answer.get("batch") or 1): dict(answer) for answer in answers if isinstance(answer, Mapping)}
+
+
+def paired(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+    """(before, after) answers of each batch measured in both, smallest batch first."""
+    befores, afters = per_batch(before), per_batch(after)
+    return {batch: (befores[batch], afters[batch]) for batch in sorted(befores) if batch in afters}
+
+
+def judge_batches(
+    before: Mapping[str, Any] | None,
+    after: Mapping[str, Any] | None,
+    floor: float = NOISE_FLOOR,
+    use_spread: bool = True,
+) -> dict[str, Any]:
+    """`judge_swap` at each batch measured before and after: roll back when any batch dropped by more
+    than its own measured noise (a gain at one batch does not pay for a loss at another).
+    `dropped` lists the batches that did, `batches` holds each batch's judgement."""
+    judged = {batch: judge_swap(b, a, floor, use_spread) for batch, (b, a) in paired(before, after).items()}
+    dropped = [batch for batch, judgement in judged.items() if judgement["decision"] == "rollback"]
+    return {"decision": "rollback" if dropped else "keep", "dropped": dropped, "batches": judged}
+
+
+def batch_figures(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The result's per-batch figures, keyed by batch ("1", "8": JSON keys are text)."""
+    befores, afters = per_batch(before), per_batch(after)
+    return {
+        str(batch): {"before": figures(befores.get(batch)), "after": figures(afters.get(batch))}
+        for batch in sorted(set(befores) | set(afters))
+    }
+
+
+def judged_figures(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, judged: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`batch_figures` with each batch's drop, noise and decision (a swap's entry in the result)."""
+    out = batch_figures(before, after)
+    for batch, judgement in judged["batches"].items():
+        out[str(batch)].update(drop=judgement["drop"], noise=judgement["noise"], decision=judgement["decision"])
+    return out
+
+
+def rollback_reason(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, judged: Mapping[str, Any], regime: str
+) -> str:
+    """Why a swap was rolled back, naming each batch that dropped beyond its noise, then how the
+    other batches fared."""
+    pairs = paired(before, after)
+    parts = []
+    for batch in judged["dropped"]:
+        (b, a), judgement = pairs[batch], judged["batches"][batch]
+        parts.append(
+            f"served decode at batch {batch} went from {b['tokens_per_s']:.1f} to {a['tokens_per_s']:.1f} tokens/s "
+            f"({judgement['drop']:.1%} slower, beyond that batch's measured noise of {judgement['noise']:.1%})"
+        )
+    others = [
+        f"batch {batch}: {b.get('tokens_per_s') or 0.0:.1f} -> {a.get('tokens_per_s') or 0.0:.1f} tokens/s"
+        for batch, (b, a) in pairs.items()
+        if batch not in judged["dropped"]
+    ]
+    return "rolled back: " + "; ".join(parts + others) + f"; {regime} regime"
+
+
+def batch_warnings(
+    what: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, note: str | Mapping[int, str]
+) -> list[str]:
+    """`slowdown_warning` for each batch that went down by any amount; `note` may differ per batch."""
+    warnings = []
+    for batch, (b, a) in paired(before, after).items():
+        batch_note = note if isinstance(note, str) else note.get(batch, "")
+        warning = slowdown_warning(f"{what}, batch {batch}", b, a, batch_note)
+        if warning:
+            warnings.append(warning)
+    return warnings
+
+
+def lock_warning(what: str, measurement: Mapping[str, Any] | None) -> str | None:
+    """A warning when a measurement could not hold the GPU timing lock: a verification may have been
+    timing on the same GPU meanwhile, so its spread may hold that load."""
+    lock = (measurement or {}).get("timing_lock")
+    if not isinstance(lock, Mapping) or lock.get("held", True):
+        return None
+    return (
+        f"{what}: measured without the GPU timing lock (a verification held it for more than "
+        f"{float(lock.get('waited_s') or 0.0):.0f} s), so the figures may include that verification's load"
+    )

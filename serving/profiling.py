@@ -1,5 +1,10 @@
 """Profiling the served model (`POST /admin/profile`): probes built from recent traffic, the profiler
-(`gpuyantra.profiler`), and a fallback profile timed here when the profiler cannot run."""
+(`gpuyantra.profiler`), and a fallback profile timed here when the profiler cannot run.
+
+The profile times one decode batch (the one live traffic runs most, else one row), but a kernel is
+judged at every batch the server serves: `served_decode_batches` names them (one row, and the
+batched decode), each target's `shapes` gain the shapes it takes at each of them, and the answer's
+`served_batches` tells a campaign which batches its served-speed checks measure."""
 
 from __future__ import annotations
 
@@ -15,7 +20,12 @@ from typing import Any
 import torch
 
 from gpuyantra.binding import ModuleGroup, find_open_groups
-from gpuyantra.profile_targets import function_target_fields, group_target_fields, param_shape_fields
+from gpuyantra.profile_targets import (
+    add_served_shapes,
+    function_target_fields,
+    group_target_fields,
+    param_shape_fields,
+)
 from serving.scheduler import Scheduler
 from serving.shapes import ShapeRecorder
 
@@ -61,24 +71,62 @@ class Profiling(Scheduler):
         prompt = max(1, min(prompt, self.usable_len - 2))
         return prompt, max(1, min(batch, self.max_batch))
 
-    def probes(self) -> dict[str, Callable[[], Any]]:
-        """Representative workloads built from recent traffic: one prefill, one decode step."""
-        prompt_len, batch = self._probe_rows()
-        vocab = max(2, self.vocab_size)
-        prompt = [(13 * i + 1) % vocab for i in range(prompt_len)]
-        primed = {"done": False}
+    def served_decode_batches(self) -> list[int]:
+        """The decode batches a kernel must be judged at: one row (a lone client) and the server's
+        batched decode: the row count live traffic decodes at most often above one, else max_batch,
+        as the decode step runs it (rounded up to its CUDA-graph bucket)."""
+        batched = Counter(rows for _, rows, _, _ in self._live_steps if rows > 1)
+        widest = batched.most_common(1)[0][0] if batched else self.max_batch
+        graphs = getattr(self, "graphs", None)
+        rows = graphs.bucket_for(widest) if graphs is not None else widest
+        return sorted({1, min(rows, self.max_batch)})
 
-        def prefill():
-            self.prefill_row(0, prompt)
+    def _probe_prompt(self, length: int) -> list[int]:
+        vocab = max(2, self.vocab_size)
+        return [(13 * i + 1) % vocab for i in range(length)]
+
+    def _decode_probe(self, prompt: list[int], batch: int) -> Callable[[], Any]:
+        """One decode step at `batch` rows; the rows are prefilled with `prompt` on the first call."""
+        primed = {"done": False}
 
         def decode():
             if not primed["done"]:
                 for r in range(batch):
                     self.prefill_row(r, prompt)
                 primed["done"] = True
-            self.decode_rows_eager([1] * batch, [prompt_len] * batch, kv_len=prompt_len + 1)
+            self.decode_rows_eager([1] * batch, [len(prompt)] * batch, kv_len=len(prompt) + 1)
 
-        return {"prefill": prefill, "decode": decode}
+        return decode
+
+    def probes(self) -> dict[str, Callable[[], Any]]:
+        """Representative workloads built from recent traffic: one prefill, one decode step."""
+        prompt_len, batch = self._probe_rows()
+        prompt = self._probe_prompt(prompt_len)
+
+        def prefill():
+            self.prefill_row(0, prompt)
+
+        return {"prefill": prefill, "decode": self._decode_probe(prompt, batch)}
+
+    def served_probes(self, batches: Sequence[int]) -> dict[str, Callable[[], Any]]:
+        """One decode step at each served batch (`decode@8`): run only for the shapes targets take."""
+        prompt = self._probe_prompt(self._probe_rows()[0])
+        return {f"decode@{batch}": self._decode_probe(prompt, batch) for batch in batches}
+
+    def _add_served_shapes(self, targets: list[dict[str, Any]], batches: Sequence[int]) -> None:
+        """Each target's shapes at every served decode batch, after those the profile timed."""
+        try:
+            from gpuyantra.profiler.coverage import capture_target_shapes
+
+            sites = self.function_sites()
+            served = {
+                name: capture_target_shapes(self.model, self.groups, probe, sites)
+                for name, probe in self.served_probes(batches).items()
+            }
+        except Exception:  # noqa: BLE001 - the profile still answers, with the shapes it timed
+            log.exception("capturing the served batches' shapes failed; targets keep the profiled shapes")
+            return
+        add_served_shapes(targets, served)
 
     def profile(self) -> dict[str, Any]:
         if self.active_count:
@@ -103,6 +151,9 @@ class Profiling(Scheduler):
         if result is None:
             result = self._fallback_profile(probes)
         result = dict(result)
+        batches = self.served_decode_batches()
+        self._add_served_shapes(result.get("targets", []), batches)
+        result["served_batches"] = batches
         targets = []
         for t in result.get("targets", []):
             t = dict(t)

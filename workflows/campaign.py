@@ -5,9 +5,11 @@ check after each run one at a time (a lock), each as soon as its search is done.
 The write/verify loop exits in Python, never by model judgement: at the best reward the verifying
 device can give (gpuyantra/rewards.py: +3 on CUDA, +1 on CPU where speed is not judged), or after
 max_iterations.
-A swap is rolled back only when served tokens/s dropped by more than the spread measured before and
-after it (gpuyantra/served_speed.py:judge_swap). Activities are called by name so this module
-imports nothing that imports torch.
+Served speed is measured at each decode batch the server says matters (its profile's
+`served_batches`: one row and its batched decode), and a swap is rolled back when served tokens/s at
+any of them dropped by more than that batch's spread measured before and after it
+(gpuyantra/served_speed.py:judge_batches). Activities are called by name so this module imports
+nothing that imports torch.
 """
 
 from __future__ import annotations
@@ -25,9 +27,20 @@ with workflow.unsafe.imports_passed_through():
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
     from gpuyantra.profile_digest import profile_digest  # stdlib only
     from gpuyantra.rewards import ceiling  # stdlib only
-    from gpuyantra.served_speed import figures, judge_swap, slowdown_warning  # stdlib only
+    from gpuyantra.served_speed import (  # stdlib only
+        batch_figures,
+        batch_warnings,
+        benchmark_batches,
+        figures,
+        judge_batches,
+        judge_swap,
+        judged_figures,
+        lock_warning,
+        rollback_reason,
+    )
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
     from workflows.types import (
+        BenchmarkInput,
         CampaignInput,
         DeployInput,
         LearnInput,
@@ -150,6 +163,7 @@ class OptimizeCampaign:
         self._target_ops: set[str] = set()  # known once the profile is in; signals naming others get a notice
         self._deploy_lock = asyncio.Lock()  # one swap and its served-speed check at a time
         self._served: dict[str, Any] | None = None  # latest served-speed measurement of what is deployed now
+        self._benchmark: BenchmarkInput | None = None  # the server and the decode batches every check measures
         self._warnings: list[str] = []
         self._sequential = False  # campaigns started before concurrent targets replay one target at a time
         self._searchable: set[str] = set()  # search attributes the namespace has registered (preflight says)
@@ -208,8 +222,9 @@ class OptimizeCampaign:
             *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
             *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]),
         )
+        self._benchmark = BenchmarkInput(params.server_url, benchmark_batches(profile))
         self._stage("e2e-before")
-        before = self._served = await self._gpu("benchmark_server", server, timedelta(minutes=10))
+        before = self._served = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
 
         self._stage("targets")
         if workflow.patched("concurrent-targets"):
@@ -228,9 +243,10 @@ class OptimizeCampaign:
         rejected += [outcome["entry"] for outcome in outcomes if not outcome.get("deployed")]
 
         self._stage("e2e-after")
-        after = await self._gpu("benchmark_server", server, timedelta(minutes=10))
+        after = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
         if deployed:
-            self._warn(slowdown_warning("campaign", before, after, f"{len(deployed)} kernel(s) deployed"))
+            for warning in batch_warnings("campaign", before, after, f"{len(deployed)} kernel(s) deployed"):
+                self._warn(warning)
         profile_after = None
         # Where the step's time goes once the kernels are in (the report draws both profiles).
         if deployed and workflow.patched("profile-after"):
@@ -245,7 +261,11 @@ class OptimizeCampaign:
             "deployed": deployed,
             "rejected": rejected,
             "e2e": {"tokens_per_s_before": before.get("tokens_per_s"), "tokens_per_s_after": after.get("tokens_per_s")},
-            "served_speed": {"before": figures(before), "after": figures(after)},
+            "served_speed": {
+                "before": figures(before),
+                "after": figures(after),
+                "batches": batch_figures(before, after),
+            },
             "profile": profile_digest(profile),
             "profile_after": profile_digest(profile_after),
             "warnings": self._warnings,
@@ -401,24 +421,30 @@ class OptimizeCampaign:
             enter(progress, "deployed")
             return {"deployed": True, "entry": summary}
         # Served speed is the number users see: a kernel fast in isolation can still slow a
-        # launch-bound decode step. Roll back only a drop larger than the measurements' own spread.
+        # launch-bound decode step, or help one row and hurt a batch. Roll back a drop at any
+        # measured batch larger than that batch's own spread.
         enter(progress, "e2e-check")
         before = self._served
         after = await self._gpu(
             "benchmark_server",
-            ServerCall(params.server_url),
+            self._benchmark or BenchmarkInput(params.server_url),
             timedelta(minutes=10),
             summary=f"served speed after deploying {target.op}",
         )
-        judgement = judge_swap(before, after, use_spread=not self._sequential)
+        use_spread = not self._sequential
+        first = judge_swap(before, after, use_spread=use_spread)  # the top-level (smallest) batch, as results had
+        judgement = judge_batches(before, after, use_spread=use_spread)
         summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"), "after": after.get("tokens_per_s")}
         summary["served_speed"] = {
             "before": figures(before),
             "after": figures(after),
             "judged": judged,
-            "drop": judgement["drop"],
-            "noise": judgement["noise"],
+            "drop": first["drop"],
+            "noise": first["noise"],
+            "batches": judged_figures(before, after, judgement),
+            "dropped_batches": judgement["dropped"] if judged else [],
         }
+        self._warn(lock_warning(f"served speed after deploying {target.op}", after))
         if judged and judgement["decision"] == "rollback":
             await self._gpu(
                 "rollback_swap",
@@ -426,23 +452,14 @@ class OptimizeCampaign:
                 timedelta(minutes=5),
                 summary=f"roll back {target.op}",
             )
-            e2e = summary["e2e_tokens_per_s"]
-            return {
-                "entry": {
-                    **summary,
-                    "reason": (
-                        f"rolled back: served decode went from {e2e['before']:.1f} to {e2e['after']:.1f} tokens/s "
-                        f"({judgement['drop']:.1%} slower, beyond the measured noise of {judgement['noise']:.1%}; "
-                        f"{target.regime or 'unknown'} regime)"
-                    ),
-                }
-            }
-        note = (
-            f"within the measured noise of {judgement['noise']:.1%}, so kept"
-            if judged
-            else f"kept: speed is not judged on a {verdict.device} verdict"
-        )
-        self._warn(slowdown_warning(f"{target.op} deployed", before, after, note))
+            reason = rollback_reason(before, after, judgement, target.regime or "unknown")
+            return {"entry": {**summary, "reason": reason}}
+        notes = {
+            batch: kept_note(one["noise"]) if judged else f"kept: speed is not judged on a {verdict.device} verdict"
+            for batch, one in judgement["batches"].items()
+        }
+        for warning in batch_warnings(f"{target.op} deployed", before, after, notes):
+            self._warn(warning)
         self._served = after
         enter(progress, "deployed")
         return {"deployed": True, "entry": summary}
@@ -544,6 +561,13 @@ def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) 
         "best_iteration": best.iteration,
         "attempts": search.attempts,
     }
+
+
+def kept_note(noise: float | None) -> str:
+    """Why a slower batch did not roll a swap back."""
+    if noise is None:  # one measured from live traffic, the other by a benchmark: never compared
+        return "measured differently before and after, so not compared; kept"
+    return f"within the measured noise of {noise:.1%}, so kept"
 
 
 def below_min_reward(verdict: VerdictSummary, min_reward: int) -> str:

@@ -139,6 +139,15 @@ class ServerCall:
 
 
 @dataclass
+class BenchmarkInput:
+    """benchmark_server's input. Campaigns recorded before `batches` sent `{"server_url"}` alone:
+    batch 1 is measured for them, as it was then."""
+
+    server_url: str
+    batches: list[int] | None = None  # decode batches to measure (the profile's served_batches)
+
+
+@dataclass
 class RetrieveInput:
     target: dict[str, Any]
     hardware: str

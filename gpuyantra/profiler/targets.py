@@ -53,15 +53,7 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
     device_us = dev if ctx.cuda else op_time
     launches = kernels if ctx.cuda else ops
 
-    # Shapes of the family's first activation (the roofline is computed on them).
-    seen: Counter = Counter()
-    for i in indices:
-        _, module = modules[i]
-        for (shape, dtype), n in captured.get(i, {}).items():
-            act_shape = (
-                tuple(shape) if family.module_activations is not None else _activation_shape(family, module, shape)
-            )
-            seen[(act_shape, dtype)] += n
+    seen = _activation_counts(family, modules, indices, captured)  # the roofline is computed on them
     launches_per_call = launches / calls_ps if calls_ps else 0.0
     target = {
         **group_target_fields(group),
@@ -271,6 +263,21 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
         )
         targets.append(target)
     return targets
+
+
+def _activation_counts(family, modules, indices, captured) -> Counter:
+    """(shape, dtype) of the family's first activation -> calls, over the group's modules `indices`.
+    `captured` holds module input shapes, or activation shapes already for a family whose module
+    input is not its first activation (`module_activations`: recorded by a shadow call)."""
+    seen: Counter = Counter()
+    for i in indices:
+        _, module = modules[i]
+        for (shape, dtype), n in captured.get(i, {}).items():
+            act_shape = (
+                tuple(shape) if family.module_activations is not None else _activation_shape(family, module, shape)
+            )
+            seen[(act_shape, dtype)] += n
+    return seen
 
 
 def _activation_shape(family, module, shape) -> tuple[int, ...]:

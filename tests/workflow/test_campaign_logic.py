@@ -14,8 +14,11 @@ from temporalio.worker import Worker
 
 from activities.cpu import preflight_campaign  # the real one: op names and one campaign per server
 from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
+from gpuyantra.report.page import render_html
+from gpuyantra.served_speed import measurement_of
 from workflows.campaign import OptimizeCampaign, select_targets
 from workflows.types import (
+    BenchmarkInput,
     CampaignInput,
     DeployInput,
     LearnInput,
@@ -41,7 +44,9 @@ TARGET = {
 
 
 class Script:
-    """Rewards the fake verifier hands out, in order, and a log of what was called."""
+    """Rewards the fake verifier hands out, in order, and a log of what was called. The fake server
+    serves batch 1 and batch 8 (its profile's `served_batches`): 100 and 800 tokens/s, 10 % more
+    once a kernel is in (20 % less with `slower_after_deploy`; `batch8_after` sets batch 8's own)."""
 
     def __init__(
         self,
@@ -50,8 +55,13 @@ class Script:
         slower_after_deploy: bool = False,
         verifications_meet: int = 0,
         model: str | None = None,
+        batch8_after: float | None = None,
+        batch8_spread: float = 0.0,
     ) -> None:
         self.rewards = rewards
+        self.batch8_after = batch8_after
+        self.batch8_spread = batch8_spread
+        self.benchmarked: list[list[int] | None] = []  # the batches each benchmark_server call asked for
         self.model = model  # what the fake profile names as the served model
         self.slower_after_deploy = slower_after_deploy
         self.device = device
@@ -66,6 +76,16 @@ class Script:
         with self._events_lock:
             self.events.append((name, op))
 
+    def served(self, batch: int, swapped: bool) -> dict:
+        """The fake server's /admin/benchmark answer at `batch`."""
+        speed = 100.0 * batch
+        if swapped:
+            speed = (80.0 if self.slower_after_deploy else 110.0) * batch
+            if batch == 8 and self.batch8_after is not None:
+                speed = self.batch8_after
+        spread = self.batch8_spread if batch == 8 else 0.0
+        return {"tokens_per_s": speed, "batch": batch, "relative_spread": spread}
+
     def activities(self) -> tuple[list[Any], list[Any]]:
         @activity.defn(name="profile_server")
         def profile_server(call: ServerCall) -> dict:
@@ -73,16 +93,18 @@ class Script:
             return {
                 "hardware": "test-gpu",
                 "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}],
+                "served_batches": [1, 8],
                 **({"model": self.model} if self.model else {}),
             }
 
         @activity.defn(name="benchmark_server")
-        def benchmark_server(call: ServerCall) -> dict:
+        def benchmark_server(call: BenchmarkInput) -> dict:
             self.event("benchmark-start")
+            self.benchmarked.append(call.batches)
             time.sleep(0.05)  # a window another deploy could land in, were deploys not serialized
             self.event("benchmark-end")
             swapped = "deploy" in self.calls and "rollback" not in self.calls
-            return {"tokens_per_s": 80.0 if swapped and self.slower_after_deploy else 100.0 + 10 * swapped}
+            return measurement_of([self.served(batch, swapped) for batch in call.batches or [1]])
 
         @activity.defn(name="verify_candidate")
         def verify_candidate(request: VerifyInput) -> dict:
@@ -204,8 +226,39 @@ async def test_swap_that_slows_served_decode_is_rolled_back(env):
     script = Script(rewards=[3], slower_after_deploy=True)
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
-    assert "served decode went from 100.0 to 80.0 tokens/s" in result["rejected"][0]["reason"]
+    assert "served decode at batch 1 went from 100.0 to 80.0 tokens/s" in result["rejected"][0]["reason"]
     assert result["rejected"][0]["served_speed"]["drop"] == 0.2 and result["warnings"] == []
+
+
+async def test_a_drop_at_batch_eight_rolls_back_though_batch_one_improved(env):
+    script = Script(rewards=[3], batch8_after=600.0)
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
+    assert script.benchmarked == [[1, 8], [1, 8], [1, 8]]  # before, the check, after: each at both batches
+    rejected = result["rejected"][0]
+    assert rejected["reason"].startswith(
+        "rolled back: served decode at batch 8 went from 800.0 to 600.0 tokens/s (25.0% slower, "
+    )
+    assert "batch 1: 100.0 -> 110.0 tokens/s" in rejected["reason"]
+    served = rejected["served_speed"]
+    assert served["dropped_batches"] == [8] and served["drop"] == -0.1  # batch 1, on top, as before
+    assert served["batches"]["8"]["decision"] == "rollback" and served["batches"]["1"]["decision"] == "keep"
+    assert "served decode at batch 8 went from 800.0 to 600.0" in render_html(result)  # the report reads it
+
+
+async def test_a_dip_at_batch_eight_within_its_spread_is_kept_and_warned(env):
+    script = Script(rewards=[3], batch8_after=760.0, batch8_spread=0.1)
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert [d["op"] for d in result["deployed"]] == ["rms_norm"]
+    assert result["warnings"] == [
+        "rms_norm deployed, batch 8: served speed went from 800.0 to 760.0 tokens/s "
+        "(5.0% slower; within the measured noise of 10.0%, so kept)",
+        "campaign, batch 8: served speed went from 800.0 to 760.0 tokens/s (5.0% slower; 1 kernel(s) deployed)",
+    ]
+    by_batch = result["served_speed"]["batches"]
+    assert by_batch["1"]["after"]["tokens_per_s"] == 110.0 and by_batch["8"]["after"]["tokens_per_s"] == 760.0
+    assert result["served_speed"]["after"]["tokens_per_s"] == 110.0  # batch 1 on top, as before
+    assert "batch 8: served speed went from 800.0 to 760.0" in render_html(result)  # the report reads it
 
 
 async def test_two_targets_verify_concurrently_and_deploy_one_at_a_time(env):

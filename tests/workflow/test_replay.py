@@ -5,8 +5,10 @@ Temporal's Replayer fails on any divergence (an activity added, dropped or reord
 `histories/` holds campaigns recorded with the scripted activities of test_campaign_logic.py (a fake
 profile of rms_norm, softmax and one linear projection), on the workflow before it read its targets and
 verdicts through workflows/types.py (`handle.fetch_history().to_json()`): concurrent targets with
-served-speed checks, a CPU verdict, a rollback, an approval signal and a missing op. A change that must
-differ for old campaigns goes behind `workflow.patched(...)`, and these keep passing.
+served-speed checks, a CPU verdict, a rollback, an approval signal and a missing op; `batch_rollback`
+on the workflow that measures served speed per decode batch (two targets, one rolled back for its
+batch-8 drop). A change that must differ for old campaigns goes behind `workflow.patched(...)`, and
+these keep passing.
 """
 
 from __future__ import annotations

@@ -4,11 +4,36 @@ from __future__ import annotations
 
 import pytest
 
-from gpuyantra.served_speed import NOISE_FLOOR, figures, judge_swap, repeat_spread, slowdown_warning
+from gpuyantra.served_speed import (
+    NOISE_FLOOR,
+    batch_figures,
+    batch_warnings,
+    benchmark_batches,
+    figures,
+    judge_batches,
+    judge_swap,
+    judged_figures,
+    lock_warning,
+    measurement_of,
+    per_batch,
+    repeat_spread,
+    rollback_reason,
+    slowdown_warning,
+)
 
 
-def measured(*samples: float) -> dict:
-    return {**repeat_spread(list(samples)), "repeats": len(samples), "measured": "benchmark"}
+def measured(*samples: float, batch: int | None = None) -> dict:
+    return {
+        **repeat_spread(list(samples)),
+        "repeats": len(samples),
+        "measured": "benchmark",
+        **({"batch": batch} if batch is not None else {}),
+    }
+
+
+def served(one_row: dict, batched: dict) -> dict:
+    """A measurement at batch 1 and batch 8, as benchmark_server answers."""
+    return measurement_of([{**batched, "batch": 8}, {**one_row, "batch": 1}], {"held": True, "waited_s": 0.0})
 
 
 def test_repeat_spread_reports_median_min_max_and_relative_figures():
@@ -75,3 +100,72 @@ def test_live_and_benchmark_figures_are_never_compared():
     verdict = judge_swap(before, after)
     assert verdict["decision"] == "keep" and verdict["note"] == "measured differently"
     assert judge_swap(before, {**after, "measured": "live"})["decision"] == "rollback"
+
+
+# ---------------------------------------------------------------------- several batches
+def test_a_measurement_keeps_batch_one_on_top_and_every_batch_below():
+    measurement = served(measured(400.0, 410.0), measured(3800.0, 3900.0))
+    assert measurement["batch"] == 1 and measurement["tokens_per_s"] == 405.0
+    assert [answer["batch"] for answer in measurement["batches"]] == [1, 8]
+    assert figures(measurement)["timing_lock"] == {"held": True, "waited_s": 0.0}
+    assert set(per_batch(measurement)) == {1, 8}
+    assert per_batch({"tokens_per_s": 5.0}) == {1: {"tokens_per_s": 5.0}}  # before batches were measured apart
+    assert per_batch(None) == {}
+
+
+def test_a_drop_at_batch_eight_beyond_its_spread_rolls_back_though_batch_one_improved():
+    # The campaign of the bug report: one row faster, batch 8 far slower.
+    before = served(measured(410.0, 413.0, 416.0), measured(3820.0, 3860.0, 3900.0))
+    after = served(measured(425.0, 430.0, 435.0), measured(2300.0, 2336.0, 2370.0))
+    judged = judge_batches(before, after)
+    assert judged["decision"] == "rollback" and judged["dropped"] == [8]
+    assert judged["batches"][1]["decision"] == "keep" and judged["batches"][1]["drop"] < 0
+    assert judged["batches"][8]["drop"] == pytest.approx(1 - 2336 / 3860)
+    reason = rollback_reason(before, after, judged, "memory-bound")
+    assert reason.startswith("rolled back: served decode at batch 8 went from 3860.0 to 2336.0 tokens/s (39.5% slower")
+    assert "batch 1: 413.0 -> 430.0 tokens/s" in reason and reason.endswith("; memory-bound regime")
+
+
+def test_each_batch_is_judged_against_its_own_spread():
+    # Batch 8 spreads 10 %; an 8 % lower median there is noise even though batch 1 is quiet.
+    before = served(measured(99.0, 100.0, 101.0), measured(950.0, 1000.0, 1050.0))
+    after = served(measured(99.0, 100.0, 101.0), measured(880.0, 920.0, 960.0))
+    judged = judge_batches(before, after)
+    assert judged["decision"] == "keep" and judged["dropped"] == []
+    assert judged["batches"][8]["noise"] == pytest.approx(0.1) and judged["batches"][8]["drop"] == pytest.approx(0.08)
+    # The same 8 % at batch 1, whose repeats agree to 2 %, is a real drop.
+    slower_one_row = served(measured(91.0, 92.0, 93.0), measured(880.0, 920.0, 960.0))
+    assert judge_batches(before, slower_one_row)["dropped"] == [1]
+
+
+def test_old_measurements_are_judged_at_batch_one_as_before():
+    before, after = measured(99.0, 100.0, 101.0), measured(75.0, 80.0, 85.0)
+    judged = judge_batches(before, after)
+    assert judged["decision"] == judge_swap(before, after)["decision"] == "rollback"
+    assert judged["batches"] == {1: judge_swap(before, after)}
+    # A batch measured on one side only is not judged.
+    assert judge_batches(before, served(measured(100.0), measured(1.0)))["batches"].keys() == {1}
+
+
+def test_per_batch_figures_and_warnings():
+    before = served(measured(100.0, 101.0), measured(1000.0, 1010.0))
+    after = served(measured(99.0, 100.0), measured(1010.0, 1020.0))
+    figures_by_batch = batch_figures(before, after)
+    assert set(figures_by_batch) == {"1", "8"} and figures_by_batch["8"]["after"]["tokens_per_s"] == 1015.0
+    judged = judge_batches(before, after)
+    assert judged_figures(before, after, judged)["1"]["decision"] == "keep"
+    warnings = batch_warnings("rms_norm deployed", before, after, {1: "kept", 8: "kept"})
+    assert warnings == ["rms_norm deployed, batch 1: served speed went from 100.5 to 99.5 tokens/s (1.0% slower; kept)"]
+
+
+def test_the_profile_names_the_batches_to_measure():
+    assert benchmark_batches({"served_batches": [8, 1, 8]}) == [1, 8]
+    assert benchmark_batches({"served_batches": [0, True, "8"]}) is None
+    assert benchmark_batches({}) is None and benchmark_batches(None) is None
+
+
+def test_a_measurement_without_the_timing_lock_is_named():
+    assert lock_warning("check", {"timing_lock": {"held": True, "waited_s": 3.0}}) is None
+    assert lock_warning("check", {"tokens_per_s": 1.0}) is None
+    warning = lock_warning("check", {"timing_lock": {"held": False, "waited_s": 180.0}})
+    assert warning is not None and "without the GPU timing lock" in warning and "180 s" in warning
