@@ -122,22 +122,36 @@ def _matmul_source(source: str) -> str:
     return "absent: measured with the profile, which this result does not carry"
 
 
+def _served_row(label: str, figures: dict[str, Any] | None) -> list[str]:
+    figures = figures or {}
+    return [
+        label,
+        fmt(figures.get("tokens_per_s"), digits=1),
+        fmt(figures.get("min"), digits=1),
+        fmt(figures.get("max"), digits=1),
+        fmt(pct(figures.get("relative_spread")), "%", 1),
+        fmt(figures.get("repeats")),
+    ]
+
+
+def _served_batches(served: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(batch, {"before", "after", ...}) smallest batch first; empty for a result measured at one batch."""
+    batches = served.get("batches")
+    if not isinstance(batches, dict):
+        return []
+    return sorted(((str(b), v) for b, v in batches.items() if isinstance(v, dict)), key=lambda bv: int(bv[0]))
+
+
 def _served_section(result: dict[str, Any]) -> str:
     served = result.get("served_speed") or {}
     e2e = result.get("e2e") or {}
-    rows = []
-    for key in ("before", "after"):
-        figures = served.get(key) or {}
-        rows.append(
-            [
-                key,
-                fmt(figures.get("tokens_per_s"), digits=1),
-                fmt(figures.get("min"), digits=1),
-                fmt(figures.get("max"), digits=1),
-                fmt(pct(figures.get("relative_spread")), "%", 1),
-                fmt(figures.get("repeats")),
-            ]
-        )
+    batches = _served_batches(served)
+    if batches:  # every batch the campaign measured, batch 1 among them
+        rows = [
+            _served_row(f"batch {b}, {key}", figures.get(key)) for b, figures in batches for key in ("before", "after")
+        ]
+    else:
+        rows = [_served_row(key, served.get(key)) for key in ("before", "after")]
     return (
         "<h2>Served speed</h2>"
         + _table(["", "tokens/s (median)", "min", "max", "spread", "repeats"], rows)
@@ -183,18 +197,32 @@ def _facts(entry: dict[str, Any]) -> str:
     return _table(None, rows)
 
 
+def _around(what: str, figures: dict[str, Any]) -> str:
+    """One served-speed comparison around a swap: before → after with spreads, drop vs noise."""
+    before, after = figures.get("before") or {}, figures.get("after") or {}
+    drop, noise = fmt(pct(figures.get("drop")), "%", 1), fmt(pct(figures.get("noise")), "%", 1)
+    return (
+        f"{what}: {fmt(before.get('tokens_per_s'), digits=1)} → {fmt(after.get('tokens_per_s'), digits=1)} "
+        f"tokens/s (spread {fmt(pct(before.get('relative_spread')), '%', 1)} → "
+        f"{fmt(pct(after.get('relative_spread')), '%', 1)}); drop {drop} vs noise {noise}"
+    )
+
+
 def _served_around(entry: dict[str, Any]) -> str:
     served = entry.get("served_speed") or {}
     if not served:
         return ""
-    before, after = served.get("before") or {}, served.get("after") or {}
-    drop, noise = fmt(pct(served.get("drop")), "%", 1), fmt(pct(served.get("noise")), "%", 1)
-    return (
-        f"<p>Served decode around this swap: {fmt(before.get('tokens_per_s'), digits=1)} → "
-        f"{fmt(after.get('tokens_per_s'), digits=1)} tokens/s (spread {fmt(pct(before.get('relative_spread')), '%', 1)}"
-        f" → {fmt(pct(after.get('relative_spread')), '%', 1)}); drop {drop} vs noise {noise}; "
-        f"judged: {html.escape(str(served.get('judged')))}.</p>"
+    batches = _served_batches(served)
+    parts = (
+        [
+            _around(f"batch {b}", figures) + f" ({html.escape(str(figures.get('decision') or '–'))})"
+            for b, figures in batches
+        ]
+        if batches
+        else [_around("Served decode around this swap", served)]
     )
+    prefix = "Served decode around this swap, " if batches else ""
+    return f"<p>{prefix}{'; '.join(parts)}; judged: {html.escape(str(served.get('judged')))}.</p>"
 
 
 def _verdict(verdict: dict[str, Any]) -> str:

@@ -197,10 +197,15 @@ def text_summary(result: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"  {target_name(entry)}: not deployed: {entry.get('reason')}")
     served = result.get("served_speed") or {}
-    before, after = served.get("before") or {}, served.get("after") or {}
-    if before.get("tokens_per_s") is not None and after.get("tokens_per_s") is not None:
+    measured_apart = served.get("batches")
+    batches: dict[str, Any] = measured_apart if isinstance(measured_apart, dict) else {"": served}
+    for batch, figures in sorted(batches.items(), key=lambda bf: int(bf[0] or 0)):
+        before, after = (figures or {}).get("before") or {}, (figures or {}).get("after") or {}
+        if before.get("tokens_per_s") is None or after.get("tokens_per_s") is None:
+            continue
         lines.append(
-            f"  served decode: {before['tokens_per_s']:.1f} -> {after['tokens_per_s']:.1f} tokens/s "
+            f"  served decode{f' at batch {batch}' if batch else ''}: {before['tokens_per_s']:.1f} -> "
+            f"{after['tokens_per_s']:.1f} tokens/s "
             f"(spread {before.get('relative_spread', 0):.1%} / {after.get('relative_spread', 0):.1%})"
             + ("; on CPU speed is not judged" if speed_not_judged(result) else "")
         )

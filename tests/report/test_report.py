@@ -10,6 +10,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from gpuyantra.report import render_html
+from gpuyantra.report.result import text_summary
 from tests.report.results import cpu_result, gpu_result, profile
 
 KERNEL = "import triton\n\n@triton.jit\ndef _rms_norm_kernel(X, W, Y, N: tl.constexpr):\n    pass  # a < b & c\n"
@@ -181,3 +182,38 @@ def test_page_without_matplotlib_names_each_chart_absent():
     page = done.stdout
     assert "<svg" not in page and "Speedup chart: absent." in page and "Roofline plot: absent." in page
     assert "matplotlib cannot be imported here" in page and "rms_norm" in page  # the tables are still there
+
+
+def test_served_speed_at_each_batch_is_shown_with_each_swaps_decision():
+    """A campaign that measured batches 1 and 8: both in the table, and around a swap each batch's
+    figures with its own decision (a batch-8 drop is what rolled it back)."""
+    result = gpu_result(KERNEL)
+
+    def measured(tps: float, spread: float) -> dict:
+        return {"tokens_per_s": tps, "min": tps * (1 - spread), "max": tps, "relative_spread": spread, "repeats": 5}
+
+    result["served_speed"]["batches"] = {
+        "1": {"before": measured(293.6, 0.01), "after": measured(474.0, 0.01)},
+        "8": {"before": measured(2113.9, 0.02), "after": measured(2336.0, 0.03)},
+    }
+    entry = result["deployed"][0]
+    entry["served_speed"]["batches"] = {
+        "1": {**result["served_speed"]["batches"]["1"], "drop": -0.2, "noise": 0.03, "decision": "keep"},
+        "8": {
+            "before": measured(3860.0, 0.02),
+            "after": measured(2336.0, 0.03),
+            "drop": 0.395,
+            "noise": 0.03,
+            "decision": "rollback",
+        },
+    }
+    page = render_html(result)
+    served = page[page.index("<h2>Served speed</h2>") : page.index("<h2>Warnings</h2>")]
+    for label, median in (("batch 1, before", "293.6"), ("batch 8, before", "2113.9"), ("batch 8, after", "2336.0")):
+        assert re.search(rf"<td>{label}</td><td>{re.escape(median)}</td>", served), label
+    around = re.search(r"<p>Served decode around this swap, (.*?)</p>", page).group(1)
+    assert "batch 1: 293.6 → 474.0 tokens/s" in around and "(keep)" in around
+    assert "batch 8: 3860.0 → 2336.0 tokens/s" in around and "drop 39.5% vs noise 3.0% (rollback)" in around
+    summary = text_summary(result)
+    assert any(line.startswith("  served decode at batch 1: 293.6 -> 474.0 tokens/s") for line in summary)
+    assert any(line.startswith("  served decode at batch 8: 2113.9 -> 2336.0 tokens/s") for line in summary)
