@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Decode projections: cuBLAS (F.linear) vs torch.compile vs the `linear` template kernel.
+"""Projections: cuBLAS (F.linear) vs torch.compile vs the `linear` template kernel, per regime.
 
-For each projection shape of a Qwen2.5-1.5B-architecture model at decode (N x K: q/k/v fused
-2048x1536 with bias, o_proj 1536x1536, gate/up fused 17920x1536, down_proj 1536x8960, lm_head
-151936x1536) and batch 1 and 8, it times
+For each projection shape of a Qwen2.5-1.5B-architecture model (N x K: q/k/v fused 2048x1536 with
+bias, o_proj 1536x1536, gate/up fused 17920x1536, down_proj 1536x8960, lm_head 151936x1536) at
+1, 8 and 54 rows (batch-1 decode, batch-8 decode, a 54-token prefill: the template's GEMV, 16-row
+tile and big-tile regimes), it times
 
 * cublas    - F.linear(x, w, b) (what nn.Linear runs)
 * compile   - torch.compile of the same call (default mode)
-* template  - the template kernel (gpuyantra/kernels/linear.py) at its best knobs: every point of
-              the offline author's start and strategy space for the shape is timed, the fastest kept
+* template  - the template kernel (gpuyantra/kernels/linear.py) at its best knobs: the offline
+              author's start for the shape, its one-step neighbours in the knobs of the regime that
+              runs at that row count, then its strategy space, each timed once (twins skipped), the
+              fastest kept; the table shows the regime and its knobs
 
 as the served model runs them: inside a CUDA graph. One graph calls the method once on each of
 C copies of the weights (C large enough that the copies together are several times the L2, so
@@ -50,7 +53,6 @@ DECODE_SHAPES = [
     ("lm_head", 151936, 1536, False),
 ]
 DRY_SHAPES = [("tiny_qkv", 48, 32, True), ("tiny_down", 20, 130, False)]
-KEY_KNOBS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "GEMV_WARPS", "DEFER_REDUCE")  # shown in the table
 HBM_BYTES = 512 * 2**20  # weight copies per shape add up to at least this (H200 L2: 60 MB)
 MAX_COPY_BYTES = 8 * 2**30  # ... and at most this
 
@@ -58,7 +60,7 @@ MAX_COPY_BYTES = 8 * 2**30  # ... and at most this
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="linear_gemv.json", help="JSON output file")
-    p.add_argument("--batches", default="1,8", help="rows of x (decode batch sizes)")
+    p.add_argument("--batches", default="1,8,54", help="rows of x (decode batch sizes, prefill tokens)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     p.add_argument("--replays", type=int, default=20, help="graph replays per measurement")
@@ -133,7 +135,8 @@ def time_calls(torch: Any, device: str, calls: list[Callable[[], Any]], replays:
 
 
 def template_points(n: int, k: int, batch: int, dtype: str, hardware: str, limit: int) -> list[dict[str, Any]]:
-    """The offline author's first point for this shape, then its strategy space, without twins."""
+    """The offline author's first point for this shape, its one-step neighbours in the knobs of the
+    regime that runs at `batch` rows, then its strategy space, without twins."""
     from gpuyantra.authors.base import WriteRequest
     from gpuyantra.authors.template import canonical, initial_strategy, strategy_space
 
@@ -146,13 +149,35 @@ def template_points(n: int, k: int, batch: int, dtype: str, hardware: str, limit
         hardware=hardware,
         param_shapes={"weight": [n, k], "bias": None},
     )
+    start = initial_strategy(request)
     points, seen = [], set()
-    for point in [initial_strategy(request), *strategy_space("linear", request)]:
+    for point in [start, *regime_neighbours(start, batch), *strategy_space("linear", request)]:
         key = canonical("linear", point, [[batch, k]], n)
         if key not in seen:
             seen.add(key)
             points.append(point)
     return points[:limit]
+
+
+def regime_neighbours(start: dict[str, Any], rows: int) -> list[dict[str, Any]]:
+    """`start` with one knob of the regime running at `rows` (or the auto-split target) one step away."""
+    from gpuyantra.authors.template_space import KNOBS, LINEAR_REGIME_KNOBS, linear_regime
+
+    knobs = KNOBS["linear"]
+    points = []
+    for knob in (*LINEAR_REGIME_KNOBS[linear_regime(start, rows)], "TARGET_PROGRAMS"):
+        values = knobs[knob]
+        i = values.index(start[knob]) if start[knob] in values else 0
+        points += [{**start, knob: values[j]} for j in (i - 1, i + 1) if 0 <= j < len(values)]
+    return points
+
+
+def regime_knobs(strategy: dict[str, Any], rows: int) -> tuple[str, dict[str, Any]]:
+    """(regime, its knobs) of `strategy` at `rows` rows: what the table shows."""
+    from gpuyantra.authors.template_space import LINEAR_REGIME_KNOBS, linear_regime
+
+    regime = linear_regime(strategy, rows)
+    return regime, {knob: strategy[knob] for knob in LINEAR_REGIME_KNOBS[regime] if knob in strategy}
 
 
 def load_template(strategy: dict[str, Any], folder: Path) -> Callable[..., Any]:
@@ -221,9 +246,12 @@ def bench_shape(torch: Any, args: argparse.Namespace, shape: tuple, batch: int, 
                 best = {"us": us, "strategy": point, "max_abs_err": err}
         if best is not None:
             us = best["us"]
+            regime, knobs = regime_knobs(best["strategy"], batch)
             row["template"] = {
                 "us": round(us, 3),
                 "pct_copy_bw": round(100 * nbytes / (us * 1e-6) / 1e9 / ctx["copy_gbs"], 1),
+                "regime": regime,
+                "knobs": knobs,
                 "strategy": best["strategy"],
                 "max_abs_err": best["max_abs_err"],
             }
@@ -250,15 +278,18 @@ def cell(result: dict[str, Any] | None) -> str:
 
 def print_table(rows: list[dict[str, Any]], copy_gbs: float) -> None:
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s; time per call (CUDA-graph replay) and % of copy bandwidth")
-    header = f"{'shape':<10} {'N x K':>14} {'batch':>5}  {'cublas':>20}  {'compile':>20}  {'template':>20}  best knobs"
+    header = (
+        f"{'shape':<10} {'N x K':>14} {'batch':>5}  {'cublas':>20}  {'compile':>20}  {'template':>20}  "
+        "regime: best knobs"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:
-        knobs = (row.get("template") or {}).get("strategy") or {}
-        short = {key: knobs[key] for key in KEY_KNOBS if key in knobs}
+        template = row.get("template") or {}
+        best = f"{template.get('regime', '-')}: {template.get('knobs')}"
         print(
             f"{row['shape']:<10} {row['n']:>7}x{row['k']:<6} {row['batch']:>5}  {cell(row.get('cublas')):>20}  "
-            f"{cell(row.get('compile')):>20}  {cell(row.get('template')):>20}  {short}"
+            f"{cell(row.get('compile')):>20}  {cell(template):>20}  {best}"
         )
 
 

@@ -55,8 +55,8 @@ def test_http_serving_bench_smoke(tmp_path):
 
 
 def test_linear_gemv_dry_run(tmp_path):
-    """benchmarks/linear_gemv.py on tiny shapes in the interpreter: every method times, the template's
-    best point is checked against F.linear."""
+    """benchmarks/linear_gemv.py on tiny shapes in the interpreter: every method times at 1, 8 and 54
+    rows (the template's three regimes), the template's best point is checked against F.linear."""
     out = tmp_path / "linear.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     script = str(REPO / "benchmarks" / "linear_gemv.py")
@@ -72,12 +72,14 @@ def test_linear_gemv_dry_run(tmp_path):
     result = json.loads(out.read_text())
     assert result["dry_run"] and result["copy_bandwidth_gbs"] > 0
     assert {(r["shape"], r["batch"]) for r in result["rows"]} == {
-        (name, batch) for name in ("tiny_qkv", "tiny_down") for batch in (1, 8)
+        (name, batch) for name in ("tiny_qkv", "tiny_down") for batch in (1, 8, 54)
     }
     for row in result["rows"]:
         for method in ("cublas", "compile", "template"):
             assert row[method]["us"] > 0 and row[method]["pct_copy_bw"] >= 0, (row["shape"], method, row[method])
         assert row["template"]["max_abs_err"] < 1e-4 and row["template"]["strategy"]
+        assert row["template"]["regime"] == {1: "gemv", 8: "small", 54: "big"}[row["batch"]]
+        assert row["template"]["knobs"]
 
 
 @pytest.mark.integration

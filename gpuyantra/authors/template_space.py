@@ -3,8 +3,8 @@ neighbours are one step apart), the curated points tried once a neighbourhood is
 canonical form under which points that launch the same kernels for the request's shapes are twins.
 
 The shape helpers here mirror what each template's entry computes (rows, hidden size, heads,
-automatic num_warps, the linear GEMV's K split); the first strategy (template_start.py) and the
-search (template_search.py) read them.
+automatic num_warps, the linear template's regime and K split per row count); the first strategy
+(template_start.py) and the search (template_search.py) read them.
 """
 
 from __future__ import annotations
@@ -39,24 +39,43 @@ ROPE_KNOBS: dict[str, list[Any]] = {
     "MAX_PROGRAMS": [0, 8448, 4224, 2112, 1056, 528, 264, 132],
     "FLAT_ROWS": [0, 16, 32, 64],  # 0: a program per token; N: stream N head vectors per program
 }
-# linear: a GEMV for decode rows (tile over N, loop or split over K) and a tiled tl.dot matmul.
+# linear: three regimes by rows (template docstring), each with its own knobs. Knobs the search's
+# priority lists do not name are walked in this order: batched decode first, then prefill.
 LINEAR_KNOBS: dict[str, list[Any]] = {
     "GEMV_MAX_ROWS": [1, 2, 4, 8, 16, 32],
     "GEMV_ROWS": [0, 1, 2, 4, 8, 16],  # 0: every row in one program
     "BLOCK_N": [4, 8, 16, 32, 64, 128, 256],
     "BLOCK_K": [32, 64, 128, 256, 512, 1024],
     "SPLIT_K": [0, 1, 2, 3, 4, 6, 8, 12, 16],  # 0: auto (TARGET_PROGRAMS)
-    "TARGET_PROGRAMS": [132, 264, 528, 1056],
     "GEMV_WARPS": [1, 2, 4, 8, 16],
     "W_EVICTION": ["", "evict_first"],
     "DEFER_REDUCE": [False, True],
+    "SMALL_SPLIT_K": [0, 1, 2, 3, 4, 6, 8, 12, 16],  # 0: auto (TARGET_PROGRAMS)
+    "SMALL_BLOCK_N": [16, 32, 64, 128, 256],
+    "SMALL_BLOCK_K": [32, 64, 128, 256, 512],
+    "SMALL_STAGES": [1, 2, 3, 4, 5],
+    "SMALL_WARPS": [2, 4, 8],
+    "TARGET_PROGRAMS": [132, 264, 528, 1056],
+    "SMALL_MAX_ROWS": [8, 16, 32, 64],
+    "MM_SPLIT_K": [0, 1, 2, 3, 4, 6, 8],  # 0: auto (TARGET_PROGRAMS)
     "BLOCK_M": [16, 32, 64, 128],
     "MM_BLOCK_N": [16, 32, 64, 128, 256],
     "MM_BLOCK_K": [32, 64, 128, 256],
-    "MM_SPLIT_K": [1, 2, 3, 4, 6, 8],
     "GROUP_M": [1, 4, 8, 16],
     "MM_WARPS": [2, 4, 8],
 }
+# The knobs each linear regime reads (TARGET_PROGRAMS and the row bounds aside), and its K split.
+LINEAR_REGIME_KNOBS: dict[str, tuple[str, ...]] = {
+    "gemv": ("GEMV_ROWS", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GEMV_WARPS", "W_EVICTION", "DEFER_REDUCE"),
+    "small": ("SMALL_BLOCK_N", "SMALL_BLOCK_K", "SMALL_SPLIT_K", "SMALL_WARPS", "SMALL_STAGES"),
+    "big": ("BLOCK_M", "MM_BLOCK_N", "MM_BLOCK_K", "MM_SPLIT_K", "GROUP_M", "MM_WARPS", "NUM_STAGES"),
+}
+LINEAR_SPLIT_KNOB = {"gemv": "SPLIT_K", "small": "SMALL_SPLIT_K", "big": "MM_SPLIT_K"}
+# Constants of the linear template (gpuyantra/kernels/linear.py) that its K split reads.
+LINEAR_SMALL_BLOCK_M = 16
+LINEAR_GEMV_MIN_SLICE_STEPS = 4
+LINEAR_MATMUL_MIN_SLICE_STEPS = 8
+LINEAR_MAX_SLICES = 64
 ROW_FAMILIES = ("rms_norm", "gemma_rms_norm", "layer_norm", "add_rms_norm", "softmax")
 GATED_FAMILIES = ("silu_mul", "gelu_tanh_mul")
 LAYER_NORM_KNOBS: dict[str, list[Any]] = {**ROW_KNOBS, "SHIFTED_STATS": [False, True], "RELOAD_AFFINE": [False, True]}
@@ -122,33 +141,48 @@ def linear_out_features(request: WriteRequest) -> int | None:
     return int(weight[0]) if weight else None
 
 
-def linear_split(strategy: dict[str, Any], n: int, k: int) -> int:
-    """The number of K slices the linear template's GEMV launches (mirrors its `_launch_gemv`)."""
-    n_blocks = -(-n // strategy["BLOCK_N"])
-    k_blocks = -(-k // strategy["BLOCK_K"])
-    split = strategy["SPLIT_K"] or max(1, min(k_blocks // 4, strategy["TARGET_PROGRAMS"] // max(1, n_blocks), 64))
-    k_per_split = -(-k_blocks // min(split, k_blocks)) * strategy["BLOCK_K"]
+def linear_regime(strategy: dict[str, Any], rows: int) -> str:
+    """Which of the linear template's kernels runs at `rows` rows: "gemv", "small" or "big"."""
+    if rows <= strategy["GEMV_MAX_ROWS"]:
+        return "gemv"
+    return "small" if rows <= strategy["SMALL_MAX_ROWS"] else "big"
+
+
+def _k_slices(k: int, block_k: int, split: int, tiles: int, min_steps: int, target: int) -> int:
+    """K slices launched for `split` asked (0: auto) over `tiles` output tiles (the template's `_k_slices`)."""
+    k_blocks = -(-k // block_k)
+    if split == 0:
+        split = max(1, min(k_blocks // min_steps, target // max(1, tiles), LINEAR_MAX_SLICES))
+    k_per_split = -(-k_blocks // min(split, k_blocks)) * block_k
     return -(-k // k_per_split)
 
 
-_MATMUL_KNOBS = ("BLOCK_M", "MM_BLOCK_N", "MM_BLOCK_K", "MM_SPLIT_K", "GROUP_M", "MM_WARPS", "NUM_STAGES")
-_GEMV_KNOBS = ("GEMV_ROWS", "BLOCK_N", "BLOCK_K", "SPLIT_K", "TARGET_PROGRAMS", "GEMV_WARPS", "W_EVICTION")
+def linear_split(strategy: dict[str, Any], n: int, k: int, rows: int = 1) -> int:
+    """The number of K slices the linear template launches for `rows` rows of N x K."""
+    s, target = strategy, strategy["TARGET_PROGRAMS"]
+    regime = linear_regime(s, rows)
+    if regime == "gemv":
+        return _k_slices(k, s["BLOCK_K"], s["SPLIT_K"], -(-n // s["BLOCK_N"]), LINEAR_GEMV_MIN_SLICE_STEPS, target)
+    if regime == "small":
+        tiles = -(-rows // LINEAR_SMALL_BLOCK_M) * -(-n // s["SMALL_BLOCK_N"])
+        return _k_slices(k, s["SMALL_BLOCK_K"], s["SMALL_SPLIT_K"], tiles, LINEAR_MATMUL_MIN_SLICE_STEPS, target)
+    tiles = -(-rows // s["BLOCK_M"]) * -(-n // s["MM_BLOCK_N"])
+    return _k_slices(k, s["MM_BLOCK_K"], s["MM_SPLIT_K"], tiles, LINEAR_MATMUL_MIN_SLICE_STEPS, target)
 
 
 def _linear_canonical(s: dict[str, Any], rows: int, k: int, n: int) -> dict[str, Any]:
-    """Only the kernel that runs at `rows` matters; the GEMV by its effective rows and split."""
-    gemv = rows <= s["GEMV_MAX_ROWS"]
-    s["GEMV_ROWS"] = min(s["GEMV_ROWS"] or s["GEMV_MAX_ROWS"], pow2(rows))
-    s["GEMV_MAX_ROWS"] = "gemv" if gemv else "matmul"
-    if not gemv:
-        for knob in (*_GEMV_KNOBS, "DEFER_REDUCE"):
-            s[knob] = None
-        k_blocks = -(-k // s["MM_BLOCK_K"])
-        s["MM_SPLIT_K"] = -(-k // (-(-k_blocks // min(s["MM_SPLIT_K"], k_blocks)) * s["MM_BLOCK_K"]))
-        return s
-    s["SPLIT_K"], s["TARGET_PROGRAMS"] = linear_split(s, n, k), None
-    for knob in _MATMUL_KNOBS:
-        s[knob] = None
+    """Only the regime that runs at `rows` matters: its knobs, the GEMV by its effective rows, and
+    every K split by the slices it launches (TARGET_PROGRAMS only steers automatic splits)."""
+    regime = linear_regime(s, rows)
+    s[LINEAR_SPLIT_KNOB[regime]] = linear_split(s, n, k, rows)
+    if regime == "gemv":
+        s["GEMV_ROWS"] = min(s["GEMV_ROWS"] or s["GEMV_MAX_ROWS"], pow2(rows))
+    for other, knobs in LINEAR_REGIME_KNOBS.items():
+        if other != regime:
+            for knob in knobs:
+                s[knob] = None
+    s["TARGET_PROGRAMS"] = None
+    s["GEMV_MAX_ROWS"] = s["SMALL_MAX_ROWS"] = regime
     return s
 
 
@@ -202,15 +236,24 @@ def canonical(
 
 def strategy_space(op: str, request: WriteRequest | None = None) -> list[dict[str, Any]]:
     """The curated, ordered list of points tried once the neighbourhood of the best is exhausted.
-    For linear the order depends on the decode shape (`request`): split-K points first where few
-    output features meet a long K."""
-    points = STRATEGY_SPACES.get(op, [{}])
+    For linear the order depends on the request's shapes (`_linear_order`)."""
+    points = [normalize(op, p) for p in STRATEGY_SPACES.get(op, [{}])]
     if op == "linear" and request is not None:
-        rows, k, _ = rows_hidden(op, request_shapes(request)[0])
-        n = linear_out_features(request) or k
-        long_k = k >= 4 * n
-        points = sorted(points, key=lambda p: 0 if (p.get("SPLIT_K", 1) != 1) == long_k else 1)
-    return [normalize(op, p) for p in points]
+        keys = [_linear_order(raw, full, request) for raw, full in zip(STRATEGY_SPACES[op], points)]
+        points = [p for _, p in sorted(zip(keys, points), key=lambda kp: kp[0])]
+    return points
+
+
+def _linear_order(raw: dict[str, Any], point: dict[str, Any], request: WriteRequest) -> tuple[int, int]:
+    """Points that move the knobs of a regime the shapes run first (the empty point counts), then
+    split-K points first where few output features meet a long K, unsplit ones first elsewhere."""
+    dims = [rows_hidden("linear", shape) for shape in request_shapes(request)]
+    k = dims[0][1]
+    n = linear_out_features(request) or k
+    regimes = {linear_regime(point, rows) for rows, _, _ in dims}
+    moves_used = not raw or any(knob in raw for regime in regimes for knob in LINEAR_REGIME_KNOBS[regime])
+    splits = any(linear_split(point, n, k, rows) > 1 for rows, _, _ in dims)
+    return (0 if moves_used else 1, 0 if splits == (k >= 4 * n) else 1)
 
 
 def _space(knobs_points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -258,8 +301,9 @@ _LAYER_NORM_POINTS: list[dict[str, Any]] = (
     ]
     + _ROW_POINTS[3:]
 )
-# linear decode points (GEMV); prefill shapes move the matmul knobs through the neighbourhood.
-_SMALL_TILE = {"BLOCK_M": 16, "MM_BLOCK_K": 128, "MM_WARPS": 4}  # batched decode on tensor cores
+# linear points per regime: GEMV (decode), 16-row tiles (batched decode), big tiles (prefill).
+_SMALL_TILE = {"SMALL_BLOCK_K": 128, "SMALL_WARPS": 4}
+_BIG_TILE = {"BLOCK_M": 64, "MM_BLOCK_N": 128, "MM_BLOCK_K": 64, "NUM_STAGES": 4}
 _LINEAR_POINTS: list[dict[str, Any]] = [
     {},
     {"BLOCK_N": 4, "BLOCK_K": 512},
@@ -273,10 +317,17 @@ _LINEAR_POINTS: list[dict[str, Any]] = [
     {"BLOCK_N": 16, "BLOCK_K": 256, "DEFER_REDUCE": False},
     {"BLOCK_N": 64, "BLOCK_K": 256, "W_EVICTION": "evict_first"},
     {"BLOCK_N": 8, "BLOCK_K": 256, "SPLIT_K": 0},
-    {**_SMALL_TILE, "MM_BLOCK_N": 16, "NUM_STAGES": 5},
-    {**_SMALL_TILE, "MM_BLOCK_N": 32, "NUM_STAGES": 3},
-    {**_SMALL_TILE, "MM_BLOCK_N": 16, "NUM_STAGES": 5, "MM_SPLIT_K": 4},
-    {**_SMALL_TILE, "MM_BLOCK_N": 64, "MM_BLOCK_K": 256, "NUM_STAGES": 3},
+    {**_SMALL_TILE, "SMALL_BLOCK_N": 16, "SMALL_STAGES": 5},
+    {**_SMALL_TILE, "SMALL_BLOCK_N": 32, "SMALL_STAGES": 3},
+    {**_SMALL_TILE, "SMALL_BLOCK_N": 16, "SMALL_STAGES": 5, "SMALL_SPLIT_K": 1},
+    {**_SMALL_TILE, "SMALL_BLOCK_N": 16, "SMALL_STAGES": 5, "SMALL_SPLIT_K": 4},
+    {**_SMALL_TILE, "SMALL_BLOCK_N": 16, "SMALL_STAGES": 5, "TARGET_PROGRAMS": 528},
+    {**_SMALL_TILE, "SMALL_BLOCK_N": 64, "SMALL_STAGES": 3},
+    {"SMALL_BLOCK_N": 64, "SMALL_BLOCK_K": 256, "SMALL_STAGES": 3},
+    {**_BIG_TILE, "MM_SPLIT_K": 0},
+    {**_BIG_TILE, "MM_BLOCK_N": 64, "MM_SPLIT_K": 0},
+    {**_BIG_TILE, "MM_SPLIT_K": 1},
+    {**_BIG_TILE, "BLOCK_M": 128, "MM_WARPS": 8},
     {"GEMV_MAX_ROWS": 16, "BLOCK_N": 4, "BLOCK_K": 256},  # batches up to 16 in the GEMV instead
 ]
 # Strategy spaces per family: ordered points (partial: missing knobs keep the template default).

@@ -1,7 +1,7 @@
 """The offline template author's first write: the seed skill's strategy when the request carries
 one (`seed_strategy`, else parsed from `seed_source`), else a heuristic start from the shapes, dtype
 and hardware (rows per program for small H, chunked loops for wide rows, interpreter-friendly
-tiles on CPU, the linear GEMV / tl.dot tiles of an H200 sweep).
+tiles on CPU, the linear GEMV / 16-row / prefill tiles of an H200 sweep, one start per regime).
 
 Kept apart from the feedback-driven search (template_search.py), which falls back to it.
 """
@@ -16,6 +16,7 @@ from gpuyantra.authors.template_space import (
     GATED_FAMILIES,
     ROW_FAMILIES,
     linear_out_features,
+    linear_regime,
     pow2,
     request_shapes,
     rows_hidden,
@@ -27,41 +28,56 @@ def _itemsize(dtype: str) -> int:
     return {"float32": 4, "float": 4, "float64": 8, "double": 8}.get(name, 2)
 
 
-def _linear_initial(strategy: dict[str, Any], max_rows: int, k: int, n: int, itemsize: int, cpu: bool) -> None:
-    """First linear point. CPU: interpreter-friendly tiles (few, wide programs). GPU, from an H200
-    sweep of Qwen2.5-1.5B's decode projections (bf16, CUDA-graph replay, weights from HBM):
+def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, itemsize: int, cpu: bool) -> None:
+    """First linear point: every regime gets its own start, since the served kernel meets every
+    row count whatever shapes were verified; the verified `rows` size the prefill tiles.
+
+    CPU: interpreter-friendly tiles (few, wide programs). GPU, from an H200 sweep of Qwen2.5-1.5B's
+    decode projections (bf16, CUDA-graph replay, weights from HBM):
     * 1-4 rows, GEMV with per-lane sums (DEFER_REDUCE) over 512-wide K steps: 4 output features per
       program for N < 8192 (q/k/v 4.7 us, o_proj 4.1 us vs cuBLAS 5.9 / 6.5), 16 for gate/up and
       lm_head (18.3 / 117 us vs 17.4 / 113), and for a long K (down_proj) 8 features and 4 K slices
       (11.1 vs 12.2 us);
     * 5-16 rows, a 16-row tl.dot tile over 16 (N < 8192) or 32-64 output features, K 128 per step
-      (batch 8: q/k/v 5.8, o 5.2, gate/up 16.3, lm_head 112 us, cuBLAS 5.8 / 5.2 / 17.7 / 116), 4 K
-      slices for a long K;
-    * prefill, 64- or 128-row tiles."""
+      (batch 8: q/k/v 5.8, o 5.2, gate/up 16.3, lm_head 112 us, cuBLAS 5.8 / 5.2 / 17.7 / 116), K split
+      automatically (none at K 1536, as measured; a long K with few tiles is split);
+    * prefill, 64- or 128-row tiles, K split automatically where the tiles are few."""
+    strategy.update(GEMV_MAX_ROWS=4, SMALL_MAX_ROWS=16)
+    prefill_rows = max([r for r in rows if linear_regime(strategy, r) == "big"], default=0)
     if cpu:
-        strategy.update(BLOCK_N=256, BLOCK_K=512, SPLIT_K=1, BLOCK_M=64, MM_BLOCK_N=128, MM_BLOCK_K=64)
+        strategy.update(BLOCK_N=256, BLOCK_K=512, SPLIT_K=1)
+        strategy.update(SMALL_BLOCK_N=128, SMALL_BLOCK_K=64, SMALL_SPLIT_K=1)
+        strategy.update(BLOCK_M=64, MM_BLOCK_N=128, MM_BLOCK_K=64, MM_SPLIT_K=1)
         return
-    long_k = k >= 4 * n
-    strategy.update(GEMV_MAX_ROWS=4, DEFER_REDUCE=True, GEMV_WARPS=4, BLOCK_K=512 if itemsize <= 2 else 256)
-    if long_k:  # down_proj: few outputs, long K
+    _linear_gemv_start(strategy, k, n, itemsize)
+    _linear_small_rows_start(strategy, n)
+    _linear_big_tiles_start(strategy, prefill_rows)
+
+
+def _linear_gemv_start(strategy: dict[str, Any], k: int, n: int, itemsize: int) -> None:
+    strategy.update(DEFER_REDUCE=True, GEMV_WARPS=4, BLOCK_K=512 if itemsize <= 2 else 256)
+    if k >= 4 * n:  # down_proj: few outputs, long K
         strategy.update(BLOCK_N=8, SPLIT_K=4)
     else:
         strategy.update(BLOCK_N=16 if n >= 8192 else 4, SPLIT_K=1)
-    if max_rows <= 16:  # batched decode: one 16-row tensor-core tile streams the weights
-        wide = n >= 8192
-        strategy.update(
-            BLOCK_M=16,
-            MM_BLOCK_N=32 if wide else 16,
-            MM_BLOCK_K=128,
-            MM_WARPS=4,
-            NUM_STAGES=3 if wide else 5,
-            MM_SPLIT_K=4 if long_k else 1,
-        )
-    else:
-        big = max_rows >= 512
-        strategy.update(
-            BLOCK_M=128 if big else 64, MM_BLOCK_N=128, MM_BLOCK_K=64, MM_WARPS=8 if big else 4, NUM_STAGES=4
-        )
+
+
+def _linear_small_rows_start(strategy: dict[str, Any], n: int) -> None:
+    wide = n >= 8192
+    strategy.update(SMALL_BLOCK_N=32 if wide else 16, SMALL_BLOCK_K=128, SMALL_SPLIT_K=0, SMALL_WARPS=4)
+    strategy["SMALL_STAGES"] = 3 if wide else 5
+
+
+def _linear_big_tiles_start(strategy: dict[str, Any], prefill_rows: int) -> None:
+    big = prefill_rows >= 512
+    strategy.update(
+        BLOCK_M=128 if big else 64,
+        MM_BLOCK_N=128,
+        MM_BLOCK_K=64,
+        MM_SPLIT_K=0,
+        MM_WARPS=8 if big else 4,
+        NUM_STAGES=4,
+    )
 
 
 def initial_strategy(request: WriteRequest) -> dict[str, Any]:
@@ -75,7 +91,7 @@ def initial_strategy(request: WriteRequest) -> dict[str, Any]:
     cpu = str(request.hardware).lower().startswith("cpu")
     if op == "linear":
         n = linear_out_features(request) or hidden
-        _linear_initial(strategy, max_rows, hidden, n, _itemsize(request.dtype), cpu)
+        _linear_initial(strategy, [d[0] for d in dims], hidden, n, _itemsize(request.dtype), cpu)
         return strategy
     if op in ROW_FAMILIES:
         block = pow2(hidden)

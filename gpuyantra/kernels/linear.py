@@ -1,6 +1,7 @@
 """Linear (torch.nn.Linear): y = x Wᵀ + b, summed in float32 and rounded once to x's dtype.
 
-x is viewed as [M, K] (any leading dims, any row stride); W is [N, K]. Two kernels, by M:
+x is viewed as [M, K] (any leading dims, any row stride); W is [N, K]. Three regimes, by M, each
+with its own knobs, so one strategy serves batch-1 decode, batched decode and prefill:
 
 * `_gemv` (M <= GEMV_MAX_ROWS: decode). Bandwidth-bound: a program owns BLOCK_N output features of
   up to ROWS rows and one of SPLIT_K slices of K, and streams its [BLOCK_N, BLOCK_K] weight tiles
@@ -8,11 +9,16 @@ x is viewed as [M, K] (any leading dims, any row stride); W is [N, K]. Two kerne
   SPLIT_K > 1 each slice writes float32 partial sums to a scratch buffer and `_splitk_reduce` adds
   them in a fixed order (deterministic, no atomics), then the bias, then the one rounding. Long K
   with few output features (down_proj: N 1536, K 8960) needs the split to fill the GPU.
-* `_matmul` (more rows: batched decode, prefill). Tiled tl.dot over [BLOCK_M, BLOCK_N] outputs with
+* small-row `_matmul` (GEMV_MAX_ROWS < M <= SMALL_MAX_ROWS: batched decode). 16-row tl.dot tiles
+  (the smallest the tensor cores take) over SMALL_BLOCK_N features; on an H200 such a tile streams
+  the weights of a batch-8 decode faster than the GEMV's broadcast product. With few tiles (down_proj)
+  K is split (SMALL_SPLIT_K, 0: automatic, ~TARGET_PROGRAMS programs) and reduced like the GEMV's.
+* big-tile `_matmul` (more rows: prefill). Tiled tl.dot over [BLOCK_M, MM_BLOCK_N] outputs with
   GROUP_M swizzling (neighbouring programs share weight tiles in L2), optionally split over K
-  (MM_SPLIT_K, reduced like the GEMV's). float32 inputs use IEEE products (TF32 would not meet
-  float32 accuracy over long K); 16-bit inputs the tensor cores. On an H200 a 16-row tile already
-  streams the weights of a batch-8 decode faster than the GEMV's broadcast product.
+  (MM_SPLIT_K, 0: automatic), reduced the same way.
+
+Both matmuls take float32 inputs as IEEE products (TF32 would not meet float32 accuracy over long
+K) and 16-bit inputs on the tensor cores.
 """
 
 import torch
@@ -26,23 +32,34 @@ ADAPTER = [
 ]
 
 # strategy:begin
-GEMV_MAX_ROWS = 4  # rows (tokens) up to this run the GEMV kernel; more run the tiled matmul
+GEMV_MAX_ROWS = 4  # rows (tokens) up to this run the GEMV kernel
 GEMV_ROWS = 0  # rows per GEMV program (0: all of them, up to GEMV_MAX_ROWS)
 BLOCK_N = 16  # GEMV: output features per program
 BLOCK_K = 256  # GEMV: K elements per step (contiguous, vectorized weight loads)
 SPLIT_K = 1  # GEMV: K slices reduced by a second kernel (0: auto, ~TARGET_PROGRAMS programs)
-TARGET_PROGRAMS = 264  # GEMV auto split: programs to aim for (2 per SM on a 132-SM H100/H200)
+TARGET_PROGRAMS = 264  # auto splits: programs to aim for (2 per SM on a 132-SM H100/H200)
 GEMV_WARPS = 4  # GEMV: num_warps
-W_EVICTION = ""  # "" or "evict_first": cache hint for the streamed weight tiles
+W_EVICTION = ""  # "" or "evict_first": cache hint for the GEMV's streamed weight tiles
 DEFER_REDUCE = True  # GEMV: keep [ROWS, BLOCK_N, BLOCK_K] partial products, reduce over K once at the end
-BLOCK_M = 64  # matmul: rows per tile
-MM_BLOCK_N = 64  # matmul: output features per tile
-MM_BLOCK_K = 32  # matmul: K per step
-MM_SPLIT_K = 1  # matmul: K slices reduced by a second kernel (few row tiles, long K: batched down_proj)
-GROUP_M = 8  # matmul: row tiles per swizzle group
-MM_WARPS = 4  # matmul: num_warps
-NUM_STAGES = 3  # matmul: software pipelining depth of the K loop
+SMALL_MAX_ROWS = 16  # rows above GEMV_MAX_ROWS and up to this run 16-row tiles (batched decode)
+SMALL_BLOCK_N = 16  # small-row matmul: output features per 16-row tile
+SMALL_BLOCK_K = 128  # small-row matmul: K per step
+SMALL_SPLIT_K = 0  # small-row matmul: K slices (0: auto, ~TARGET_PROGRAMS programs where tiles are few)
+SMALL_WARPS = 4  # small-row matmul: num_warps
+SMALL_STAGES = 5  # small-row matmul: software pipelining depth of the K loop
+BLOCK_M = 64  # big-tile matmul (more rows: prefill): rows per tile
+MM_BLOCK_N = 64  # big-tile matmul: output features per tile
+MM_BLOCK_K = 32  # big-tile matmul: K per step
+MM_SPLIT_K = 1  # big-tile matmul: K slices (0: auto, ~TARGET_PROGRAMS programs where tiles are few)
+GROUP_M = 8  # big-tile matmul: row tiles per swizzle group
+MM_WARPS = 4  # big-tile matmul: num_warps
+NUM_STAGES = 3  # big-tile matmul: software pipelining depth of the K loop
 # strategy:end
+
+SMALL_BLOCK_M = 16  # rows per small-row tile: the smallest tl.dot tile
+GEMV_MIN_SLICE_STEPS = 4  # auto split: K steps a GEMV slice keeps at least
+MATMUL_MIN_SLICE_STEPS = 8  # auto split: K steps a tl.dot slice keeps (its pipeline fills)
+MAX_SLICES = 64  # auto split: at most this many K slices
 
 
 @triton.jit
@@ -185,14 +202,22 @@ def _reduce_splits(partials, bias, y, m, n, split):
     )
 
 
+def _k_slices(k: int, block_k: int, split: int, tiles: int, min_steps: int) -> tuple[int, int]:
+    """(K slices, K per slice) for `split` slices asked (0: auto) over `tiles` output tiles.
+
+    Auto: enough slices for ~TARGET_PROGRAMS programs, each at least `min_steps` K steps, so only
+    few tiles over a long K are split. Slices are whole K steps; the last one may be shorter."""
+    k_blocks = triton.cdiv(k, block_k)
+    if split == 0:
+        split = max(1, min(k_blocks // min_steps, TARGET_PROGRAMS // max(1, tiles), MAX_SLICES))
+    k_per_split = triton.cdiv(k_blocks, min(split, k_blocks)) * block_k
+    return triton.cdiv(k, k_per_split), k_per_split
+
+
 def _launch_gemv(x2, weight, bias, y, m, n, k):
     rows = min(GEMV_ROWS or GEMV_MAX_ROWS, triton.next_power_of_2(m))
     n_blocks = triton.cdiv(n, BLOCK_N)
-    k_blocks = triton.cdiv(k, BLOCK_K)
-    # Auto: enough slices for ~TARGET_PROGRAMS programs, each at least 4 K steps (at most 64 slices).
-    split = SPLIT_K or max(1, min(k_blocks // 4, TARGET_PROGRAMS // max(1, n_blocks), 64))
-    k_per_split = triton.cdiv(k_blocks, min(split, k_blocks)) * BLOCK_K
-    split = triton.cdiv(k, k_per_split)
+    split, k_per_split = _k_slices(k, BLOCK_K, SPLIT_K, n_blocks, GEMV_MIN_SLICE_STEPS)
     partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
     _gemv[(n_blocks, split, triton.cdiv(m, rows))](
         x2,
@@ -219,13 +244,11 @@ def _launch_gemv(x2, weight, bias, y, m, n, k):
         _reduce_splits(partials, bias, y, m, n, split)
 
 
-def _launch_matmul(x2, weight, bias, y, m, n, k):
-    k_blocks = triton.cdiv(k, MM_BLOCK_K)
-    k_per_split = triton.cdiv(k_blocks, min(MM_SPLIT_K, k_blocks)) * MM_BLOCK_K
-    split = triton.cdiv(k, k_per_split)
+def _launch_matmul(x2, weight, bias, y, m, n, k, *, block_m, block_n, block_k, split, group_m, warps, stages):
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split, k_per_split = _k_slices(k, block_k, split, tiles, MATMUL_MIN_SLICE_STEPS)
     partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
-    grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, MM_BLOCK_N), split)
-    _matmul[grid](
+    _matmul[(tiles, split)](
         x2,
         weight,
         bias,
@@ -239,15 +262,53 @@ def _launch_matmul(x2, weight, bias, y, m, n, k):
         k_per_split,
         HAS_BIAS=bias is not None,
         SPLIT=split,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=MM_BLOCK_N,
-        BLOCK_K=MM_BLOCK_K,
-        GROUP_M=GROUP_M,
-        num_warps=MM_WARPS,
-        num_stages=NUM_STAGES,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=group_m,
+        num_warps=warps,
+        num_stages=stages,
     )
     if split > 1:
         _reduce_splits(partials, bias, y, m, n, split)
+
+
+def _launch_small_rows(x2, weight, bias, y, m, n, k):
+    _launch_matmul(
+        x2,
+        weight,
+        bias,
+        y,
+        m,
+        n,
+        k,
+        block_m=SMALL_BLOCK_M,
+        block_n=SMALL_BLOCK_N,
+        block_k=SMALL_BLOCK_K,
+        split=SMALL_SPLIT_K,
+        group_m=triton.cdiv(SMALL_MAX_ROWS, SMALL_BLOCK_M),  # every row tile of a weight tile back to back
+        warps=SMALL_WARPS,
+        stages=SMALL_STAGES,
+    )
+
+
+def _launch_big_tiles(x2, weight, bias, y, m, n, k):
+    _launch_matmul(
+        x2,
+        weight,
+        bias,
+        y,
+        m,
+        n,
+        k,
+        block_m=BLOCK_M,
+        block_n=MM_BLOCK_N,
+        block_k=MM_BLOCK_K,
+        split=MM_SPLIT_K,
+        group_m=GROUP_M,
+        warps=MM_WARPS,
+        stages=NUM_STAGES,
+    )
 
 
 def entry(x, *, weight, bias):
@@ -263,6 +324,8 @@ def entry(x, *, weight, bias):
     y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     if m <= GEMV_MAX_ROWS:
         _launch_gemv(x2, weight, bias, y, m, n, k)
+    elif m <= SMALL_MAX_ROWS:
+        _launch_small_rows(x2, weight, bias, y, m, n, k)
     else:
-        _launch_matmul(x2, weight, bias, y, m, n, k)
+        _launch_big_tiles(x2, weight, bias, y, m, n, k)
     return y

@@ -1,16 +1,28 @@
 """The `linear` family (y = x Wᵀ + b) and its template kernel, in Triton's interpreter: the family's
 table (reference, binding, bias None, live parameter shapes, cost, case fitting, tolerance and the
-accumulation bound) and the GEMV / split-K / matmul paths on odd shapes, 3-D and row-strided x."""
+accumulation bound), the GEMV / 16-row tile / big-tile regimes at their row boundaries with and
+without split-K on odd shapes, 3-D and row-strided x, and the author's start and search per regime."""
 
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import torch
 
-from gpuyantra.authors.base import WriteRequest
-from gpuyantra.authors.template import STRATEGY_SPACES, canonical, default_strategy, initial_strategy, linear_split
+from gpuyantra.authors import template_space
+from gpuyantra.authors.base import Attempt, WriteRequest
+from gpuyantra.authors.template import (
+    KNOBS,
+    STRATEGY_SPACES,
+    canonical,
+    default_strategy,
+    initial_strategy,
+    linear_split,
+    plan_strategy,
+)
+from gpuyantra.authors.template_space import LINEAR_REGIME_KNOBS, linear_regime
 from gpuyantra.binding import computes_family, find_module_groups
 from gpuyantra.ops import get_op
 from gpuyantra.ops.base import import_class
@@ -148,11 +160,28 @@ def test_template_gemv_and_matmul_paths(dtype, load_rendered):
         {"SPLIT_K": 0, "BLOCK_K": 32, "BLOCK_N": 16, "TARGET_PROGRAMS": 64},  # auto split
         {"DEFER_REDUCE": True, "BLOCK_N": 16, "BLOCK_K": 64},
         {"GEMV_ROWS": 2, "BLOCK_N": 32},  # several row tiles
-        {"GEMV_MAX_ROWS": 1, "BLOCK_M": 16, "MM_BLOCK_N": 32, "MM_BLOCK_K": 32, "GROUP_M": 2},  # matmul from 2 rows
-        {"GEMV_MAX_ROWS": 1, "BLOCK_M": 16, "MM_BLOCK_N": 16, "MM_BLOCK_K": 32, "MM_SPLIT_K": 3},
+        # big tiles from 2 rows (no small-row regime)
+        {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 1, "BLOCK_M": 16, "MM_BLOCK_N": 32, "MM_BLOCK_K": 32, "GROUP_M": 2},
+        {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 1, "BLOCK_M": 16, "MM_BLOCK_N": 16, "MM_BLOCK_K": 32, "MM_SPLIT_K": 3},
+        {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 1, "BLOCK_M": 16, "MM_BLOCK_K": 32, "MM_SPLIT_K": 0},  # auto split
+        {"GEMV_MAX_ROWS": 1, "SMALL_BLOCK_N": 16, "SMALL_BLOCK_K": 32, "SMALL_SPLIT_K": 3},  # 16-row tiles from 2 rows
+        {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 8, "SMALL_BLOCK_N": 16, "SMALL_BLOCK_K": 32},  # 14 rows: big tiles
+        {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 32, "SMALL_BLOCK_N": 32, "SMALL_BLOCK_K": 64},  # grouped row tiles
         {"GEMV_MAX_ROWS": 16, "DEFER_REDUCE": False, "BLOCK_K": 64},  # per-step reduction, 14 rows
     ],
-    ids=["split3", "auto-split", "defer", "row-tiles", "matmul", "matmul-split3", "per-step-sum"],
+    ids=[
+        "split3",
+        "auto-split",
+        "defer",
+        "row-tiles",
+        "matmul",
+        "matmul-split3",
+        "matmul-auto-split",
+        "small-split3",
+        "small-bound-8",
+        "small-bound-32",
+        "per-step-sum",
+    ],
 )
 def test_template_knobs(strategy, load_rendered):
     entry = load_rendered("linear", {**default_strategy("linear"), **strategy}).entry
@@ -161,6 +190,214 @@ def test_template_knobs(strategy, load_rendered):
             for bias in (True, False):
                 x, weight, b = inputs(shape, n, dtype, bias)
                 within_bound(entry(x, weight=weight, bias=b), x, weight, b)
+
+
+# The regime boundaries at the template's row bounds: GEMV up to 4 rows, 16-row tiles up to 16, big tiles after.
+BOUNDARY_ROWS = (1, 4, 5, 8, 16, 17, 54)
+# Small tiles and automatic splits everywhere: a long K is split in every regime, the last slice ragged.
+SPLITTING = {
+    "BLOCK_N": 16,
+    "BLOCK_K": 32,
+    "SPLIT_K": 0,
+    "TARGET_PROGRAMS": 64,
+    "SMALL_BLOCK_N": 16,
+    "SMALL_BLOCK_K": 32,
+    "SMALL_SPLIT_K": 0,
+    "BLOCK_M": 32,
+    "MM_BLOCK_N": 16,
+    "MM_BLOCK_K": 32,
+    "MM_SPLIT_K": 0,
+}
+# (K, N): a long K that splits (N 37 is no tile multiple), and a short one that does not.
+BOUNDARY_SIZES = ((1100, 37), (96, 45))
+
+
+def start_point(n: int, k: int, shapes: list[list[int]], hardware: str = "NVIDIA H200") -> dict:
+    request = WriteRequest(
+        op="linear",
+        module_class="Linear",
+        adapter=[],
+        shapes=shapes,
+        dtype="bfloat16",
+        hardware=hardware,
+        param_shapes={"weight": [n, k], "bias": None},
+    )
+    return initial_strategy(request)
+
+
+def test_the_splitting_point_splits_a_long_k_in_every_regime():
+    point = {**default_strategy("linear"), **SPLITTING}
+    regimes = {linear_regime(point, rows) for rows in BOUNDARY_ROWS}
+    assert regimes == {"gemv", "small", "big"}
+    for rows in BOUNDARY_ROWS:
+        assert linear_split(point, 37, 1100, rows) > 1, rows
+        assert linear_split(point, 45, 96, rows) == 1, rows
+
+
+@pytest.mark.parametrize("rows", BOUNDARY_ROWS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_every_regime_boundary_matches_float64(rows, dtype, load_rendered):
+    """The splitting point and the GPU start point, at each boundary row count, against F.linear in
+    float64 within the float32-accumulation bound."""
+    gpu_start = start_point(37, 1100, [[8, 1, 1100], [1, 54, 1100]])
+    for strategy in ({**default_strategy("linear"), **SPLITTING}, gpu_start):
+        entry = load_rendered("linear", strategy).entry
+        for k, n in BOUNDARY_SIZES:
+            for bias in (True, False):
+                x, weight, b = inputs((rows, k), n, dtype, bias, seed=rows)
+                within_bound(entry(x, weight=weight, bias=b), x, weight, b)
+
+
+def test_two_row_tiles_of_the_small_regime_cover_17_to_32_rows(load_rendered):
+    point = {**default_strategy("linear"), **SPLITTING, "SMALL_MAX_ROWS": 32}
+    entry = load_rendered("linear", point).entry
+    for rows in (17, 32):
+        assert linear_regime(point, rows) == "small"
+        for dtype in DTYPES:
+            x, weight, b = inputs((rows, 1100), 37, dtype, seed=rows)
+            within_bound(entry(x, weight=weight, bias=b), x, weight, b)
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel: records `kernel[grid](..., **constexprs)` and runs nothing."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, tuple(grid), kwargs))
+
+
+SHARED_LINEAR_KNOBS = {"GEMV_MAX_ROWS", "SMALL_MAX_ROWS", "TARGET_PROGRAMS"}
+CAMPAIGN_SHAPES = {"qkv": (2048, 1536), "down": (1536, 8960), "gate_up": (17920, 1536)}
+
+
+@pytest.mark.parametrize("strategy_name", ["default", "splitting", "gpu_start"])
+def test_the_author_mirrors_the_regime_and_split_the_template_launches(strategy_name, load_rendered, monkeypatch):
+    """What the author's canonical form and start assume (regime, tile rows, K slices) is what the
+    template launches, for each campaign shape at each boundary row count."""
+    for name, (n, k) in CAMPAIGN_SHAPES.items():
+        strategy = {
+            "default": default_strategy("linear"),
+            "splitting": {**default_strategy("linear"), **SPLITTING},
+            "gpu_start": start_point(n, k, [[8, 1, k], [1, 54, k]]),
+        }[strategy_name]
+        module = load_rendered("linear", strategy).module
+        calls: list = []
+        for kernel in ("_gemv", "_matmul", "_splitk_reduce"):
+            monkeypatch.setattr(module, kernel, LaunchSpy(kernel, calls))
+        weight = torch.empty((n, k), dtype=torch.float16)
+        for rows in BOUNDARY_ROWS:
+            calls.clear()
+            module.entry(torch.empty((rows, k), dtype=torch.float16), weight=weight, bias=None)
+            kernel, grid, constexprs = calls[0]
+            regime = linear_regime(strategy, rows)
+            split = linear_split(strategy, n, k, rows)
+            assert kernel == ("_gemv" if regime == "gemv" else "_matmul"), (name, rows)
+            assert grid[1] == constexprs["SPLIT"] == split, (name, rows)
+            assert [c[0] for c in calls[1:]] == (["_splitk_reduce"] if split > 1 else []), (name, rows)
+            if regime != "gemv":
+                assert constexprs["BLOCK_M"] == (16 if regime == "small" else strategy["BLOCK_M"]), (name, rows)
+
+
+def test_every_knob_belongs_to_one_regime_and_the_mirrored_constants_agree(load_rendered):
+    defaults = default_strategy("linear")
+    per_regime = [knob for knobs in LINEAR_REGIME_KNOBS.values() for knob in knobs]
+    assert len(per_regime) == len(set(per_regime))
+    assert set(per_regime) | SHARED_LINEAR_KNOBS == set(defaults) == set(KNOBS["linear"])
+    module = load_rendered("linear").module
+    assert module.SMALL_BLOCK_M == template_space.LINEAR_SMALL_BLOCK_M
+    assert module.GEMV_MIN_SLICE_STEPS == template_space.LINEAR_GEMV_MIN_SLICE_STEPS
+    assert module.MATMUL_MIN_SLICE_STEPS == template_space.LINEAR_MATMUL_MIN_SLICE_STEPS
+    assert module.MAX_SLICES == template_space.LINEAR_MAX_SLICES
+
+
+def test_batch_8_decode_fills_the_gpu_from_a_start_that_also_saw_prefill(load_rendered, monkeypatch):
+    """The verifier's [8, 1, K] and [1, 54, K] shapes: batch-8 decode gets 16-row tiles (q/k/v: 128
+    programs, not the prefill tile's 16), down_proj's long K is split, prefill keeps 64-row tiles."""
+    programs = {}
+    for name, (n, k) in CAMPAIGN_SHAPES.items():
+        module = load_rendered("linear", start_point(n, k, [[8, 1, k], [1, 54, k]])).module
+        calls: list = []
+        for kernel in ("_gemv", "_matmul", "_splitk_reduce"):
+            monkeypatch.setattr(module, kernel, LaunchSpy(kernel, calls))
+        module.entry(torch.empty((8, 1, k), dtype=torch.float16), weight=torch.empty((n, k)), bias=None)
+        grid, constexprs = calls[0][1], calls[0][2]
+        assert constexprs["BLOCK_M"] == 16, name
+        programs[name] = (grid[0] * grid[1], grid[1])
+    assert programs["qkv"] == (128, 1)  # N 2048 / 16 features, K 1536 unsplit (as measured on an H200)
+    assert programs["down"][1] > 1 and programs["down"][0] >= 132  # 96 tiles: K split to fill 132 SMs
+    assert programs["gate_up"] == (560, 1)  # N 17920 / 32 features
+
+
+def test_start_fills_every_regime_from_all_the_shapes():
+    mixed = start_point(2048, 1536, [[8, 1, 1536], [1, 54, 1536]])
+    assert [linear_regime(mixed, rows) for rows in (1, 8, 54)] == ["gemv", "small", "big"]
+    assert (mixed["SMALL_BLOCK_N"], mixed["SMALL_BLOCK_K"], mixed["SMALL_SPLIT_K"]) == (16, 128, 0)
+    assert (mixed["BLOCK_M"], mixed["MM_BLOCK_N"]) == (64, 128)
+    assert mixed["BLOCK_N"] == 4  # batch-1 decode keeps its GEMV start
+    # Each regime's start is the same whichever other regimes' shapes came along.
+    for regime in ("gemv", "small"):
+        alone = start_point(2048, 1536, [[1, 1536]] if regime == "gemv" else [[8, 1, 1536]])
+        assert {knob: mixed[knob] for knob in LINEAR_REGIME_KNOBS[regime]} == {
+            knob: alone[knob] for knob in LINEAR_REGIME_KNOBS[regime]
+        }
+    assert start_point(2048, 1536, [[8, 1, 1536], [1, 600, 1536]])["BLOCK_M"] == 128  # long prefill
+    assert start_point(17920, 1536, [[8, 1, 1536]])["SMALL_BLOCK_N"] == 32  # wide N: wider tiles
+    cpu = start_point(2048, 1536, [[8, 1, 1536]], hardware="cpu")
+    assert cpu["SMALL_SPLIT_K"] == 1 and cpu["SMALL_BLOCK_N"] >= 64  # few wide programs in the interpreter
+
+
+def test_canonical_keeps_only_the_knobs_of_the_regimes_the_shapes_run():
+    point = {**default_strategy("linear"), "SMALL_SPLIT_K": 1}
+    decode8 = [[8, 1, 1536]]
+    same = [{"BLOCK_N": 64}, {"SPLIT_K": 4}, {"BLOCK_M": 16}, {"NUM_STAGES": 5}, {"TARGET_PROGRAMS": 528}]
+    for change in same:  # GEMV, big-tile and (with an explicit split) auto-split knobs: twins at 8 rows
+        assert canonical("linear", point, decode8, 2048) == canonical("linear", {**point, **change}, decode8, 2048)
+    for change in ({"SMALL_BLOCK_N": 64}, {"SMALL_STAGES": 3}, {"SMALL_SPLIT_K": 2}, {"GEMV_MAX_ROWS": 8}):
+        assert canonical("linear", point, decode8, 2048) != canonical("linear", {**point, **change}, decode8, 2048)
+    mixed = [[8, 1, 1536], [1, 54, 1536]]
+    assert canonical("linear", point, mixed, 2048) != canonical("linear", {**point, "BLOCK_M": 16}, mixed, 2048)
+    assert canonical("linear", point, mixed, 2048) == canonical("linear", {**point, "BLOCK_N": 64}, mixed, 2048)
+
+
+def made_up_us(strategy: dict) -> float:
+    """A deterministic cost per knob value; batch-8 decode on the GEMV is slower (as measured on an H200)."""
+    noise = sum(zlib.crc32(f"{knob}={value}".encode()) % 7 for knob, value in strategy.items())
+    return 10.0 + 0.05 * noise + (3.0 if linear_regime(strategy, 8) == "gemv" else 0.0)
+
+
+def test_the_search_moves_the_knobs_of_the_regimes_the_shapes_run():
+    """Verified at batch-8 decode and prefill: every neighbour move changes a knob of a regime those
+    shapes run (or a row bound, or the auto-split target), never one of a regime they do not run."""
+    shapes = [[8, 1, 1536], [1, 54, 1536]]
+    history: list[Attempt] = []
+    moved = set()
+    for i in range(16):
+        request = WriteRequest(
+            op="linear",
+            module_class="Linear",
+            adapter=[],
+            shapes=shapes,
+            dtype="bfloat16",
+            hardware="NVIDIA H200",
+            history=list(history),
+            param_shapes={"weight": [2048, 1536], "bias": None},
+        )
+        plan = plan_strategy(request)
+        if i == 0:
+            assert plan.strategy == initial_strategy(request)
+        if plan.converged:
+            break
+        if plan.reason.startswith("neighbour"):
+            best = min(history, key=lambda a: a.kernel_us or 0).strategy
+            changed = {knob for knob in plan.strategy if plan.strategy[knob] != best[knob]}
+            run = {linear_regime(strategy, rows) for strategy in (best, plan.strategy) for rows in (8, 54)}
+            allowed = {knob for regime in run for knob in LINEAR_REGIME_KNOBS[regime]} | SHARED_LINEAR_KNOBS
+            assert len(changed) == 1 and changed <= allowed, plan.reason
+            moved |= changed
+        history.append(Attempt(plan.strategy, 3, kernel_us=made_up_us(plan.strategy), floor_us=1.6))
+    assert moved & set(LINEAR_REGIME_KNOBS["small"]) and moved & set(LINEAR_REGIME_KNOBS["big"])
 
 
 def test_template_takes_row_strided_and_non_contiguous_x(load_rendered):
@@ -195,16 +432,7 @@ def test_every_strategy_space_point_renders_a_correct_kernel(load_rendered):
 
 def test_author_starts_from_the_decode_shape_and_knows_the_effective_split():
     def first(n, k, rows=1, hardware="NVIDIA H200"):
-        request = WriteRequest(
-            op="linear",
-            module_class="Linear",
-            adapter=[],
-            shapes=[[rows, k]],
-            dtype="bfloat16",
-            hardware=hardware,
-            param_shapes={"weight": [n, k], "bias": None},
-        )
-        return initial_strategy(request)
+        return start_point(n, k, [[rows, k]], hardware)
 
     lm_head, down, qkv = first(151936, 1536), first(1536, 8960), first(2048, 1536)
     assert linear_split(lm_head, 151936, 1536) == 1  # thousands of programs without a split
