@@ -1,5 +1,7 @@
 """Request and response bodies of the admin API (`serving/routes_admin.py`), as the OpenAPI schema
-declares them. Strict where JSON could be misread: `true` or `"5"` is no integer here."""
+declares them. Strict where JSON could be misread: `true` or `"5"` is no integer here. The answers of
+`/admin/profile` and `/admin/benchmark` are left free-form: their keys follow what is measured
+(docs/CONTRACTS.md section 5 names the ones a client can rely on)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from serving.openai_api import ValidationIssue
+from gpuyantra.swap.records import SwapRecord
+from serving.openai_api import ValidationErrorBody, ValidationIssue
 
 
 class Attestation(BaseModel):
@@ -71,14 +74,18 @@ class SwapBody(BaseModel):
 
 
 class SwapRefusalDetail(BaseModel):
-    status: str = Field(..., description="forbidden, invalid_candidate, rejected or rolled_back")
-    reason: str = Field(..., description="one line saying why nothing was swapped")
+    status: str = Field(
+        ...,
+        description="a swap: forbidden, invalid_candidate, rejected or rolled_back; a rollback: unknown, "
+        "not_active or rejected",
+    )
+    reason: str = Field(..., description="one line saying why nothing was swapped or rolled back")
     swap_id: str | None = None
     parity: dict[str, Any] | None = None
 
 
 class SwapRefusal(BaseModel):
-    """Body of a swap the swap engine refused (403, 409; a candidate that does not load: 422)."""
+    """Body of a swap or rollback the swap engine refused (403, 404, 409; a candidate that does not load: 422)."""
 
     detail: SwapRefusalDetail
 
@@ -102,6 +109,7 @@ class SwapUnprocessable(BaseModel):
 UNPROCESSABLE: dict[int | str, dict[str, Any]] = {
     422: {"model": RequestErrorBody, "description": "invalid body, or a request that cannot be served"}
 }
+INVALID_BODY: dict[int | str, dict[str, Any]] = {422: {"model": ValidationErrorBody, "description": "malformed body"}}
 
 
 class RollbackBody(BaseModel):
@@ -167,3 +175,37 @@ class BenchmarkBody(BaseModel):
     min_live_steps: int = Field(
         default=30, ge=5, le=100000, description="decode steps at `batch` rows a live measurement needs"
     )
+
+
+# ====================================================================== answers
+class KernelsAnswer(BaseModel):
+    model: str
+    active: list[SwapRecord] = Field(..., description="the swaps bound now")
+    history: list[SwapRecord] = Field(..., description="every swap of this server, in order")
+    fallbacks: int = Field(..., description="calls of swapped kernels that fell back to the original forward")
+    graphs: dict[str, Any] | None = Field(..., description="the CUDA graphs captured (null without --cuda-graphs)")
+    state_dir: str
+    manifest: str = Field(..., description="the file the kept swaps are re-applied from at startup")
+
+
+class SwapAnswer(BaseModel):
+    swap_id: str
+    op: str
+    module_class: str | None
+    qualified_class: str | None
+    modules: int = Field(..., description="how many modules the kernel was bound into")
+    parity: dict[str, Any] = Field(..., description="the parity check on the live weights")
+    status: str = Field(..., description="committed")
+    file: str = Field(..., description="where the server keeps the candidate's bytes")
+    digest: str = Field(..., description="SHA-256 (hex) of those bytes")
+
+
+class RollbackAnswer(BaseModel):
+    rolled_back: list[SwapRecord]
+    active: list[SwapRecord] = Field(..., description="the swaps still bound")
+
+
+class LogitsAnswer(BaseModel):
+    model: str
+    tokens: int = Field(..., description="the prompt's length in tokens")
+    logits: list[float] = Field(..., description="the last position's logits, one per vocabulary entry")

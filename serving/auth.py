@@ -4,23 +4,43 @@
 - `AdminAuthMiddleware` calls it before FastAPI reads the body, so an unauthenticated request is a
   401 even when its body is malformed (FastAPI parses bodies before any dependency runs), and marks
   the request as checked;
-- `require_admin`, the dependency of every admin route, declares the `Authorization` header in the
-  OpenAPI schema and lets a checked request through; it compares the token itself only for a request
-  the middleware did not see (a router mounted on an app without it), so it never fails open.
+- `require_admin`, the dependency of every admin route, declares the bearer scheme in the OpenAPI
+  schema (`ADMIN_BEARER`, with the 401 it answers: `UNAUTHORIZED`) and lets a checked request through;
+  it compares the token itself only for a request the middleware did not see (a router mounted on an
+  app without it), so it never fails open.
 With no token configured the admin API is disabled: every admin request is a 401 saying so.
 """
 
 from __future__ import annotations
 
 import hmac
+from typing import Annotated, Any
 
-from fastapi import Header, HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serving.responses import DetailBody
 
 ADMIN_PREFIX = "/admin"
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 _CHECKED = "admin_token_checked"  # request.state flag the middleware sets on an authenticated request
+
+# The scheme as the OpenAPI schema declares it (a security requirement, not a header parameter, so clients
+# and fuzzers know where the token goes); it never refuses by itself: `AdminAuth.denial` decides.
+ADMIN_BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="adminToken",
+    description="the admin token: `gpuyantra serve --admin-token` or $GPUYANTRA_ADMIN_TOKEN",
+)
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": DetailBody,
+        "description": "no token, a wrong one, or a server without a token (the admin API is disabled)",
+        "headers": {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    }
+}
 
 
 class AdminAuth:
@@ -69,11 +89,13 @@ def _authorization(scope: Scope) -> str | None:
     return None
 
 
-def require_admin(request: Request, authorization: str | None = Header(default=None)) -> None:
+def require_admin(
+    request: Request, _declared: Annotated[HTTPAuthorizationCredentials | None, Depends(ADMIN_BEARER)]
+) -> None:
     """Dependency of every admin route (see the module docstring)."""
     if getattr(request.state, _CHECKED, False):
         return
     auth: AdminAuth = request.app.state.admin_auth  # set by serving.app.create_app
-    reason = auth.denial(authorization)
+    reason = auth.denial(request.headers.get("authorization"))
     if reason:
         raise HTTPException(401, reason, headers=CHALLENGE)

@@ -32,7 +32,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -47,6 +47,7 @@ from serving.generation import (
     completion_logprobs,
 )
 from serving.request import RequestError
+from serving.responses import NOT_READY
 from serving.state import State
 
 MAX_N = 128
@@ -87,17 +88,91 @@ SSE_EVENT = {
     "properties": {"data": {"type": "string", "description": "a JSON chunk; the last event is [DONE]"}},
 }
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "the completion; with `stream: true`, server-sent events (`data: {chunk}` lines, the "
-        "last `data: [DONE]`)",
-        "content": {"text/event-stream": {"schema": SSE_EVENT}},
-    },
-    400: {"model": ErrorBody, "description": "the engine cannot run it (context, token ids, chat template)"},
-    404: {"model": ErrorBody, "description": "`model` names another model than the one served"},
-    422: {"model": ValidationErrorBody, "description": "malformed body"},
-    500: {"model": ErrorBody, "description": "generation failed"},
-}
+
+def openai_responses(answer: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """What a route of this module answers: `answer` (or its stream), and the errors."""
+    return {
+        200: {
+            "model": answer,
+            "description": "the completion; with `stream: true`, server-sent events (`data: {chunk}` lines, the "
+            "last `data: [DONE]`)",
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
+        },
+        400: {"model": ErrorBody, "description": "the engine cannot run it (context, token ids, chat template)"},
+        404: {"model": ErrorBody, "description": "`model` names another model than the one served"},
+        422: {"model": ValidationErrorBody, "description": "malformed body"},
+        500: {"model": ErrorBody, "description": "generation failed"},
+        **NOT_READY,
+    }
+
+
+# ====================================================================== answers
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    """Per generated token: its text, log-probability, the k most likely (text -> log-probability, the
+    chosen token's included) and where its text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int = Field(..., description="prompt index x n + sample")
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None = Field(..., description="length or stop")
+    token_ids: list[int] = Field(..., description="the generated token ids")
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(..., description="sample index")
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None = Field(..., description="length or stop")
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
 
 
 def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -115,7 +190,8 @@ def stop_strings(stop: str | list[str] | None) -> list[str] | None:
 
 
 class _SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown OpenAI fields are ignored; known ones are strict: JSON true or "5" is no number, 1 is no boolean.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     temperature: float = Field(0.0, ge=0.0, le=10.0)
@@ -430,5 +506,7 @@ async def chat_completions(body: ChatCompletionRequest, state: State):
 
 
 def add_routes(app: FastAPI) -> None:
-    app.add_api_route("/v1/completions", completions, methods=["POST"], responses=ERROR_RESPONSES)
-    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], responses=ERROR_RESPONSES)
+    app.add_api_route("/v1/completions", completions, methods=["POST"], responses=openai_responses(Completion))
+    app.add_api_route(
+        "/v1/chat/completions", chat_completions, methods=["POST"], responses=openai_responses(ChatCompletion)
+    )

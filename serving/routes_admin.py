@@ -4,7 +4,8 @@
 `add_routes` puts every route here behind `serving.auth.require_admin`; the token itself is checked by
 `serving.auth.AdminAuthMiddleware` before the body is read. Work on the model runs on the engine's thread
 (`engine.call`), between forward passes; `exclusive=True` pauses traffic while it runs.
-Routes declare no return type: FastAPI would publish it as a response schema.
+Routes declare no return type (FastAPI would filter the answer through it): their `responses` declare the
+bodies in the OpenAPI schema, each route's own and the 401 and 503 every admin route can answer.
 """
 
 from __future__ import annotations
@@ -20,27 +21,40 @@ from fastapi.responses import JSONResponse
 from gpuyantra import attestation
 from gpuyantra.swap.records import SwapError, SwapRecord
 from serving.admin_schema import (
+    INVALID_BODY,
     UNPROCESSABLE,
     BenchmarkBody,
+    KernelsAnswer,
+    LogitsAnswer,
     LogitsBody,
     ProfileBody,
     RequestErrorBody,
+    RollbackAnswer,
     RollbackBody,
+    SwapAnswer,
     SwapBody,
     SwapRefusal,
     SwapUnprocessable,
 )
-from serving.auth import ADMIN_PREFIX, require_admin
+from serving.auth import ADMIN_PREFIX, UNAUTHORIZED, require_admin
 from serving.metrics import Metrics
 from serving.request import RequestError
+from serving.responses import NOT_READY
 from serving.state import ServerState, State
 
 log = logging.getLogger("gpuyantra.serving")
 
 SWAP_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": SwapAnswer},
     403: {"model": SwapRefusal, "description": "no valid attestation of these bytes: nothing swapped"},
     422: {"model": SwapUnprocessable, "description": "invalid body, or a candidate that does not load"},
     409: {"model": SwapRefusal, "description": "parity failed or no module fits: nothing swapped"},
+}
+ROLLBACK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": RollbackAnswer},
+    **INVALID_BODY,
+    404: {"model": SwapRefusal, "description": "no swap has this id"},
+    409: {"model": SwapRefusal, "description": "the swap is not active (rolled back or superseded)"},
 }
 BENCHMARK_RESPONSES: dict[int | str, dict[str, Any]] = {
     **UNPROCESSABLE,
@@ -190,14 +204,18 @@ async def benchmark(state: State, body: BenchmarkBody | None = None):
 def add_routes(app: FastAPI) -> None:
     """The admin routes, each behind the token, in the order the OpenAPI schema lists them."""
 
-    def admin(method: str, path: str, endpoint: Callable[..., Any], **options: Any) -> None:
+    def admin(method: str, path: str, endpoint: Callable[..., Any], responses: dict[int | str, dict[str, Any]]) -> None:
         app.add_api_route(
-            ADMIN_PREFIX + path, endpoint, methods=[method], dependencies=[Depends(require_admin)], **options
+            ADMIN_PREFIX + path,
+            endpoint,
+            methods=[method],
+            dependencies=[Depends(require_admin)],
+            responses={**responses, **UNAUTHORIZED, **NOT_READY},
         )
 
-    admin("GET", "/kernels", kernels)
-    admin("POST", "/swap", swap, responses=SWAP_RESPONSES)
-    admin("POST", "/rollback", rollback)
-    admin("POST", "/profile", profile)
-    admin("POST", "/logits", logits, responses=UNPROCESSABLE)
-    admin("POST", "/benchmark", benchmark, responses=BENCHMARK_RESPONSES)
+    admin("GET", "/kernels", kernels, {200: {"model": KernelsAnswer}})
+    admin("POST", "/swap", swap, SWAP_RESPONSES)
+    admin("POST", "/rollback", rollback, ROLLBACK_RESPONSES)
+    admin("POST", "/profile", profile, INVALID_BODY)
+    admin("POST", "/logits", logits, {200: {"model": LogitsAnswer}, **UNPROCESSABLE})
+    admin("POST", "/benchmark", benchmark, BENCHMARK_RESPONSES)

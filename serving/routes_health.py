@@ -1,14 +1,58 @@
 """Probes and the model list: `GET /healthz` (liveness), `/readyz` (model loaded, manifest re-applied,
 model thread running), `/metrics` (Prometheus) and `/v1/models`. Public: no token.
-Routes declare no return type: FastAPI would publish it as a response schema."""
+Routes declare no return type (FastAPI would filter the answer through it): their `responses` declare the
+bodies in the OpenAPI schema."""
 
 from __future__ import annotations
+
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
+from serving.responses import NOT_READY, RETRY_AFTER
 from serving.state import RETRY_AFTER_S, State
+
+
+# ====================================================================== answers
+class Liveness(BaseModel):
+    status: Literal["ok"]
+    loading: bool = Field(..., description="the model is still loading (the process is alive meanwhile)")
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"]
+    model: str
+    device: str
+    active_swaps: list[str] = Field(..., description="swap ids bound now")
+    reapplied: list[dict[str, Any]] = Field(..., description="the kept swaps re-applied at startup")
+    cuda_graphs: bool
+    decode_attention: str = Field(..., description="triton or sdpa")
+    fused_projection_groups: int
+
+
+class ProbeFailure(BaseModel):
+    status: Literal["loading", "error"]
+    error: str | None = Field(..., description="why loading failed or the model thread stopped; null while loading")
+
+
+class ServedModel(BaseModel):
+    """The served model, with what `serving.models.describe` says of it (architecture, dtype, vocab_size, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int = Field(..., description="the longest prompt + generation served")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ServedModel]
 
 
 async def healthz(state: State):
@@ -62,7 +106,38 @@ async def models(state: State):
 
 
 def add_routes(app: FastAPI) -> None:
-    app.add_api_route("/healthz", healthz, methods=["GET"])
-    app.add_api_route("/readyz", readyz, methods=["GET"])
-    app.add_api_route("/metrics", metrics_route, methods=["GET"])
-    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route(
+        "/healthz",
+        healthz,
+        methods=["GET"],
+        responses={
+            200: {"model": Liveness},
+            503: {"model": ProbeFailure, "description": "loading the model failed, or the model thread stopped"},
+        },
+    )
+    app.add_api_route(
+        "/readyz",
+        readyz,
+        methods=["GET"],
+        responses={
+            200: {"model": Readiness},
+            503: {
+                "model": ProbeFailure,
+                "description": "loading (`Retry-After` says when to ask again) or loading failed",
+                "headers": RETRY_AFTER,
+            },
+        },
+    )
+    app.add_api_route(
+        "/metrics",
+        metrics_route,
+        methods=["GET"],
+        response_class=Response,  # Prometheus text, not JSON
+        responses={
+            200: {
+                "description": "Prometheus text exposition",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
+    app.add_api_route("/v1/models", models, methods=["GET"], responses={200: {"model": ModelList}, **NOT_READY})
