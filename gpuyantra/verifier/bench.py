@@ -23,6 +23,9 @@ N_INPUT_SETS = 4
 BENCH_SETS_BYTES = 16 * 2**30  # inputs (and as much again for outputs) of the rotating sets, at most
 L2_FLUSH_BYTES = 256 * 2**20
 SPIN_UP_MS = 100.0  # keep the GPU busy first: clocks drop while it idles (e.g. during compilation)
+# A GPU that finished timed work this recently has had no time to lower its clocks: no spin-up then
+# (the second side of an interleaved round follows the first within milliseconds).
+IDLE_BEFORE_SPIN_UP_S = 0.05
 WARMUP_MS = 25.0
 REP_MS = 40.0  # per round
 ROUNDS = 3  # candidate and baselines interleaved, median of the round medians
@@ -75,10 +78,8 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
     for i in range(3):
         fn(i % N_INPUT_SETS)
     torch.cuda.synchronize()
-    spin_until = time.perf_counter() + SPIN_UP_MS / 1e3
-    while time.perf_counter() < spin_until:
-        flush.zero_()
-        torch.cuda.synchronize()
+    if time.perf_counter() - _last_busy > IDLE_BEFORE_SPIN_UP_S:
+        spin_up(flush)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for i in range(5):
@@ -101,7 +102,24 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
         timed(i % N_INPUT_SETS)
         ends[i].record()
     torch.cuda.synchronize()
+    _mark_busy()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+_last_busy = 0.0  # perf_counter when this process's GPU last finished timed work
+
+
+def _mark_busy() -> None:
+    global _last_busy
+    _last_busy = time.perf_counter()
+
+
+def spin_up(flush: torch.Tensor) -> None:
+    """Keep the GPU busy for SPIN_UP_MS, so it times at the clocks it runs at under load."""
+    spin_until = time.perf_counter() + SPIN_UP_MS / 1e3
+    while time.perf_counter() < spin_until:
+        flush.zero_()
+        torch.cuda.synchronize()
 
 
 def bench_shape(

@@ -2,11 +2,13 @@
 
     python -m gpuyantra.verifier.child --device cpu --cpu-seconds N --address-space BYTES
 
-It limits itself and leaves the network namespace before anything else, imports torch and triton
-while the parent finishes the contract layer, then reads one JSON job on stdin. It records raw
+It limits itself and leaves the network namespace before anything else, does everything that does
+not depend on the job (imports, on CUDA the context) while the parent finishes the contract layer
+(or, as a warm spare, before the job exists), then reads one JSON job on stdin. It records raw
 observations (launch counts, host-side aten ops, input mutation, output aliasing and reuse, types,
-devices, timings) into the results file the parent named, and the outputs into a tensor file; it
-judges nothing. Its stdout and stderr belong to the candidate and are ignored by the verdict.
+devices, timings) into the results file the parent named, and hands the outputs to the parent in
+numbered chunk files of bounded size (`OutputSink`); it judges nothing. Its stdout and stderr belong
+to the candidate and are ignored by the verdict.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 CLONE_NEWUSER = 0x10000000
@@ -236,7 +239,7 @@ def _hard_finding(record: dict[str, Any]) -> bool:
     )
 
 
-def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any]) -> bool:
+def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> bool:
     """Calls entry on every case; False once a call raised or showed a hard finding."""
     import torch
 
@@ -294,46 +297,189 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], outputs
             results["checks"].append(record)
             if _hard_finding(record):
                 results["stopped"] = f"stopped after call {case.id}: the parent rejects on this record alone"
-                _save(alive, outputs)
+                _save(alive, sink, results)
                 return False
-        _save(alive, outputs)
+        if not _save(alive, sink, results):
+            return False
     return True
 
 
-def _save(alive: list, outputs: dict[str, Any]) -> None:
-    """Outputs are saved only after their whole group ran: a buffer returned twice now holds the last answer."""
-    import torch
-
+def _save(alive: list, sink: OutputSink, results: dict[str, Any]) -> bool:
+    """Outputs are saved only after their whole group ran: a buffer returned twice now holds the last answer.
+    False when a call's outputs exceed what the sandbox hands over at once (recorded for the parent)."""
     for case_id, outs in alive:
+        refused = sink.add(case_id, outs)
+        if refused is not None:
+            results["output_limit"] = refused
+            return False
+    sink.end_group()
+    return True
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+CHUNK_PREFIX = "chunk-"
+CHUNKS_PER_BUDGET = 4  # chunk size = budget / 4: the parent judges one chunk while the next ones are written
+WAIT_POLL_SECONDS = 0.005
+
+
+def chunk_name(sequence: int) -> str:
+    return f"{CHUNK_PREFIX}{sequence:06d}.pt"
+
+
+class OutputSink:
+    """Hands the outputs of checked calls to the parent in numbered chunk files (`chunk-000000.pt`,
+    ...) in `folder`. The parent judges and deletes each chunk while the harness goes on, and the
+    harness never leaves more than `budget` bytes of outputs unread there: outputs of any total size
+    pass through a bounded folder and stay far below the sandbox's file-size limit. One call whose
+    outputs alone exceed the budget is refused (the verdict names the limit)."""
+
+    def __init__(self, folder: str, budget: int, chunk_per_group: bool = False) -> None:
+        self.folder = folder
+        self.budget = max(1, int(budget))
+        # On CUDA each group of calls is a chunk: the parent judges it (on the GPU) while the next group
+        # runs. On CPU chunks go by size: judging beside the interpreter only slowed a small worker.
+        self.chunk_per_group = chunk_per_group
+        self.chunk_bytes = max(1, self.budget // CHUNKS_PER_BUDGET)
+        self.pending: dict[str, Any] = {}
+        self.pending_bytes = 0
+        self.written = 0
+        self.parent = os.getppid()
+        self.wait_seconds = 0.0  # waiting for the parent to read earlier chunks (back-pressure)
+        self.copy_seconds = 0.0  # outputs to the host
+        self.write_seconds = 0.0  # chunk files written
+
+    def add(self, case_id: int, outs: list[tuple[int, Any]]) -> str | None:
+        """Queue one call's outputs (copied to the host); the refusal message when they exceed the budget."""
+        import torch
+
+        size = sum(o.numel() * o.element_size() for _, o in outs)
+        if size > self.budget:
+            return (
+                f"call {case_id} returned {_bytes(size)} of outputs; the sandbox hands outputs to the "
+                f"parent at most {_bytes(self.budget)} at a time (its output budget)"
+            )
+        if self.pending and self.pending_bytes + size > self.chunk_bytes:
+            self.flush()
+        started = time.perf_counter()
         for j, o in outs:
-            outputs[f"{case_id}:{j}"] = o.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+            # One copy: to the host, contiguous (no second clone of a host copy).
+            self.pending[f"{case_id}:{j}"] = o.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+        self.pending_bytes += size
+        self.copy_seconds += time.perf_counter() - started
+        return None
+
+    def end_group(self) -> None:
+        if self.chunk_per_group:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the queued outputs as the next chunk, once the unread ones leave room for it."""
+        if not self.pending:
+            return
+        import torch
+
+        self._wait(lambda count, unread: count == 0 or unread + self.pending_bytes <= self.budget)
+        started = time.perf_counter()
+        name = chunk_name(self.written)
+        partial = os.path.join(self.folder, f".{name}.partial")
+        try:
+            torch.save(self.pending, partial)
+        except Exception as exc:  # a full disk or the file-size limit: say which chunk, not just "zip error"
+            raise RuntimeError(
+                f"cannot hand {self.pending_bytes} bytes of outputs to the parent (chunk {self.written}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        os.replace(partial, os.path.join(self.folder, name))  # the parent never sees a half-written chunk
+        self.write_seconds += time.perf_counter() - started
+        self.written += 1
+        self.pending, self.pending_bytes = {}, 0
+
+    def drain(self) -> None:
+        """Flush and wait until the parent has read every chunk (its GPU work must not overlap timing)."""
+        self.flush()
+        self._wait(lambda count, unread: count == 0)
+
+    def _unread(self) -> tuple[int, int]:
+        """(chunks, bytes) written and not yet read by the parent."""
+        count = total = 0
+        for name in os.listdir(self.folder):
+            if name.startswith(CHUNK_PREFIX):
+                count += 1
+                with contextlib.suppress(OSError):  # read and deleted meanwhile
+                    total += os.path.getsize(os.path.join(self.folder, name))
+        return count, total
+
+    def _wait(self, ready: Callable[[int, int], bool]) -> None:
+        started = time.perf_counter()
+        while not ready(*self._unread()):
+            if os.getppid() != self.parent:  # nobody will ever read them: stop instead of waiting forever
+                raise RuntimeError("the parent stopped reading the outputs (it exited)")
+            time.sleep(WAIT_POLL_SECONDS)
+        self.wait_seconds += time.perf_counter() - started
 
 
-def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any]) -> None:
+def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> None:
+    timings = results["timings"]
+    with _timed(timings, "setup"):  # job read to first case
+        ctx = _setup(job, results)
+    timings["setup_other"] = _rest(timings, timings["setup"], SETUP_PARTS)
+    if ctx is None:
+        return
+    cases = ctx["cases"]
+    results["stage"] = "correctness"
+    with _timed(timings, "correctness"):
+        if not run_cases([c for c in cases if c.phase == "main"], ctx, results, sink):
+            return
+    if ctx["device"] == "cuda" and job.get("benchmark"):
+        # The parent judges on the GPU as chunks arrive: all of that ends before anything is timed.
+        with _timed(timings, "output_drain"):
+            sink.drain()
+        results["stage"] = "benchmark"
+        if not _benchmark(job, ctx, results):
+            return
+        results["stage"] = "recheck"
+        with _timed(timings, "recheck"):
+            if not run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink):
+                return
+    results["stage"] = "done"
+
+
+# The named parts of `setup`; what they leave is `setup_other`.
+SETUP_PARTS = ("setup_device", "setup_bandwidth", "setup_family", "setup_import", "setup_harness")
+
+
+def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
+    """Family, candidate import, runtime checks and instrumentation; None when the candidate cannot run."""
     import importlib
 
     import torch
 
+    import gpuyantra.verifier.bench as bench
     from gpuyantra.candidate import CandidateError, load_candidate
     from gpuyantra.ops import get_op
     from gpuyantra.verifier.cases import Case
 
-    setup_started = time.perf_counter()
+    timings = results["timings"]
     device = job["device"]
-    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    with _timed(timings, "setup_device"):
+        torch.set_num_threads(max(1, int(job.get("threads", 1))))
+        if device == "cuda":
+            bench.float32_as_float32()  # done in `_warm_up` (with its imports); cheap to be sure here
+            results["device_name"] = torch.cuda.get_device_name()
     if device == "cuda":
-        from gpuyantra.verifier import bench
-
-        bench.float32_as_float32()
-        name = torch.cuda.get_device_name()
-        results["device_name"] = name
-        bandwidth = (job.get("bandwidth_cache") or {}).get(name)
+        bandwidth = (job.get("bandwidth_cache") or {}).get(results["device_name"])
         if job.get("benchmark") and not bandwidth:
-            with _timed(results.setdefault("timings", {}), "setup_bandwidth"):
+            with _timed(timings, "setup_bandwidth"):
                 bandwidth = bench.measure_copy_bandwidth()  # before any candidate code has run
             results["bandwidth_measured"] = True
         results["copy_bandwidth_gbs"] = bandwidth
-    with _timed(results.setdefault("timings", {}), "setup_family"):
+    with _timed(timings, "setup_family"):
         for module_name in job.get("family_modules", []):
             importlib.import_module(module_name)
         if job.get("open_target"):
@@ -345,15 +491,34 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
         family = get_op(job["op"])
     results["stage"] = "import"
     try:
-        with _timed(results.setdefault("timings", {}), "setup_import"):
+        with _timed(timings, "setup_import"):
             candidate = load_candidate(job["path"])
     except CandidateError as exc:
         results["error"] = {"rule": "import-failed", "message": str(exc)}
-        return
+        return None
     except BaseException as exc:  # noqa: BLE001
         results["error"] = {"rule": "import-failed", "message": f"{type(exc).__name__}: {exc}"}
-        return
-    module = candidate.module
+        return None
+    with _timed(timings, "setup_harness"):
+        mismatches = _runtime_mismatches(candidate, job)
+        if mismatches:
+            results["error"] = {"rule": "runtime-mismatch", "message": "; ".join(mismatches)}
+            return None
+        counter = _Counter()
+        results["kernels"] = _instrument(candidate.module, job["path"], counter)
+        return {
+            "family": family,
+            "entry": candidate.entry,
+            "counter": counter,
+            "recorder": _recorder(counter),
+            "device": device,
+            "param_specs": job["param_specs"],
+            "cases": [Case.from_json(c) for c in job["cases"]],
+        }
+
+
+def _runtime_mismatches(candidate: Any, job: dict[str, Any]) -> list[str]:
+    """Where OP, ADAPTER or entry at runtime differ from what the static layer read."""
     mismatches = []
     if candidate.op != job["op"]:
         mismatches.append(f"OP is {candidate.op!r} at runtime, {job['op']!r} in the source")
@@ -364,53 +529,39 @@ def execute(job: dict[str, Any], results: dict[str, Any], outputs: dict[str, Any
     if (
         code is None
         or code.co_name != "entry"
-        or getattr(entry, "__module__", None) != module.__name__
+        or getattr(entry, "__module__", None) != candidate.module.__name__
         or os.path.realpath(code.co_filename) != os.path.realpath(job["path"])
     ):
         mismatches.append("entry at runtime is not the `def entry` of the file")
-    if mismatches:
-        results["error"] = {"rule": "runtime-mismatch", "message": "; ".join(mismatches)}
-        return
-    counter = _Counter()
-    results["kernels"] = _instrument(module, job["path"], counter)
-    ctx = {
-        "family": family,
-        "entry": entry,
-        "counter": counter,
-        "recorder": _recorder(counter),
-        "device": device,
-        "param_specs": job["param_specs"],
-    }
-    cases = [Case.from_json(c) for c in job["cases"]]
-    timings = results.setdefault("timings", {})
-    timings["setup"] = round(time.perf_counter() - setup_started, 3)  # job read to first case
-    results["stage"] = "correctness"
-    with _timed(timings, "correctness"):
-        if not run_cases([c for c in cases if c.phase == "main"], ctx, results, outputs):
-            return
-    if device == "cuda" and job.get("benchmark"):
-        from gpuyantra.verifier import bench
+    return mismatches
 
-        results["stage"] = "benchmark"
-        counter.unwrap()
-        waited_from = time.perf_counter()
-        try:
-            with _exclusive(job.get("timing_lock")):
-                timings["timing_lock_wait"] = round(time.perf_counter() - waited_from, 3)
-                with _timed(timings, "benchmark"):
-                    for shape in job["bench_shapes"]:
-                        cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
-                        row = bench.bench_shape(family, entry, shape, job["bench_dtype"], job["param_specs"], cached)
-                        results["bench"].append(row)
-                        if row.get("kernel_us") is None:
-                            return
-        finally:
-            counter.rewrap()
-        results["stage"] = "recheck"
-        with _timed(timings, "recheck"):
-            if not run_cases([c for c in cases if c.phase == "recheck"], ctx, results, outputs):
-                return
-    results["stage"] = "done"
+
+def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]) -> bool:
+    """Time every bench shape under the GPU timing lock; False when the candidate's kernel failed."""
+    import gpuyantra.verifier.bench as bench
+
+    timings = results["timings"]
+    counter = ctx["counter"]
+    counter.unwrap()
+    waited_from = time.perf_counter()
+    try:
+        with _exclusive(job.get("timing_lock")):
+            timings["timing_lock_wait"] = round(time.perf_counter() - waited_from, 3)
+            with _timed(timings, "benchmark"):
+                for shape in job["bench_shapes"]:
+                    cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
+                    started = time.perf_counter()
+                    row = bench.bench_shape(
+                        ctx["family"], ctx["entry"], shape, job["bench_dtype"], job["param_specs"], cached
+                    )
+                    # All of the shape (input sets, resets, cost besides the timed parts in `seconds`).
+                    row.setdefault("seconds", {})["total"] = round(time.perf_counter() - started, 3)
+                    results["bench"].append(row)
+                    if row.get("kernel_us") is None:
+                        return False
+    finally:
+        counter.rewrap()
+    return True
 
 
 @contextlib.contextmanager
@@ -438,11 +589,73 @@ def _timed(timings: dict[str, float], name: str):
         timings[name] = round(time.perf_counter() - started, 3)
 
 
+def _rest(timings: dict[str, float], total: float, parts: tuple[str, ...]) -> float:
+    """The seconds of `total` that none of its named `parts` accounts for."""
+    return round(max(total - sum(timings.get(p, 0.0) for p in parts), 0.0), 3)
+
+
 def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
+
+
+def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
+    """Everything the harness needs that does not depend on the job, done before the job is read: a
+    fresh child does it while the parent checks the contract, a warm spare before the job exists
+    (its GPU part under `gpu_lock`, the timing lock: never while another verification times).
+    Returns seconds per part (`warm_*`)."""
+    timings: dict[str, float] = {}
+    with _timed(timings, "warm_imports"):
+        import torch
+        import triton
+        from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401 - the host-op recorder's base
+
+        import gpuyantra.candidate
+        import gpuyantra.verifier.bench as bench
+        import gpuyantra.verifier.cases  # noqa: F401
+        from gpuyantra.ops import all_ops
+
+        all_ops()
+    if device != "cuda":
+        return timings
+    with _timed(timings, "warm_compile_modules"):
+        # float32_as_float32's torch.use_deterministic_algorithms imports torch._inductor, and with it
+        # torch._dynamo (which the benchmark resets): seconds on a GPU host, that the job's setup paid.
+        bench.float32_as_float32()
+        import torch._dynamo  # noqa: F401 - imported above already where torch still does so
+    waited_from = time.perf_counter()
+    with _exclusive(gpu_lock), _timed(timings, "warm_cuda"):
+        timings["warm_lock_wait"] = round(time.perf_counter() - waited_from, 3)
+        torch.cuda.init()
+        # torch.cuda.init() creates no context: the first allocation and kernel do (and load the
+        # generator's kernels every case uses).
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        torch.randn(1024, generator=generator, device="cuda").add_(1.0)
+        torch.cuda.synchronize()
+    with _timed(timings, "warm_triton"), contextlib.suppress(Exception):  # a head start only: never fatal
+        # A process's first Triton launch hashes Triton's own library (half a gigabyte: the cache
+        # key, about a second) and loads its CUDA driver helpers; the first case paid for both.
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:  # where older Triton keeps it
+            from triton.compiler.compiler import triton_key
+        triton_key()
+        triton.runtime.driver.active.get_current_device()
+    return timings
+
+
+# The top-level parts of a job, in order; what they leave is `other`.
+JOB_PARTS = (
+    "setup",
+    "correctness",
+    "output_drain",
+    "timing_lock_wait",
+    "benchmark",
+    "recheck",
+    "save_outputs",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,44 +664,65 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-seconds", type=int, default=0)
     parser.add_argument("--address-space", type=int, default=0)
     parser.add_argument("--file-size", type=int, default=0)
+    parser.add_argument("--gpu-lock", default=None)
     args = parser.parse_args(argv)
     _apply_limits(args.cpu_seconds, args.address_space, args.file_size)
     network_isolated = _isolate_network(args.device)
-    # Heavy imports while the parent is still busy with the contract layer.
-    import torch
-    import triton  # noqa: F401
-
-    import gpuyantra.candidate
-    import gpuyantra.verifier.cases  # noqa: F401
-    from gpuyantra.ops import all_ops
-
-    all_ops()
-    if args.device == "cuda":
-        torch.cuda.init()  # a warm spare has its context before the job arrives
+    warm = _warm_up(args.device, args.gpu_lock)
+    ready_at = time.time()
     raw = sys.stdin.read()
     if not raw.strip():
         return 0  # the parent rejected the candidate before running it
+    job_read_at = time.time()
+    started = time.perf_counter()
     job = json.loads(raw)
-    results: dict[str, Any] = {"network_isolated": network_isolated, "checks": [], "bench": [], "stage": "start"}
-    outputs: dict[str, Any] = {}
+    results: dict[str, Any] = {
+        "network_isolated": network_isolated,
+        "checks": [],
+        "bench": [],
+        "stage": "start",
+        "ready_at": ready_at,  # started and waiting for a job (a spare: long before it got one)
+        "job_read_at": job_read_at,  # the parent's `sandbox_child_start` ends here
+        "timings": {},
+        "warm_timings": warm,
+    }
+    timings = results["timings"]
+    sink = OutputSink(job["outputs_dir"], job["output_budget"], chunk_per_group=args.device == "cuda")
     try:
-        execute(job, results, outputs)
+        execute(job, results, sink)
     except BaseException as exc:  # noqa: BLE001 - record what happened; the parent decides
         results["harness_error"] = f"{type(exc).__name__}: {exc}"[:2000]
     finally:
-        import torch as _torch
-
         try:
-            with _timed(results.setdefault("timings", {}), "save_outputs"):
-                _torch.save(outputs, job["outputs_path"])
+            with _timed(timings, "save_outputs"):
+                sink.flush()
         except BaseException as exc:  # noqa: BLE001
             results["harness_error"] = f"saving outputs failed: {type(exc).__name__}: {exc}"[:2000]
-        # When the results were complete: the parent attributes the rest (the interpreter's and the
-        # CUDA context's teardown) to `child_exit`.
+        timings["outputs_copy"] = round(sink.copy_seconds, 3)
+        timings["outputs_write"] = round(sink.write_seconds, 3)
+        timings["outputs_wait"] = round(sink.wait_seconds, 3)
+        timings["other"] = _rest(timings, time.perf_counter() - started, JOB_PARTS)
+        # When the results were complete: the parent attributes the rest (the process's exit) to
+        # `child_exit`.
         results["finished_at"] = time.time()
         _write_json(job["results_path"], results)
     return 0
 
 
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown (module cleanup, garbage collection of everything
+    torch holds, atexit handlers): the results are written, and the parent waits for this process
+    to be gone. A compile-worker pool torch.compile may have started is stopped first, so no
+    process of ours outlives the child (the parent would count it as the candidate's)."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        with contextlib.suppress(Exception):
+            async_compile.shutdown_compile_workers()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

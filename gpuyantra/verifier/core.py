@@ -19,8 +19,8 @@ from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
 from gpuyantra.ops.open import targets_dir as open_targets_dir
 from gpuyantra.verifier.contract import check_contract, resolve_family
-from gpuyantra.verifier.judge import References, judge, sandbox_failures
-from gpuyantra.verifier.sandbox import keep_spare, take_sandbox
+from gpuyantra.verifier.judge import OutputValues, References, judge, sandbox_failures
+from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, take_sandbox
 from gpuyantra.verifier.static import check_source
 from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
 
@@ -63,8 +63,9 @@ def run_verification(
 ) -> Verdict:
     """`verify` with knobs for tests and workers.
 
-    `keep_warm` (long-lived workers): afterwards, start a spare sandbox child for the next
-    verification with the same limits, so it finds torch, triton and its CUDA context loaded.
+    `keep_warm` (long-lived workers): as soon as this verification has taken its sandbox, start a
+    spare child for the next one with the same limits, so it finds torch, triton and its CUDA
+    context loaded (started only afterwards, back-to-back verifications waited for its imports).
 
     `skip_static` exists only so the test suite can show the sandbox and runtime layers stop what the
     static layer already stops; `family_modules` imports extra op-family modules (parent and child).
@@ -96,10 +97,11 @@ def run_verification(
             skip_static,
             tuple(family_modules),
             live_params,
+            keep_warm,
         )
     except Exception as exc:  # noqa: BLE001 - a verifier bug must reject, never crash the caller
         verdict.failures.append(Failure("sandbox", "internal-error", f"verifier error: {type(exc).__name__}: {exc}"))
-    if keep_warm:
+    if keep_warm:  # a no-op when the sandbox layer already started it
         keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
     verdict.seconds = round(time.monotonic() - started, 3)
     verdict.reward = compute_reward(verdict.failures, device, verdict.speedup_vs_eager, verdict.speedup_vs_compile)
@@ -122,6 +124,7 @@ def _run(
     skip_static: bool,
     family_modules: tuple[str, ...],
     live_params: dict[str, list[int] | None] | None = None,
+    keep_warm: bool = False,
 ) -> None:
     for name in family_modules:
         importlib.import_module(name)
@@ -157,6 +160,8 @@ def _run(
     try:
         if not verdict.failures:
             sandbox.start()  # imports torch and triton while the contract layer runs here
+        if keep_warm:  # the next verification's child starts while this one runs
+            keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
         # Layer 2: contract.
         clock = time.monotonic()
         contract = check_contract(report, module_class)
@@ -203,16 +208,12 @@ def _run(
             else {},
             "timing_lock": str(baselines.timing_lock()) if run_bench else None,
         }
-        # Layer 3: the sandbox.
+        # Layer 3: the sandbox; outputs are judged (layer 4's values) as they arrive.
+        references = References(family, contract.param_specs, device)
+        values = OutputValues(family, plan, references)
         clock = time.monotonic()
-        outcome = sandbox.run(job)
-        verdict.timings["sandbox"] = round(time.monotonic() - clock, 3)
-        verdict.timings["load_outputs"] = outcome.load_seconds
-        if outcome.exit_seconds is not None:
-            verdict.timings["child_exit"] = outcome.exit_seconds
-        verdict.timings.update(
-            {f"child_{k}": float(v) for k, v in ((outcome.results or {}).get("timings") or {}).items()}
-        )
+        outcome = sandbox.run(job, values.consume)
+        verdict.timings.update(sandbox_timings(outcome, time.monotonic() - clock))
         failures = sandbox_failures(outcome, sandbox.timeout, sandbox.memory_limit)
         verdict.failures.extend(failures)
         if outcome.results is None:
@@ -222,7 +223,7 @@ def _run(
             baselines.store_bandwidth(outcome.results.get("device_name"), outcome.results.get("copy_bandwidth_gbs"))
         # Layers 4 and 5, judged here.
         clock = time.monotonic()
-        judgement = judge(outcome, family, plan, References(family, contract.param_specs, device), device, run_bench)
+        judgement = judge(outcome, family, plan, references, device, run_bench, values)
         verdict.timings["judge"] = round(time.monotonic() - clock, 3)
         verdict.failures.extend(judgement.failures)
         verdict.checks = judgement.checks
@@ -243,6 +244,42 @@ def _run(
             verdict.speedup_vs_eager = verdict.speedup_vs_compile = None
     finally:
         sandbox.close()
+
+
+# What the sandbox's wall time is made of, in order; `sandbox_other` is what they leave. The child's
+# parts (`child_*`) are its own clocks; `load_outputs` and `judge_outputs` ran beside them.
+SANDBOX_PARTS = (
+    "sandbox_child_start",  # the job waiting for the child's imports and CUDA context
+    "child_setup",
+    "child_correctness",
+    "child_output_drain",
+    "child_timing_lock_wait",
+    "child_benchmark",
+    "child_recheck",
+    "child_save_outputs",
+    "child_other",
+    "child_exit",  # results written to the child's process gone
+    "sandbox_collect",  # the child gone to the outcome complete (stragglers, last outputs, results)
+)
+
+
+def sandbox_timings(outcome: SandboxOutcome, seconds: float) -> dict[str, float]:
+    """`sandbox` and every part of it (SANDBOX_PARTS, the child's sub-parts, `sandbox_other`)."""
+    timings = {"sandbox": round(seconds, 3)}
+    child = (outcome.results or {}).get("timings") or {}
+    timings.update({f"child_{k}": float(v) for k, v in child.items() if isinstance(v, (int, float))})
+    warm = (outcome.results or {}).get("warm_timings") or {}
+    timings.update({f"child_{k}": float(v) for k, v in warm.items() if isinstance(v, (int, float))})
+    if outcome.start_wait_seconds is not None:
+        timings["sandbox_child_start"] = outcome.start_wait_seconds
+    if outcome.exit_seconds is not None:
+        timings["child_exit"] = outcome.exit_seconds
+    timings["sandbox_collect"] = outcome.collect_seconds
+    timings["load_outputs"] = outcome.load_seconds
+    timings["judge_outputs"] = outcome.consume_seconds
+    named = sum(timings.get(part, 0.0) for part in SANDBOX_PARTS)
+    timings["sandbox_other"] = round(seconds - named, 3)
+    return timings
 
 
 def _device_name(device: str) -> str:

@@ -2,13 +2,15 @@
 
 Values are judged here, never in the child: the parent rebuilds every case's inputs from its own
 plan, computes the float64 reference, and compares every element of the outputs the child saved.
+`CaseValues` does that for each call as its outputs arrive (while the child goes on), and keeps
+only the findings; `judge` reads them with the child's records once the child is done.
 """
 
 from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +64,10 @@ class _Collector:
 class References:
     """Inputs, expected output types and float64 references per case, rebuilt here from the plan.
 
-    Expected dtypes and shapes are computed once per (dtype, shape) group. (Computing references in
-    a thread while the child runs was tried: on a 2-core worker it slowed the child more than it saved.)
+    Expected dtypes and shapes are computed once per (dtype, shape) group. They are computed as the
+    child's outputs arrive (`OutputValues`): on CUDA one group of calls at a time while the child runs
+    the next (the work is the GPU's); on CPU the child's chunks go by size, so a CPU plan's outputs
+    mostly arrive at its end (judging beside the interpreter slowed a 2-core worker more than it saved).
     """
 
     def __init__(self, family: Any, param_specs: Sequence[dict[str, Any]], device: str = "cpu"):
@@ -175,9 +179,106 @@ def _tail(outcome: SandboxOutcome) -> str:
     return (": " + " | ".join(lines))[:600] if lines else ""
 
 
+@dataclass(frozen=True)
+class OutputFinding:
+    """One output judged against the reference. `rule` is set for a structural failure (missing,
+    dtype, shape: the call's other outputs are not judged); otherwise `nonfinite` says which of the
+    case's value rules applies (NaN/Inf where the reference is finite, or values out of tolerance)."""
+
+    message: str
+    rule: str | None = None
+    nonfinite: bool = False
+
+
+@dataclass(frozen=True)
+class CaseValues:
+    """What one call's outputs showed against the reference, without the tensors."""
+
+    where: str  # the case, with the bound scalars it drew
+    is_tuple: bool  # the reference returns a tuple
+    expected: int  # outputs of the reference
+    findings: tuple[OutputFinding, ...]
+
+
+def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: References) -> CaseValues:
+    """Judge one call's saved outputs (index -> tensor) against the float64 reference of its inputs."""
+    activations, params, reference = references.get(case)
+    where = _where(case) + _drawn_scalars(case, params, references.param_specs)
+    is_tuple, expected = references.expected(case, activations, params)
+    float32_ref = references.float32(case, activations, params)
+    findings: list[OutputFinding] = []
+    for index, (dtype, shape) in enumerate(expected):
+        got = outs.get(index)
+        if not isinstance(got, torch.Tensor):
+            missing = f"output {index} missing from the harness's record on {where}"
+            findings.append(OutputFinding(missing, "output-type"))
+            break
+        if got.dtype != dtype:
+            findings.append(
+                OutputFinding(
+                    f"output {index} is {str(got.dtype).replace('torch.', '')}, "
+                    f"expected {str(dtype).replace('torch.', '')} on {where}",
+                    "output-dtype",
+                )
+            )
+            break
+        if tuple(got.shape) != tuple(shape):
+            findings.append(
+                OutputFinding(
+                    f"output {index} has shape {list(got.shape)}, expected {list(shape)} on {where}", "output-shape"
+                )
+            )
+            break
+        slack = _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None
+        bound = references.error_bound(activations, params, dtype) if index == 0 else None
+        finding = compare_values(
+            got.to(reference[index].device), reference[index], family.tolerance(dtype), index, where, slack, bound
+        )
+        if finding is not None:
+            findings.append(finding)
+    return CaseValues(where, is_tuple, len(expected), tuple(findings))
+
+
+class OutputValues:
+    """`CaseValues` per call, filled chunk by chunk as the child's outputs arrive (`consume`, on the
+    sandbox's reader thread), so no more than one chunk of outputs is ever held here."""
+
+    def __init__(self, family: Any, cases: Sequence[Case], references: References) -> None:
+        self.family = family
+        self.references = references
+        self.cases = {c.id: c for c in cases}
+        self.values: dict[int, CaseValues] = {}
+
+    def consume(self, chunk: Mapping[str, Any]) -> None:
+        """Judge the calls of one chunk ({"case_id:index": tensor}); a call's first record counts."""
+        by_case: dict[int, dict[int, Any]] = {}
+        for key, value in chunk.items():
+            call, _, index = str(key).partition(":")
+            if call.isdigit() and index.isdigit():
+                by_case.setdefault(int(call), {})[int(index)] = value
+        for case_id, outs in by_case.items():
+            case = self.cases.get(case_id)
+            if case is not None and case_id not in self.values:
+                self.values[case_id] = case_values(case, outs, self.family, self.references)
+
+    def of(self, case: Case) -> CaseValues:
+        """The call's values; a call whose outputs never arrived is judged on none (each missing)."""
+        if case.id not in self.values:
+            self.values[case.id] = case_values(case, {}, self.family, self.references)
+        return self.values[case.id]
+
+
 def judge(
-    outcome: SandboxOutcome, family: Any, cases: Sequence[Case], references: References, device: str, benchmark: bool
+    outcome: SandboxOutcome,
+    family: Any,
+    cases: Sequence[Case],
+    references: References,
+    device: str,
+    benchmark: bool,
+    values: OutputValues | None = None,
 ) -> Judgement:
+    """Failures and numbers from the child's records and the outputs' `values` (judged from
+    `outcome.outputs` here when they were not judged as they arrived)."""
     results = outcome.results or {}
     j = Judgement(network_isolated=results.get("network_isolated"))
     collector = _Collector()
@@ -187,6 +288,13 @@ def judge(
         return j
     if results.get("harness_error"):
         j.failures.append(Failure("sandbox", "internal-error", f"the harness failed: {results['harness_error']}"))
+    if results.get("output_limit"):
+        # The one reason: the calls after it never ran, and its own outputs were never saved.
+        j.failures.append(Failure("sandbox", "output-limit", str(results["output_limit"])))
+        return j
+    if values is None:
+        values = OutputValues(family, cases, references)
+        values.consume(outcome.outputs)
     by_id = {c.id: c for c in cases}
     records = results.get("checks") or []
     seen: set[int] = set()
@@ -195,7 +303,7 @@ def judge(
         if case is None or case.id in seen:
             continue
         seen.add(case.id)
-        _judge_record(record, case, family, references, outcome.outputs, collector)
+        _judge_record(record, case, values, references, collector)
     j.checks = len(seen)
     j.failures.extend(collector.failures(max(j.checks, 1)))
     if benchmark and device == "cuda" and not j.failures:
@@ -213,10 +321,14 @@ def judge(
     return j
 
 
+def _where(case: Case) -> str:
+    return case.describe() + (" (after the timed runs)" if case.phase == "recheck" else "")
+
+
 def _judge_record(
-    record: dict[str, Any], case: Case, family: Any, references: References, outputs: dict[str, Any], c: _Collector
+    record: dict[str, Any], case: Case, values: OutputValues, references: References, c: _Collector
 ) -> None:
-    where = case.describe() + (" (after the timed runs)" if case.phase == "recheck" else "")
+    where = _where(case)
     if "error" in record:
         text = record["error"]
         if text.startswith("MemoryError") or any(m in text.lower() for m in OOM_MARKERS):
@@ -250,18 +362,16 @@ def _judge_record(
             f"output {j} on {where} shares memory with an output of "
             f"{'the same call' if other == case.id else 'an earlier call that is still alive'}",
         )
-    activations, params, reference = references.get(case)
-    where += _drawn_scalars(case, params, references.param_specs)
-    is_tuple, expected = references.expected(case, activations, params)
-    float32_ref = references.float32(case, activations, params)
+    judged = values.of(case)
+    where = judged.where
     types = record.get("types") or []
-    if is_tuple:
-        if record.get("container") is None or len(types) != len(expected):
+    if judged.is_tuple:
+        if record.get("container") is None or len(types) != judged.expected:
             c.add(
                 "correctness",
                 "output-type",
                 f"entry returned {record.get('container') or types[:1]} with "
-                f"{len(types)} item(s) on {where}; the reference returns a tuple of {len(expected)} tensors",
+                f"{len(types)} item(s) on {where}; the reference returns a tuple of {judged.expected} tensors",
             )
             return
     elif record.get("container") is not None:
@@ -283,37 +393,16 @@ def _judge_record(
             "correctness", "output-device", f"output on {devices} but inputs on {record.get('input_device')} on {where}"
         )
         return
-    for index, (dtype, shape) in enumerate(expected):
-        got = outputs.get(f"{case.id}:{index}")
-        if not isinstance(got, torch.Tensor):
-            c.add("correctness", "output-type", f"output {index} missing from the harness's record on {where}")
+    group = (case.phase, case.dtype, case.shape)
+    scalars = any(s.get("kind") not in TENSOR_KINDS for s in references.param_specs)
+    for finding in judged.findings:
+        if finding.rule is not None:
+            c.add("correctness", finding.rule, finding.message)
             return
-        if got.dtype != dtype:
-            c.add(
-                "correctness",
-                "output-dtype",
-                f"output {index} is {str(got.dtype).replace('torch.', '')}, "
-                f"expected {str(dtype).replace('torch.', '')} on {where}",
-            )
-            return
-        if tuple(got.shape) != tuple(shape):
-            c.add(
-                "correctness",
-                "output-shape",
-                f"output {index} has shape {list(got.shape)}, expected {list(shape)} on {where}",
-            )
-            return
-        slack = _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None
-        group = (case.phase, case.dtype, case.shape)
-        scalars = any(s.get("kind") not in TENSOR_KINDS for s in references.param_specs)
+        # Rules are picked in record order: a group whose plain cases failed names later failures generically.
         rules = ("nan-output", "wrong-values") if group in c.plain_failed else _value_rules(case, scalars)
-        got = got.to(reference[index].device)
-        bound = references.error_bound(activations, params, dtype) if index == 0 else None
-        tol = family.tolerance(dtype)
-        if not _compare(got, reference[index], tol, index, where, c, rules, slack, bound) and rules == (
-            "nan-output",
-            "wrong-values",
-        ):
+        c.add("correctness", rules[0] if finding.nonfinite else rules[1], finding.message)
+        if rules == ("nan-output", "wrong-values"):
             c.plain_failed.add(group)
 
 
@@ -353,20 +442,17 @@ def _conditioning_slack(float32_ref: torch.Tensor | None, want: torch.Tensor) ->
     return CONDITIONING_SLACK * err.pow(2).mean(dim=-1, keepdim=True).sqrt()
 
 
-def _compare(
+def compare_values(
     got: torch.Tensor,
     want: torch.Tensor,
     tol: tuple[float, float],
     index: int,
     where: str,
-    c: _Collector,
-    rules: tuple[str, str] = ("nan-output", "wrong-values"),
     slack: torch.Tensor | None = None,
     bound: torch.Tensor | None = None,
-) -> bool:
-    """True when every judged element is within tolerance; otherwise records one failure."""
+) -> OutputFinding | None:
+    """None when every judged element is within tolerance; otherwise the first kind of failure."""
     atol, rtol = tol
-    nan_rule, wrong_rule = rules
     got64 = got.to(torch.float64)
     # Elements whose true value the output dtype cannot hold (past its largest finite value) are
     # not judged: an honest kernel overflows there exactly as the module does.
@@ -375,13 +461,11 @@ def _compare(
     if bool(bad_nonfinite.any()):
         n = int(bad_nonfinite.sum())
         first = _index(bad_nonfinite)
-        c.add(
-            "correctness",
-            nan_rule,
+        return OutputFinding(
             f"output {index}: {n} of {got.numel()} elements are NaN/Inf where the "
             f"reference is finite (unwritten, poisoned memory or overflow), first at {first}, on {where}",
+            nonfinite=True,
         )
-        return False
     allowed = atol + rtol * want.abs()
     if slack is not None:
         allowed = allowed + slack
@@ -394,15 +478,31 @@ def _compare(
         first = _index(wrong)
         extra = f" plus {CONDITIONING_SLACK:g}x float32's own error on such inputs" if slack is not None else ""
         extra += " plus the float32-accumulation bound" if bound is not None else ""
-        c.add(
-            "correctness",
-            wrong_rule,
+        return OutputFinding(
             f"output {index}: {n} of {got.numel()} elements outside atol={atol:g} "
             f"rtol={rtol:g}{extra} of the float64 reference (max abs err {float(err.max()):.3g}, first at "
-            f"{first}: got {float(got64[first]):.6g}, want {float(want[first]):.6g}) on {where}",
+            f"{first}: got {float(got64[first]):.6g}, want {float(want[first]):.6g}) on {where}"
         )
-        return False
-    return True
+    return None
+
+
+def _compare(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    tol: tuple[float, float],
+    index: int,
+    where: str,
+    c: _Collector,
+    rules: tuple[str, str] = ("nan-output", "wrong-values"),
+    slack: torch.Tensor | None = None,
+    bound: torch.Tensor | None = None,
+) -> bool:
+    """True when every judged element is within tolerance; otherwise records one failure."""
+    finding = compare_values(got, want, tol, index, where, slack, bound)
+    if finding is None:
+        return True
+    c.add("correctness", rules[0] if finding.nonfinite else rules[1], finding.message)
+    return False
 
 
 def _index(mask: torch.Tensor) -> tuple[int, ...]:

@@ -157,6 +157,11 @@ RULES: dict[str, Rule] = {
     "forked-process": Rule(
         "sandbox", "leaving processes behind", "no process of the child's group may outlive it; stragglers are killed"
     ),
+    "output-limit": Rule(
+        "sandbox",
+        "one call's outputs too large to hand to the parent for judgement",
+        "each call's outputs fit the output budget (1 GiB); outputs of all calls pass in chunks of it",
+    ),
     "import-failed": Rule("sandbox", "a file that does not import", "the module imports"),
     "runtime-mismatch": Rule(
         "sandbox",

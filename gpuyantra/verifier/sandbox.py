@@ -6,6 +6,10 @@ a network namespace of its own where the OS allows it, and a wall-clock limit en
 parent polls the resident memory of every process in the child's session and kills the group when
 it exceeds the limit. The child's stdout and stderr go to files nobody parses; the verdict is built
 from the results file the parent named and the tensors the child saved.
+
+Outputs come in numbered chunk files, read (and handed to `consume`, which judges them) while the
+child goes on: at most the output budget of them waits unread, so outputs of any total size never
+meet the file-size limit, the disk or the parent's memory at once.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gpuyantra
+from gpuyantra.verifier.baselines import timing_lock
+from gpuyantra.verifier.child import chunk_name
 
 ENV_ALLOW = (
     "PATH",
@@ -48,7 +55,17 @@ REPO_ROOT = str(Path(gpuyantra.__file__).resolve().parent.parent)
 DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 600.0}
 DEFAULT_MEMORY = {"cpu": 8 * 2**30, "cuda": 48 * 2**30}  # resident bytes of the whole session
 FILE_SIZE_LIMIT = 8 * 2**30
+# Saved outputs waiting unread for the parent, at most (the child waits for room; one call's outputs
+# past it are refused with a verdict that names it).
+OUTPUT_BUDGET = 2**30
 POLL_SECONDS = 0.05
+READ_POLL_SECONDS = 0.01
+LEFTOVER_GRACE_SECONDS = 0.05  # a process the candidate started gets this long to show up after the child
+
+
+def output_budget() -> int:
+    """Bytes of outputs the child may leave unread: the budget, and well inside the file-size limit."""
+    return max(1, min(OUTPUT_BUDGET, FILE_SIZE_LIMIT // 2))
 
 
 @dataclass
@@ -63,7 +80,10 @@ class SandboxOutcome:
     exit_seconds: float | None = None  # from the child's results written to its process gone
     stderr_tail: str = ""
     seconds: float = 0.0
-    load_seconds: float = 0.0  # reading the saved outputs back (parent side)
+    load_seconds: float = 0.0  # reading the saved outputs back (parent side, while the child runs)
+    consume_seconds: float = 0.0  # judging them as they came (parent side, while the child runs)
+    start_wait_seconds: float | None = None  # the job waiting for the child to finish starting
+    collect_seconds: float = 0.0  # from the child gone to the outcome complete
 
 
 def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
@@ -94,6 +114,9 @@ def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
         cache = state_dir() / "verifier"
         env["TRITON_CACHE_DIR"] = str(cache / "triton-cache")
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor-cache")
+        # torch.compile's baselines compile in the child itself: no pool of compile workers to start
+        # and to shut down at exit (seconds each, for a kernel or two), none to outlive the child.
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return env
 
 
@@ -165,7 +188,9 @@ class Sandbox:
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
 
-    def start(self) -> None:
+    def start(self, gpu_lock: str | None = None) -> None:
+        """Start the child. `gpu_lock` (a spare's): the GPU timing lock its CUDA warm-up takes, so a
+        spare starting beside a verification never touches the GPU while that one times."""
         if self.proc is not None:
             return  # a warm spare: started earlier, waiting for its job
         cpu_seconds = self.cpu_seconds
@@ -186,6 +211,8 @@ class Sandbox:
             "--file-size",
             str(FILE_SIZE_LIMIT),
         ]
+        if gpu_lock:
+            cmd += ["--gpu-lock", gpu_lock]
         self._stdout = open(self.workdir / "stdout.log", "wb")
         self._stderr = open(self.workdir / "stderr.log", "wb")
         self.started_at = time.monotonic()
@@ -206,27 +233,70 @@ class Sandbox:
         path.chmod(0o444)
         return path
 
-    def run(self, job: dict[str, Any]) -> SandboxOutcome:
+    def run(self, job: dict[str, Any], consume: Callable[[dict[str, Any]], None] | None = None) -> SandboxOutcome:
+        """Hand the child its job and watch it to the end. Each chunk of outputs goes to `consume` as
+        it arrives (in order, on a reader thread); without one they are all kept in `outcome.outputs`."""
         if self.proc is None:
             self.start()
         assert self.proc is not None
         outcome = SandboxOutcome()
         results_path = self.workdir / "results.json"
-        outputs_path = self.workdir / "outputs.pt"
-        job = dict(job, results_path=str(results_path), outputs_path=str(outputs_path))
+        outputs_dir = self.workdir / "outputs"
+        outputs_dir.mkdir(exist_ok=True)
+        budget = output_budget()
+        reader = OutputReader(outputs_dir, budget, consume or outcome.outputs.update)
+        job = dict(job, results_path=str(results_path), outputs_dir=str(outputs_dir), output_budget=budget)
+        reader.start()
+        job_sent_at = time.time()
         assert self.proc.stdin is not None  # started with stdin=PIPE
         try:
             self.proc.stdin.write(json.dumps(job).encode())
             self.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
+        self._watch(outcome)
+        collecting = time.monotonic()
+        exited_at = time.time()
+        outcome.seconds = time.monotonic() - self.started_at
+        # Anything of the session still alive now was started by the candidate and outlived it.
+        time.sleep(LEFTOVER_GRACE_SECONDS)
+        outcome.leftover = _session_members(self.proc.pid)
+        if outcome.leftover:
+            _kill_session(self.proc.pid)
+        self._stdout.close()
+        self._stderr.close()
+        outcome.stderr_tail = _tail(self.workdir / "stderr.log")
+        reader.finish(read_rest=not (outcome.timed_out or outcome.memory_exceeded))
+        outcome.load_seconds, outcome.consume_seconds = round(reader.load_seconds, 3), round(reader.consume_seconds, 3)
+        if results_path.exists() and not outcome.timed_out and not outcome.memory_exceeded:
+            try:
+                outcome.results = json.loads(results_path.read_text())
+            except (OSError, ValueError):
+                outcome.results = None
+            results = outcome.results or {}
+            finished_at, job_read_at = results.get("finished_at"), results.get("job_read_at")
+            if isinstance(finished_at, (int, float)):
+                outcome.exit_seconds = round(max(exited_at - finished_at, 0.0), 3)
+            if isinstance(job_read_at, (int, float)):
+                outcome.start_wait_seconds = round(max(job_read_at - job_sent_at, 0.0), 3)
+            if outcome.results is not None and reader.error:
+                own = outcome.results.get("harness_error")
+                outcome.results["harness_error"] = f"{own}; {reader.error}" if own else reader.error
+        outcome.collect_seconds = round(time.monotonic() - collecting, 3)
+        return outcome
+
+    def _watch(self, outcome: SandboxOutcome) -> None:
+        """Wait for the child to exit; kill its session past the wall-clock or memory limit."""
+        assert self.proc is not None
         sid = self.proc.pid
         # From the job on: a warm spare may have waited long before it got one.
         deadline = time.monotonic() + self.timeout
         while True:
-            rc = self.proc.poll()
-            if rc is not None:
+            try:
+                self.proc.wait(timeout=POLL_SECONDS)  # returns as soon as the child exits
                 break
+            except subprocess.TimeoutExpired:
+                pass
             if time.monotonic() > deadline:
                 outcome.timed_out = True
                 _kill_session(sid)
@@ -237,36 +307,7 @@ class Sandbox:
                 outcome.memory_exceeded = True
                 _kill_session(sid)
                 break
-            time.sleep(POLL_SECONDS)
         outcome.returncode = self.proc.wait()
-        exited_at = time.time()
-        outcome.seconds = time.monotonic() - self.started_at
-        # Anything of the session still alive now was started by the candidate and outlived it.
-        time.sleep(0.05)
-        outcome.leftover = _session_members(sid)
-        if outcome.leftover:
-            _kill_session(sid)
-        self._stdout.close()
-        self._stderr.close()
-        outcome.stderr_tail = _tail(self.workdir / "stderr.log")
-        if results_path.exists() and not outcome.timed_out and not outcome.memory_exceeded:
-            try:
-                outcome.results = json.loads(results_path.read_text())
-            except (OSError, ValueError):
-                outcome.results = None
-            finished_at = (outcome.results or {}).get("finished_at")
-            if isinstance(finished_at, (int, float)):
-                outcome.exit_seconds = round(max(exited_at - finished_at, 0.0), 3)
-            if outcome.results is not None and outputs_path.exists():
-                import torch
-
-                try:
-                    loading = time.monotonic()
-                    outcome.outputs = torch.load(outputs_path, map_location="cpu", weights_only=True)
-                    outcome.load_seconds = round(time.monotonic() - loading, 3)
-                except Exception as exc:  # noqa: BLE001 - a damaged file means no outputs to trust
-                    outcome.results["harness_error"] = f"cannot read the saved outputs: {exc}"
-        return outcome
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -282,6 +323,68 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class OutputReader(threading.Thread):
+    """Reads the child's chunk files in order while it runs: loads each (tensors only), hands it to
+    `consume`, deletes it (which gives the child room for the next). A chunk that cannot be read or
+    judged is a harness error, and reading goes on so the child never waits for room forever."""
+
+    def __init__(self, folder: Path, budget: int, consume: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(name="gpuyantra-output-reader", daemon=True)
+        self.folder = folder
+        self.budget = budget
+        self.consume = consume
+        self.next = 0
+        self.error: str | None = None
+        self.load_seconds = 0.0
+        self.consume_seconds = 0.0
+        self._done = threading.Event()
+        self._read_rest = True
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            if not self.read_ready():
+                self._done.wait(READ_POLL_SECONDS)
+        if self._read_rest:
+            self.read_ready()  # what the child wrote before it exited
+
+    def finish(self, read_rest: bool = True) -> None:
+        """Read what is left (unless the child was killed: nothing of it is judged), then stop."""
+        self._read_rest = read_rest
+        self._done.set()
+        self.join()
+
+    def read_ready(self) -> bool:
+        """Read every chunk that is there, in order; False when the next one is not there yet."""
+        read = False
+        while (path := self.folder / chunk_name(self.next)).exists():
+            self._read(path)
+            self.next += 1
+            read = True
+        return read
+
+    def _read(self, path: Path) -> None:
+        import torch
+
+        try:
+            size = path.stat().st_size
+            # A chunk holds a quarter budget, or one call's outputs up to the budget, plus zip headers.
+            if size > 2 * self.budget + 2**20:
+                raise ValueError(f"{path.name} holds {size} bytes, past the output budget of {self.budget}")
+            loading = time.monotonic()
+            chunk = torch.load(path, map_location="cpu", weights_only=True)
+            self.load_seconds += time.monotonic() - loading
+            if not isinstance(chunk, dict):
+                raise ValueError(f"{path.name} holds a {type(chunk).__name__}, not a dict of outputs")
+            judging = time.monotonic()
+            self.consume(chunk)
+            self.consume_seconds += time.monotonic() - judging
+        except Exception as exc:  # noqa: BLE001 - a damaged chunk means no outputs to trust
+            if self.error is None:
+                self.error = f"cannot read the saved outputs ({path.name}): {type(exc).__name__}: {exc}"[:2000]
+        finally:
+            path.unlink(missing_ok=True)
 
 
 # Warm spares: one started child per limits key, waiting on stdin with torch, triton (and on CUDA a
@@ -321,7 +424,8 @@ def keep_spare(
         if key in _SPARES:
             return
         spare = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
-        spare.start()
+        # It starts while a verification may be timing: its CUDA context waits for the timing lock.
+        spare.start(gpu_lock=str(timing_lock()) if device == "cuda" else None)
         _SPARES[key] = spare
 
 

@@ -1,0 +1,121 @@
+"""Where a verdict's time goes: every second of `sandbox` and of the child's setup has a name in
+`verdict.timings`, so a slow verification on a GPU shows its cause instead of a gap."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from gpuyantra.verifier import baselines, bench, run_verification
+from gpuyantra.verifier import sandbox as sandbox_module
+from gpuyantra.verifier.child import JOB_PARTS, SETUP_PARTS
+from gpuyantra.verifier.core import SANDBOX_PARTS
+from gpuyantra.verifier.sandbox import scrubbed_env
+from tests.verifier.conftest import candidate_path
+
+QUICK = {"seeds": (0,), "dtypes": ["float32"]}
+# Job sent, reader thread started and stopped, clocks of two processes: what may stay unnamed.
+UNNAMED_SECONDS = 0.25
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
+    yield tmp_path
+    with sandbox_module._SPARES_LOCK:
+        spares = list(sandbox_module._SPARES.values())
+        sandbox_module._SPARES.clear()
+    for spare in spares:
+        spare.close()
+
+
+def _assert_sandbox_is_named(timings: dict[str, float]) -> None:
+    for part in ("sandbox_child_start", "child_setup", "child_correctness", "child_save_outputs", "child_exit"):
+        assert part in timings, part
+    named = sum(timings.get(part, 0.0) for part in SANDBOX_PARTS)
+    assert timings["sandbox_other"] == pytest.approx(timings["sandbox"] - named, abs=0.002)
+    assert abs(timings["sandbox_other"]) <= UNNAMED_SECONDS, timings
+    setup = sum(timings.get(f"child_{part}", 0.0) for part in SETUP_PARTS) + timings["child_setup_other"]
+    assert setup == pytest.approx(timings["child_setup"], abs=0.005)
+    assert timings["child_setup_other"] <= 0.1 and timings["child_other"] <= 0.1, timings
+    # Every top-level part of the child's job is one of the sandbox's parts.
+    assert {f"child_{part}" for part in JOB_PARTS} <= set(SANDBOX_PARTS)
+
+
+def test_every_second_of_the_sandbox_is_named(state):
+    verdict = run_verification(candidate_path("honest_rowwise"), device="cpu", **QUICK)
+    assert verdict.accepted
+    _assert_sandbox_is_named(verdict.timings)
+    # Outputs were read and judged beside the child; the child's exit skips the interpreter's teardown.
+    assert {"load_outputs", "judge_outputs", "child_warm_imports"} <= set(verdict.timings)
+
+
+def test_a_warm_spare_is_ready_before_the_next_job(state):
+    first = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
+    second = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
+    assert first.accepted and second.accepted
+    _assert_sandbox_is_named(second.timings)
+    # Started while the first verification ran: its imports were done before the second one's job.
+    assert second.timings["sandbox_child_start"] <= 0.1, second.timings
+
+
+def test_the_next_spare_starts_while_this_verification_runs(state, monkeypatch):
+    running: list[list[bool]] = []
+    original = sandbox_module.Sandbox.run
+
+    def run(self, job, consume=None):
+        running.append([s.proc is not None and s.proc.poll() is None for s in sandbox_module._SPARES.values()])
+        return original(self, job, consume)
+
+    monkeypatch.setattr(sandbox_module.Sandbox, "run", run)
+    verdict = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
+    assert verdict.accepted and running == [[True]]
+    assert len(sandbox_module._SPARES) == 1  # and no second one afterwards
+
+
+def test_cuda_children_compile_baselines_in_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
+    # A pool of compile workers took seconds to shut down at the child's exit.
+    assert scrubbed_env("cuda", tmp_path, threads=2)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in scrubbed_env("cpu", tmp_path, threads=2)
+
+
+def test_a_cuda_spare_warms_its_gpu_under_the_timing_lock(state, monkeypatch):
+    # A spare starts while this verification may be timing: its CUDA context must wait for the lock.
+    locks: list[str | None] = []
+    monkeypatch.setattr(sandbox_module.Sandbox, "start", lambda self, gpu_lock=None: locks.append(gpu_lock))
+    sandbox_module.keep_spare("cuda")
+    sandbox_module.keep_spare("cpu")
+    assert locks == [str(baselines.timing_lock()), None]
+
+
+class _HostEvent:
+    """torch.cuda.Event on the host clock: time_cuda's control flow without a GPU."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at = 0.0
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: _HostEvent) -> float:
+        return (end.at - self.at) * 1e3
+
+
+def test_timing_spins_the_gpu_up_only_after_it_idled(monkeypatch):
+    # Interleaved rounds time the candidate and eager back to back: a 100 ms spin-up before each
+    # measurement only mattered where the GPU had idled (after compilation, at the start).
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_last_busy", 0.0)
+    spins: list[int] = []
+    monkeypatch.setattr(bench, "spin_up", lambda flush: spins.append(1))
+    flush = torch.empty(16)
+    bench.time_cuda(lambda i: None, flush)  # nothing timed before in this process
+    bench.time_cuda(lambda i: None, flush)  # right after the first: still busy
+    assert spins == [1]
+    time.sleep(2 * bench.IDLE_BEFORE_SPIN_UP_S)
+    bench.time_cuda(lambda i: None, flush)
+    assert spins == [1, 1]
