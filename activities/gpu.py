@@ -8,7 +8,6 @@ from typing import Any
 
 from temporalio import activity
 
-from activities import timing_lock
 from activities.errors import as_application_error
 from activities.heartbeat import with_heartbeat
 from gpuyantra import config
@@ -50,10 +49,10 @@ def benchmark_server(call: BenchmarkInput) -> dict[str, Any]:
 def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TIMING_LOCK_WAIT_S) -> dict[str, Any]:
     """/admin/benchmark at each batch, one after another, while holding the lock verifications time
     under: no other verdict's timing runs on this GPU meanwhile, and this one loads none of theirs."""
-    from gpuyantra.verifier.baselines import timing_lock as timing_lock_path
+    from gpuyantra.verifier.baselines import hold_lock, timing_lock
 
     client = AdminClient(server_url)
-    with timing_lock.held(timing_lock_path(), wait_s) as lock:
+    with hold_lock(timing_lock(), wait_s) as lock:
         answers = [client.post("/admin/benchmark", {**BENCHMARK, "batch": batch}) for batch in batches]
     return measurement_of(answers, lock)
 

@@ -8,7 +8,7 @@
 
 Several verifications may run at once on one GPU: files are rewritten under an exclusive lock, and
 `timing_lock()` names the lock the sandbox children hold while they time (no verdict's speed is
-measured against another's load).
+measured against another's load); the campaign's served-speed check holds it too (`hold_lock`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+LOCK_POLL_S = 0.05  # how often a bounded wait for the timing lock tries again
 BANDWIDTH_FILE = "copy_bandwidth.json"
 BASELINES_FILE = "baselines.json"
 CACHED_KEYS = ("compile_us", "compile_ro_us")
@@ -37,6 +39,37 @@ def folder() -> Path:
 def timing_lock() -> Path:
     """The file sandbox children `flock` while they time kernels and baselines."""
     return folder() / "gpu-timing.lock"
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def hold_lock(path: Path, wait_s: float | None = None) -> Iterator[dict[str, Any]]:
+    """Hold an exclusive flock on `path` for the block: as long as it takes (`wait_s` None: the
+    sandbox children timing), or at most `wait_s` (the served-speed check, which measures anyway
+    rather than stall a campaign). Yields `{"held", "waited_s"}`; `held` is False when the wait ran out."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        started = time.monotonic()
+        if wait_s is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        else:
+            deadline = started + wait_s
+            locked = _try_lock(fd)
+            while not locked and time.monotonic() < deadline:
+                time.sleep(min(LOCK_POLL_S, max(0.0, deadline - time.monotonic())))
+                locked = _try_lock(fd)
+        yield {"held": locked, "waited_s": round(time.monotonic() - started, 3)}
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _read(name: str) -> dict[str, Any]:

@@ -570,14 +570,12 @@ def _exclusive(lock_path: str | None):
     if not lock_path:
         yield
         return
-    import fcntl
+    from pathlib import Path
 
-    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    from gpuyantra.verifier.baselines import hold_lock
+
+    with hold_lock(Path(lock_path)):
         yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 @contextlib.contextmanager

@@ -227,3 +227,19 @@ def write_hf_cache_model(
         (snapshot / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
     config.save_pretrained(snapshot)
     return snapshot
+
+
+def cache_model_server(root: Path, model: str) -> ServerProcess:
+    """`gpuyantra serve` of `model` written into a Hugging Face cache under `root` (offline, random
+    weights, 256 positions); started, not yet ready: callers `wait_ready()` and `kill()` it."""
+    write_hf_cache_model(root / "hub", model)
+    return ServerProcess(
+        root / "state",
+        root / "server.log",
+        "--model",
+        model,
+        "--random-weights",
+        "--max-seq-len",
+        "256",
+        env={"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1"},
+    )

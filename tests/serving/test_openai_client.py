@@ -12,7 +12,7 @@ import sys
 import openai
 import pytest
 
-from tests.serving.helpers import REPO, ServerProcess, write_hf_cache_model
+from tests.serving.helpers import REPO, cache_model_server, write_hf_cache_model
 
 pytestmark = pytest.mark.integration
 
@@ -22,18 +22,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai-client")
-    write_hf_cache_model(root / "hub", MODEL)
-    server = ServerProcess(
-        root / "state",
-        root / "server.log",
-        "--model",
-        MODEL,
-        "--random-weights",
-        "--max-seq-len",
-        "256",
-        env={"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1"},
-    )
+    server = cache_model_server(tmp_path_factory.mktemp("openai-client"), MODEL)
     try:
         server.wait_ready()
         with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:

@@ -35,7 +35,7 @@ from schemathesis.specs.openapi.checks import (
 
 from serving.app import ServeConfig, create_app
 from serving.auth import is_admin_path
-from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, ServerProcess, attested, write_hf_cache_model
+from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, ServerProcess, attested, cache_model_server
 
 pytestmark = pytest.mark.integration
 
@@ -71,18 +71,7 @@ def fuzzed_server(tmp_path_factory) -> Iterator[ServerProcess]:
     """A server of its own: the fuzzing posts swaps and rollbacks, and no other test may see their effects.
     Its model has a chat template (the presets' byte-level tokenizer has none: every chat request would be a
     400), so chat completions are answered too."""
-    root = tmp_path_factory.mktemp("fuzzed-server")
-    write_hf_cache_model(root / "hub", CHAT_MODEL)
-    server = ServerProcess(
-        root / "state",
-        root / "server.log",
-        "--model",
-        CHAT_MODEL,
-        "--random-weights",
-        "--max-seq-len",
-        "256",
-        env={"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1"},
-    )
+    server = cache_model_server(tmp_path_factory.mktemp("fuzzed-server"), CHAT_MODEL)
     try:
         server.wait_ready()
         yield server

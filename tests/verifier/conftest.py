@@ -47,3 +47,17 @@ def write_candidate(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A fresh state folder; afterwards no warm sandbox child is left for the next test."""
+    from gpuyantra.verifier import sandbox as sandbox_module
+
+    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
+    yield tmp_path
+    with sandbox_module._SPARES_LOCK:
+        spares = list(sandbox_module._SPARES.values())
+        sandbox_module._SPARES.clear()
+    for spare in spares:
+        spare.close()

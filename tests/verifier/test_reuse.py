@@ -15,17 +15,6 @@ from tests.verifier.conftest import candidate_path
 QUICK = {"seeds": (0,), "dtypes": ["float32"]}
 
 
-@pytest.fixture
-def state(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
-    yield tmp_path
-    with sandbox_module._SPARES_LOCK:
-        spares = list(sandbox_module._SPARES.values())
-        sandbox_module._SPARES.clear()
-    for spare in spares:
-        spare.close()
-
-
 def test_keep_warm_leaves_a_started_child_that_the_next_verification_takes(state):
     first = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
     assert first.accepted

@@ -20,17 +20,6 @@ QUICK = {"seeds": (0,), "dtypes": ["float32"]}
 UNNAMED_SECONDS = 0.25
 
 
-@pytest.fixture
-def state(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
-    yield tmp_path
-    with sandbox_module._SPARES_LOCK:
-        spares = list(sandbox_module._SPARES.values())
-        sandbox_module._SPARES.clear()
-    for spare in spares:
-        spare.close()
-
-
 def _assert_sandbox_is_named(timings: dict[str, float]) -> None:
     for part in ("sandbox_child_start", "child_setup", "child_correctness", "child_save_outputs", "child_exit"):
         assert part in timings, part

@@ -11,7 +11,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import activities.gpu as gpu
-from activities import timing_lock
+from gpuyantra.verifier.baselines import hold_lock
 from workflows.types import BenchmarkInput
 
 
@@ -88,8 +88,8 @@ def test_the_wait_for_the_lock_is_bounded_and_recorded(lock_path, monkeypatch):
 
 def test_the_lock_is_taken_once_it_is_released(tmp_path):
     path = tmp_path / "gpu-timing.lock"
-    with timing_lock.held(path, wait_s=1.0) as first:
+    with hold_lock(path, wait_s=1.0) as first:
         assert first["held"] and not lock_is_free(path)
-        with timing_lock.held(path, wait_s=0.1) as second:
+        with hold_lock(path, wait_s=0.1) as second:
             assert not second["held"]
     assert lock_is_free(path)
