@@ -31,8 +31,8 @@ def profile_server(call: ServerCall) -> dict[str, Any]:
 
 # Five repeats of at least a quarter second each: the campaign judges a swap against their spread.
 BENCHMARK = {"max_tokens": 16, "prompt_tokens": 8, "repeats": 5, "min_repeat_s": 0.25}
-# How long the check waits for the GPU timing lock: longer than one verification's timing phase
-# usually holds it, short enough that a stuck one cannot stall the campaign's deployments.
+# How long the check waits for the GPU's locks: longer than one verification's timing phase usually
+# holds them, short enough that a stuck one cannot stall the campaign's deployments.
 TIMING_LOCK_WAIT_S = 180.0
 
 
@@ -47,9 +47,11 @@ def benchmark_server(call: BenchmarkInput) -> dict[str, Any]:
 
 
 def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TIMING_LOCK_WAIT_S) -> dict[str, Any]:
-    """/admin/benchmark at each batch, one after another, while holding the lock verifications time
-    under: no other verdict's timing runs on this GPU meanwhile, and this one loads none of theirs."""
-    from gpuyantra.verifier.baselines import hold_lock, timing_lock
+    """/admin/benchmark at each batch, one after another, while holding the GPU's locks (turnstile,
+    timing, quiet; gpuyantra/verifier/gpu_locks.py): queued verifications let this check go first, and
+    while it measures no verification times or runs its correctness cases on this GPU."""
+    from gpuyantra.verifier.baselines import timing_lock
+    from gpuyantra.verifier.gpu_locks import hold_lock
 
     client = AdminClient(server_url)
     with hold_lock(timing_lock(), wait_s) as lock:
@@ -81,6 +83,7 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.triton_env import prepare
     from gpuyantra.verifier import reuse, run_verification
+    from gpuyantra.verifier.verdict import judged_on_served_decode
 
     ensure_open_target(request.target)  # an open op travels with its target
 
@@ -124,7 +127,7 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
         result.setdefault("device", device)
         reuse.store(key, result)
     result["candidate_path"] = str(path)
-    return result
+    return judged_on_served_decode(result, request.target)
 
 
 def device_name(device: str) -> str:

@@ -100,7 +100,7 @@ def benchmark_batches(profile: Mapping[str, Any] | None) -> list[int] | None:
 def measurement_of(answers: list[dict[str, Any]], timing_lock: dict[str, Any] | None = None) -> dict[str, Any]:
     """One served-speed measurement from the /admin/benchmark answers at each batch: the smallest
     batch's answer at the top (the figures results held before batches were measured apart), every
-    answer under `batches`, and how the GPU timing lock was held while they were measured."""
+    answer under `batches`, and how the GPU's locks were held while they were measured (`gpu_locks.hold_lock`)."""
     ordered = sorted(answers, key=lambda answer: int(answer.get("batch") or 1))
     return {**ordered[0], "batches": ordered, **({"timing_lock": timing_lock} if timing_lock else {})}
 
@@ -190,12 +190,16 @@ def batch_warnings(
 
 
 def lock_warning(what: str, measurement: Mapping[str, Any] | None) -> str | None:
-    """A warning when a measurement could not hold the GPU timing lock: a verification may have been
-    timing on the same GPU meanwhile, so its spread may hold that load."""
+    """A warning when a measurement could not hold the GPU's locks: a verification may have been
+    timing or checking correctness on the same GPU meanwhile, so its spread may hold that load.
+    `locks` (measurements since the GPU has three) names the ones missed."""
     lock = (measurement or {}).get("timing_lock")
     if not isinstance(lock, Mapping) or lock.get("held", True):
         return None
+    held = lock.get("locks")
+    missed = [str(name) for name, got in held.items() if not got] if isinstance(held, Mapping) else []
+    which = f" (not held: {', '.join(missed)})" if missed else ""
     return (
-        f"{what}: measured without the GPU timing lock (a verification held it for more than "
+        f"{what}: measured without the GPU timing lock{which} (a verification held it for more than "
         f"{float(lock.get('waited_s') or 0.0):.0f} s), so the figures may include that verification's load"
     )

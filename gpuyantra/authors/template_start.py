@@ -35,13 +35,15 @@ def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, i
     CPU: interpreter-friendly tiles (few, wide programs). GPU, from an H200 sweep of Qwen2.5-1.5B's
     decode projections (bf16, CUDA-graph replay, weights from HBM):
     * 1-4 rows, GEMV with per-lane sums (DEFER_REDUCE) over 512-wide K steps: 4 output features per
-      program for N < 8192 (q/k/v 4.7 us, o_proj 4.1 us vs cuBLAS 5.9 / 6.5), 16 for gate/up and
-      lm_head (18.3 / 117 us vs 17.4 / 113), and for a long K (down_proj) 8 features and 4 K slices
-      (11.1 vs 12.2 us);
+      program for N < 8192 (q/k/v 4.5 us, o_proj 4.0 us vs cuBLAS 5.8 / 6.5), 8 for gate/up and
+      lm_head (17.5 / 115 us vs 17.4 / 113), and for a long K (down_proj) 8 features and 4 K slices
+      (10.8 vs 11.7 us);
     * 5-16 rows, a 16-row tl.dot tile over 16 (N < 8192) or 32-64 output features, K 128 per step
       (batch 8: q/k/v 5.8, o 5.2, gate/up 16.3, lm_head 112 us, cuBLAS 5.8 / 5.2 / 17.7 / 116), K split
       automatically (none at K 1536, as measured; a long K with few tiles is split);
-    * prefill, 64- or 128-row tiles, K split automatically where the tiles are few."""
+    * prefill, 64-row tiles over 64 output features (54 rows: q/k/v 7.1, o 6.6, down 12.7, gate/up
+      17.9 us vs cuBLAS 5.9 / 5.3 / 12.5 / 18.0), 128-row tiles from 512 rows, K split automatically
+      where the tiles are few."""
     strategy.update(GEMV_MAX_ROWS=4, SMALL_MAX_ROWS=16)
     prefill_rows = max([r for r in rows if linear_regime(strategy, r) == "big"], default=0)
     if cpu:
@@ -56,10 +58,12 @@ def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, i
 
 def _linear_gemv_start(strategy: dict[str, Any], k: int, n: int, itemsize: int) -> None:
     strategy.update(DEFER_REDUCE=True, GEMV_WARPS=4, BLOCK_K=512 if itemsize <= 2 else 256)
-    if k >= 4 * n:  # down_proj: few outputs, long K
-        strategy.update(BLOCK_N=8, SPLIT_K=4)
-    else:
-        strategy.update(BLOCK_N=16 if n >= 8192 else 4, SPLIT_K=1)
+    if k >= 4 * n:  # down_proj: few outputs, long K; streamed weights evicted first (10.8 vs 11.1 us)
+        strategy.update(BLOCK_N=8, SPLIT_K=4, W_EVICTION="evict_first")
+    elif n >= 8192:  # gate/up, lm_head: 8 features per program (17.5 vs 18.4 us on gate/up)
+        strategy.update(BLOCK_N=8, SPLIT_K=1)
+    else:  # q/k/v, o_proj: latency-bound, weights evicted first (q/k/v 4.5 vs 4.7 us)
+        strategy.update(BLOCK_N=4, SPLIT_K=1, W_EVICTION="evict_first")
 
 
 def _linear_small_rows_start(strategy: dict[str, Any], n: int) -> None:
@@ -72,7 +76,7 @@ def _linear_big_tiles_start(strategy: dict[str, Any], prefill_rows: int) -> None
     big = prefill_rows >= 512
     strategy.update(
         BLOCK_M=128 if big else 64,
-        MM_BLOCK_N=128,
+        MM_BLOCK_N=128 if big else 64,  # 64 was the best point of every 54-row projection measured
         MM_BLOCK_K=64,
         MM_SPLIT_K=0,
         MM_WARPS=8 if big else 4,

@@ -8,7 +8,8 @@
 
 Several verifications may run at once on one GPU: files are rewritten under an exclusive lock, and
 `timing_lock()` names the lock the sandbox children hold while they time (no verdict's speed is
-measured against another's load); the campaign's served-speed check holds it too (`hold_lock`).
+measured against another's load); the GPU's other locks lie beside it, and the campaign's
+served-speed check holds all of them (`gpuyantra/verifier/gpu_locks.py`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-LOCK_POLL_S = 0.05  # how often a bounded wait for the timing lock tries again
+from gpuyantra.verifier.gpu_locks import TIMING_FILE
+
 BANDWIDTH_FILE = "copy_bandwidth.json"
 BASELINES_FILE = "baselines.json"
 CACHED_KEYS = ("compile_us", "compile_ro_us")
@@ -37,39 +38,9 @@ def folder() -> Path:
 
 
 def timing_lock() -> Path:
-    """The file sandbox children `flock` while they time kernels and baselines."""
-    return folder() / "gpu-timing.lock"
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def hold_lock(path: Path, wait_s: float | None = None) -> Iterator[dict[str, Any]]:
-    """Hold an exclusive flock on `path` for the block: as long as it takes (`wait_s` None: the
-    sandbox children timing), or at most `wait_s` (the served-speed check, which measures anyway
-    rather than stall a campaign). Yields `{"held", "waited_s"}`; `held` is False when the wait ran out."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        started = time.monotonic()
-        if wait_s is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            locked = True
-        else:
-            deadline = started + wait_s
-            locked = _try_lock(fd)
-            while not locked and time.monotonic() < deadline:
-                time.sleep(min(LOCK_POLL_S, max(0.0, deadline - time.monotonic())))
-                locked = _try_lock(fd)
-        yield {"held": locked, "waited_s": round(time.monotonic() - started, 3)}
-    finally:
-        os.close(fd)  # closing releases the lock
+    """The file sandbox children `flock` while they time kernels and baselines; the GPU's turnstile
+    and quiet locks lie beside it (`gpu_locks.GpuLocks.beside`)."""
+    return folder() / TIMING_FILE
 
 
 def _read(name: str) -> dict[str, Any]:
@@ -110,9 +81,10 @@ def _versions() -> str:
     return f"torch {torch.__version__} triton {triton.__version__}"
 
 
-# Bumped when what a baseline times changes (2: the module's own computation, `OpFamily.eager`), so
-# timings cached by an older verifier are never reused as if they measured the same thing.
-BASELINE_FORMAT = 2
+# Bumped when what a baseline times changes (2: the module's own computation, `OpFamily.eager`; 3: device
+# time, launches queued ahead, `bench.time_cuda`), so timings cached by an older verifier are never
+# reused as if they measured the same thing.
+BASELINE_FORMAT = 3
 
 
 def baseline_key(op: str, module_class: str | None, shape: Sequence[int], dtype: str, device_name: str) -> str:

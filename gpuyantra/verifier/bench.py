@@ -1,7 +1,9 @@
 """Layer 5 measurements, run inside the sandbox child on CUDA only.
 
 Median of many runs after warm-up; the L2 cache is flushed before every run; inputs rotate over
-fresh sets; CUDA events on the default stream, which is synchronized before times are read.
+fresh sets; CUDA events on the default stream, which is synchronized before times are read. Times are
+device times: each call's launches are queued before its start event runs (`time_cuda`), and the
+host's issue time of the candidate and of eager is reported beside them (`*_launch_us`).
 Baselines: the module's own computation in eager PyTorch (`OpFamily.eager`, else the family's
 reference) and torch.compile of it, default and reduce-overhead, float32 products in float32 for
 every side (`float32_as_float32`). The parent turns these numbers into speedups, the physical floor
@@ -27,9 +29,14 @@ SPIN_UP_MS = 100.0  # keep the GPU busy first: clocks drop while it idles (e.g. 
 # (the second side of an interleaved round follows the first within milliseconds).
 IDLE_BEFORE_SPIN_UP_S = 0.05
 WARMUP_MS = 25.0
-REP_MS = 40.0  # per round
+MAX_WARMUP = 50  # warm-up calls at most: clocks are up already (spin-up), caches warm in a few calls
+REP_MS = 20.0  # per round
 ROUNDS = 3  # candidate and baselines interleaved, median of the round medians
-MIN_REPS, MAX_REPS = 10, 1000
+MIN_REPS, MAX_REPS = 10, 200  # a median of 200 flushed runs is steady to a fraction of a percent
+# The GPU is kept busy before each timed call for AHEAD_FACTOR x the call's host issue time, plus a pad.
+AHEAD_FACTOR, AHEAD_PAD_US, MAX_AHEAD_US = 2.0, 20.0, 5000.0
+LAUNCH_SAMPLES = 5
+CALIBRATION_CYCLES = 2_000_000
 GRAPHS_IRRELEVANT_US = 1000.0  # past this eager time the reduce-overhead (CUDA graphs) baseline is skipped
 
 
@@ -67,7 +74,13 @@ def measure_copy_bandwidth() -> float:
 
 
 def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[], None] | None = None) -> float:
-    """Median microseconds of fn(i) over many runs, each after an L2 flush, inputs rotating."""
+    """Median device microseconds of fn(i) over many runs, each after an L2 flush, inputs rotating.
+
+    Device time, not host time: before each timed call the GPU is kept busy (`queue_ahead`) for
+    longer than the call takes to issue, so its launches are all queued when the start event runs.
+    A served model replays CUDA graphs, where launch overhead does not exist; without this, a
+    microsecond kernel was timed as its Python launcher (a split-K GEMV at 48 us instead of 11).
+    Host work the call waits on (a synchronize inside it) still counts: the GPU idles meanwhile."""
     if before is not None:
         inner = fn
 
@@ -87,7 +100,8 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
     end.record()
     torch.cuda.synchronize()
     estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
-    warmup = max(1, int(WARMUP_MS / estimate_ms))
+    ahead_us = min(MAX_AHEAD_US, AHEAD_FACTOR * launch_us(fn) + AHEAD_PAD_US)
+    warmup = min(MAX_WARMUP, max(1, int(WARMUP_MS / estimate_ms)))
     reps = min(MAX_REPS, max(MIN_REPS, int(REP_MS / estimate_ms)))
     for i in range(warmup):
         fn(i % N_INPUT_SETS)
@@ -98,12 +112,42 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
         flush.zero_()
         if before is not None:
             before()
+        queue_ahead(ahead_us)
         starts[i].record()
         timed(i % N_INPUT_SETS)
         ends[i].record()
     torch.cuda.synchronize()
     _mark_busy()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def launch_us(fn: Callable[[int], Any]) -> float:
+    """Median host microseconds to issue one call (its Python and its launches), the GPU queue empty."""
+    samples = []
+    for i in range(LAUNCH_SAMPLES):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn(i % N_INPUT_SETS)
+        samples.append((time.perf_counter() - started) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+_cycles_per_us = 0.0  # the GPU's clock for torch.cuda._sleep, measured once per process
+
+
+def queue_ahead(us: float) -> None:
+    """Keep the GPU busy for about `us` microseconds (a spin kernel), without waiting on the host."""
+    global _cycles_per_us
+    if not _cycles_per_us:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(CALIBRATION_CYCLES)
+        end.record()
+        torch.cuda.synchronize()
+        _cycles_per_us = CALIBRATION_CYCLES / max(start.elapsed_time(end) * 1e3, 1.0)
+    torch.cuda._sleep(int(us * _cycles_per_us))
 
 
 _last_busy = 0.0  # perf_counter when this process's GPU last finished timed work
@@ -120,6 +164,51 @@ def spin_up(flush: torch.Tensor) -> None:
     while time.perf_counter() < spin_until:
         flush.zero_()
         torch.cuda.synchronize()
+
+
+COMPILE_MODES = (("compile_us", "default"), ("compile_ro_us", "reduce-overhead"))
+
+
+def precompile_baselines(
+    family: Any,
+    shapes: Sequence[Sequence[int]],
+    dtype: str,
+    param_specs: Sequence[dict[str, Any]],
+    cached: dict[str, dict[str, float]] | None = None,
+) -> None:
+    """Compile every torch.compile baseline not in `cached` once, before the timing lock is taken.
+
+    Why: compiling takes seconds per shape and mode, and under the lock it made verifications wait
+    for each other's compilers. Compiled here, in parallel with other verifications, the compile
+    under the lock finds the compilers' on-disk caches (FX graph, Triton) warm. Nothing here is
+    timed or kept; a baseline that fails to compile fails again under the lock and is left out there."""
+    for shape in shapes:
+        done = (cached or {}).get("x".join(str(d) for d in shape)) or {}
+        modes = [mode for key, mode in COMPILE_MODES if not isinstance(done.get(key), (int, float))]
+        if not modes:
+            continue
+        acts, params = make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000, 1.0), param_specs, "cuda")
+        with torch.no_grad():
+            for mode in modes:
+                try:
+                    torch.compile(_reference(family, "pre_" + mode.replace("-", "_")), mode=mode, dynamic=False)(
+                        *acts, **params
+                    )
+                except Exception:  # noqa: BLE001, S112 - judged under the lock, where it is timed
+                    continue
+                finally:
+                    torch._dynamo.reset()
+        del acts, params
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def _reference(family: Any, tag: str) -> Callable[..., Any]:
+    """The module's own computation (`eager`, not the upcast accuracy reference where they differ) as
+    a code object of its own per `tag`, so two compiled wrappers never share a dynamo cache entry."""
+    namespace: dict[str, Any] = {"_module_math": family.eager or family.reference}
+    exec(f"def reference_{tag}(*acts, **params):\n    return _module_math(*acts, **params)\n", namespace)
+    return namespace[f"reference_{tag}"]
 
 
 def bench_shape(
@@ -144,13 +233,6 @@ def bench_shape(
     sets += [sets[k % n_sets] for k in range(n_sets, N_INPUT_SETS)]  # indices stay 0..N_INPUT_SETS-1
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     row: dict[str, Any] = {"shape": list(shape), "dtype": dtype, "errors": {}}
-
-    def make_reference(tag: str) -> Callable[..., Any]:
-        # A code object of its own per compile mode, so two compiled wrappers never share a cache entry.
-        # The module's own computation (`eager`), not the upcast accuracy reference where they differ.
-        namespace: dict[str, Any] = {"_module_math": family.eager or family.reference}
-        exec(f"def reference_{tag}(*acts, **params):\n    return _module_math(*acts, **params)\n", namespace)
-        return namespace[f"reference_{tag}"]
 
     def rounds(timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]], flush: torch.Tensor) -> bool:
         """Interleaved rounds; medians into `row`. False when the candidate's kernel failed."""
@@ -182,7 +264,7 @@ def bench_shape(
     with torch.no_grad():
         # Candidate and eager first, interleaved, before anything is compiled in this process (a
         # compiled reduce-overhead function alive in the process was seen to inflate eager timings).
-        eager = make_reference("eager")
+        eager = _reference(family, "eager")
         if not rounds(
             {
                 "kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None),
@@ -191,9 +273,12 @@ def bench_shape(
             flush,
         ):
             return row
+        # Host issue time beside the device time: what a caller without CUDA graphs also pays.
+        row["kernel_launch_us"] = launch_us(lambda i: entry(*sets[i][0], **sets[i][1]))
+        row["eager_launch_us"] = launch_us(lambda i: eager(*sets[i][0], **sets[i][1]))
         seconds["kernel_and_eager"] = round(time.perf_counter() - started, 3)
         torch._dynamo.reset()
-        for key, mode in (("compile_us", "default"), ("compile_ro_us", "reduce-overhead")):
+        for key, mode in COMPILE_MODES:
             if cached and isinstance(cached.get(key), (int, float)):
                 row[key] = float(cached[key])
                 row.setdefault("cached", []).append(key)
@@ -205,7 +290,7 @@ def bench_shape(
                 continue
             started = time.perf_counter()
             try:
-                compiled = torch.compile(make_reference(mode.replace("-", "_")), mode=mode, dynamic=False)
+                compiled = torch.compile(_reference(family, mode.replace("-", "_")), mode=mode, dynamic=False)
                 step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if mode == "reduce-overhead" else None
                 for i in range(3):  # compile and (for reduce-overhead) record the graphs before timing
                     if step is not None:

@@ -432,26 +432,47 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
     if ctx is None:
         return
     cases = ctx["cases"]
+    cuda = ctx["device"] == "cuda"
+    # On CUDA, GPU work that is not timing shares the GPU (gpu_locks: never while anything is timed).
+    lock = job.get("timing_lock") if cuda else None
     results["stage"] = "correctness"
-    with _timed(timings, "correctness"):
-        if not run_cases([c for c in cases if c.phase == "main"], ctx, results, sink):
-            return
-    if ctx["device"] == "cuda" and job.get("benchmark"):
-        # The parent judges on the GPU as chunks arrive: all of that ends before anything is timed.
-        with _timed(timings, "output_drain"):
-            sink.drain()
+    with _shared(lock, timings, "correctness_lock_wait"):
+        with _timed(timings, "correctness"):
+            passed = run_cases([c for c in cases if c.phase == "main"], ctx, results, sink)
+        if cuda:
+            # The parent judges on the GPU as chunks arrive: all of that ends before anything is timed,
+            # and before this verification stops sharing the GPU.
+            with _timed(timings, "output_drain"):
+                sink.drain()
+    if not passed:
+        return
+    if cuda and job.get("benchmark"):
+        results["stage"] = "precompile"
+        with _shared(lock, timings, "precompile_lock_wait"), _timed(timings, "precompile"):
+            _precompile(job, ctx)
         results["stage"] = "benchmark"
         if not _benchmark(job, ctx, results):
             return
         results["stage"] = "recheck"
-        with _timed(timings, "recheck"):
-            if not run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink):
-                return
+        with _shared(lock, timings, "recheck_lock_wait"):
+            with _timed(timings, "recheck"):
+                passed = run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink)
+            with _timed(timings, "recheck_drain"):
+                sink.drain()  # the parent's judging of them on the GPU, still sharing it
+        if not passed:
+            return
     results["stage"] = "done"
 
 
 # The named parts of `setup`; what they leave is `setup_other`.
-SETUP_PARTS = ("setup_device", "setup_bandwidth", "setup_family", "setup_import", "setup_harness")
+SETUP_PARTS = (
+    "setup_device",
+    "setup_bandwidth_lock_wait",
+    "setup_bandwidth",
+    "setup_family",
+    "setup_import",
+    "setup_harness",
+)
 
 
 def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
@@ -475,7 +496,9 @@ def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | Non
     if device == "cuda":
         bandwidth = (job.get("bandwidth_cache") or {}).get(results["device_name"])
         if job.get("benchmark") and not bandwidth:
-            with _timed(timings, "setup_bandwidth"):
+            # A timing too: the GPU alone, as for the kernels (both waits in one key).
+            wait = "setup_bandwidth_lock_wait"
+            with _alone(job.get("timing_lock"), timings, wait, wait), _timed(timings, "setup_bandwidth"):
                 bandwidth = bench.measure_copy_bandwidth()  # before any candidate code has run
             results["bandwidth_measured"] = True
         results["copy_bandwidth_gbs"] = bandwidth
@@ -536,17 +559,31 @@ def _runtime_mismatches(candidate: Any, job: dict[str, Any]) -> list[str]:
     return mismatches
 
 
+def _precompile(job: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """The torch.compile baselines compiled once, sharing the GPU, before the timing lock: the compile
+    under the lock then hits the compilers' caches (bench.precompile_baselines says why)."""
+    import gpuyantra.verifier.bench as bench
+
+    counter = ctx["counter"]
+    counter.unwrap()  # the baselines' own calls are not the candidate's
+    try:
+        bench.precompile_baselines(
+            ctx["family"], job["bench_shapes"], job["bench_dtype"], job["param_specs"], job.get("cached_baselines")
+        )
+    finally:
+        counter.rewrap()
+
+
 def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]) -> bool:
-    """Time every bench shape under the GPU timing lock; False when the candidate's kernel failed."""
+    """Time every bench shape with the GPU alone (timing and quiet locks); False when the candidate's
+    kernel failed."""
     import gpuyantra.verifier.bench as bench
 
     timings = results["timings"]
     counter = ctx["counter"]
     counter.unwrap()
-    waited_from = time.perf_counter()
     try:
-        with _exclusive(job.get("timing_lock")):
-            timings["timing_lock_wait"] = round(time.perf_counter() - waited_from, 3)
+        with _alone(job.get("timing_lock"), timings, "timing_lock_wait", "quiet_lock_wait"):
             with _timed(timings, "benchmark"):
                 for shape in job["bench_shapes"]:
                     cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
@@ -565,16 +602,37 @@ def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: str | None):
-    """Hold an exclusive flock on `lock_path` (no other verification times on this GPU meanwhile)."""
+def _alone(lock_path: str | None, timings: dict[str, float], timing_wait: str, quiet_wait: str):
+    """The GPU alone for the block: the timing lock (`lock_path`; a pending served-speed check goes
+    first), then the quiet lock exclusive (other verifications' GPU work ends, none starts). The
+    waits are added to `timings[timing_wait]` and `timings[quiet_wait]`. No lock: nothing to wait for."""
     if not lock_path:
         yield
         return
     from pathlib import Path
 
-    from gpuyantra.verifier.baselines import hold_lock
+    from gpuyantra.verifier.gpu_locks import time_alone
 
-    with hold_lock(Path(lock_path)):
+    with time_alone(Path(lock_path)) as waits:
+        timings[timing_wait] = round(timings.get(timing_wait, 0.0) + waits["timing"], 3)
+        timings[quiet_wait] = round(timings.get(quiet_wait, 0.0) + waits["quiet"], 3)
+        yield
+
+
+@contextlib.contextmanager
+def _shared(lock_path: str | None, timings: dict[str, float], wait: str):
+    """GPU work that is not timing: the quiet lock beside `lock_path` shared for the block (it waits
+    while anything is timed or about to be, and holds off timing until it ends); the wait in
+    `timings[wait]`. No lock: nothing to wait for."""
+    if not lock_path:
+        yield
+        return
+    from pathlib import Path
+
+    from gpuyantra.verifier.gpu_locks import share_gpu
+
+    with share_gpu(Path(lock_path)) as waited:
+        timings[wait] = waited
         yield
 
 
@@ -602,7 +660,8 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
     """Everything the harness needs that does not depend on the job, done before the job is read: a
     fresh child does it while the parent checks the contract, a warm spare before the job exists
-    (its GPU part under `gpu_lock`, the timing lock: never while another verification times).
+    (its GPU part shares the GPU through the locks beside `gpu_lock`, the timing lock: never while
+    anything is timed).
     Returns seconds per part (`warm_*`)."""
     timings: dict[str, float] = {}
     with _timed(timings, "warm_imports"):
@@ -623,9 +682,7 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
         # torch._dynamo (which the benchmark resets): seconds on a GPU host, that the job's setup paid.
         bench.float32_as_float32()
         import torch._dynamo  # noqa: F401 - imported above already where torch still does so
-    waited_from = time.perf_counter()
-    with _exclusive(gpu_lock), _timed(timings, "warm_cuda"):
-        timings["warm_lock_wait"] = round(time.perf_counter() - waited_from, 3)
+    with _shared(gpu_lock, timings, "warm_lock_wait"), _timed(timings, "warm_cuda"):
         torch.cuda.init()
         # torch.cuda.init() creates no context: the first allocation and kernel do (and load the
         # generator's kernels every case uses).
@@ -647,11 +704,17 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
 # The top-level parts of a job, in order; what they leave is `other`.
 JOB_PARTS = (
     "setup",
+    "correctness_lock_wait",
     "correctness",
     "output_drain",
+    "precompile_lock_wait",
+    "precompile",
     "timing_lock_wait",
+    "quiet_lock_wait",
     "benchmark",
+    "recheck_lock_wait",
     "recheck",
+    "recheck_drain",
     "save_outputs",
 )
 

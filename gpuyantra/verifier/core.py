@@ -206,7 +206,8 @@ def _run(
             )
             if run_bench
             else {},
-            "timing_lock": str(baselines.timing_lock()) if run_bench else None,
+            # On CUDA the child's GPU work takes the GPU's locks (named by the timing lock's path).
+            "timing_lock": str(baselines.timing_lock()) if device == "cuda" else None,
         }
         # Layer 3: the sandbox; outputs are judged (layer 4's values) as they arrive.
         references = References(family, contract.param_specs, device)
@@ -251,11 +252,17 @@ def _run(
 SANDBOX_PARTS = (
     "sandbox_child_start",  # the job waiting for the child's imports and CUDA context
     "child_setup",
+    "child_correctness_lock_wait",  # CUDA: the GPU's quiet lock, shared (gpu_locks)
     "child_correctness",
     "child_output_drain",
-    "child_timing_lock_wait",
+    "child_precompile_lock_wait",
+    "child_precompile",  # torch.compile baselines compiled before the timing lock (bench.precompile_baselines)
+    "child_timing_lock_wait",  # the timing lock: a pending served-speed check and others' timing first
+    "child_quiet_lock_wait",  # the quiet lock, exclusive: others' correctness ends
     "child_benchmark",
+    "child_recheck_lock_wait",
     "child_recheck",
+    "child_recheck_drain",
     "child_save_outputs",
     "child_other",
     "child_exit",  # results written to the child's process gone

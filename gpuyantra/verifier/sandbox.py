@@ -189,8 +189,9 @@ class Sandbox:
         self.started_at = 0.0
 
     def start(self, gpu_lock: str | None = None) -> None:
-        """Start the child. `gpu_lock` (a spare's): the GPU timing lock its CUDA warm-up takes, so a
-        spare starting beside a verification never touches the GPU while that one times."""
+        """Start the child. `gpu_lock` (a spare's): the GPU timing lock, beside which lie the locks its
+        CUDA warm-up shares the GPU through (gpu_locks), so a spare starting beside a verification
+        never touches the GPU while anything is timed."""
         if self.proc is not None:
             return  # a warm spare: started earlier, waiting for its job
         cpu_seconds = self.cpu_seconds
@@ -424,7 +425,7 @@ def keep_spare(
         if key in _SPARES:
             return
         spare = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
-        # It starts while a verification may be timing: its CUDA context waits for the timing lock.
+        # It starts while a verification may be timing: its CUDA context waits until nothing is timed.
         spare.start(gpu_lock=str(timing_lock()) if device == "cuda" else None)
         _SPARES[key] = spare
 

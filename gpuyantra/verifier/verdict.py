@@ -91,3 +91,57 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+def reward_on_shapes(verdict: dict[str, Any], shapes: list[list[int]]) -> dict[str, Any] | None:
+    """`compute_reward` from the verdict's timed rows at `shapes` alone: the speedups and reward a
+    campaign judges a served target on (its decode shapes), or None where the verdict has failures
+    or timed none of `shapes`. Same geometric means as the judge: kernel vs eager, kernel vs the
+    faster torch.compile mode."""
+    wanted = [list(s) for s in shapes]
+    rows = [r for r in verdict.get("bench") or [] if list(r.get("shape") or []) in wanted]
+    if verdict.get("failures") or not rows or any(not r.get("kernel_us") for r in rows):
+        return None
+    eager = _geomean([r["eager_us"] / r["kernel_us"] if r.get("eager_us") else None for r in rows])
+    compiled = [min(t for t in (r.get("compile_us"), r.get("compile_ro_us")) if t) for r in rows if _compiled(r)]
+    vs_compile = _geomean([t / r["kernel_us"] for t, r in zip(compiled, rows)]) if len(compiled) == len(rows) else None
+    return {
+        "shapes": [list(r["shape"]) for r in rows],
+        "reward": compute_reward([], str(verdict.get("device") or "cuda"), eager, vs_compile),
+        "speedup_vs_eager": eager,
+        "speedup_vs_compile": vs_compile,
+    }
+
+
+def _compiled(row: dict[str, Any]) -> bool:
+    return bool(row.get("compile_us") or row.get("compile_ro_us"))
+
+
+def _geomean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
+
+
+def judged_on_served_decode(verdict: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """The verdict a campaign acts on for a served target: reward and speedups from its served decode
+    shapes (the target's `served_shapes` of the `decode@<batch>` workloads).
+
+    Why: served tokens/s is decode steps, each one call per shape per step, while the prefill shape
+    runs once per request; an equal-weight mean over both let a prefill loss outvote a decode gain
+    (and the reverse). Every shape stays timed and reported: the whole-verdict figures move to
+    `all_shapes`, and `judged_on` says which shapes decided. Unchanged when the target names no
+    decode shapes or the verdict timed only those."""
+    decode = [
+        s for name, shapes in (target.get("served_shapes") or {}).items() if name.startswith("decode") for s in shapes
+    ]
+    judged = reward_on_shapes(verdict, decode) if decode else None
+    timed = [list(r.get("shape") or []) for r in verdict.get("bench") or []]
+    if judged is None or sorted(judged["shapes"]) == sorted(timed):
+        return verdict
+    keys = ("reward", "speedup_vs_eager", "speedup_vs_compile")
+    return {
+        **verdict,
+        **{key: judged[key] for key in keys},
+        "all_shapes": {key: verdict.get(key) for key in keys},
+        "judged_on": {"shapes": judged["shapes"], "why": "served decode shapes"},
+    }

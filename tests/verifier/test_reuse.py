@@ -9,7 +9,7 @@ import pytest
 
 from gpuyantra.verifier import baselines, run_verification
 from gpuyantra.verifier import sandbox as sandbox_module
-from gpuyantra.verifier.child import _exclusive
+from gpuyantra.verifier.gpu_locks import time_alone
 from tests.verifier.conftest import candidate_path
 
 QUICK = {"seeds": (0,), "dtypes": ["float32"]}
@@ -73,7 +73,7 @@ def test_bandwidth_cache_is_kept_per_device_name(state):
 
 def test_timing_lock_is_exclusive_while_held(state):
     path = baselines.timing_lock()
-    with _exclusive(str(path)):
+    with time_alone(path):
         fd = os.open(path, os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):

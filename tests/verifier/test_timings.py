@@ -99,6 +99,7 @@ def test_timing_spins_the_gpu_up_only_after_it_idled(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench, "_last_busy", 0.0)
+    monkeypatch.setattr(bench, "queue_ahead", lambda us: None)
     spins: list[int] = []
     monkeypatch.setattr(bench, "spin_up", lambda flush: spins.append(1))
     flush = torch.empty(16)
@@ -108,3 +109,37 @@ def test_timing_spins_the_gpu_up_only_after_it_idled(monkeypatch):
     time.sleep(2 * bench.IDLE_BEFORE_SPIN_UP_S)
     bench.time_cuda(lambda i: None, flush)
     assert spins == [1, 1]
+
+
+def test_each_timed_call_is_queued_behind_gpu_work_longer_than_its_launch(monkeypatch):
+    # Device time: a call whose Python takes longer to issue than the flush keeps the GPU busy was
+    # timed as its launcher. Before each timed call the GPU is kept busy for twice the issue time.
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "spin_up", lambda flush: None)
+    order: list[tuple[str, float]] = []
+    monkeypatch.setattr(bench, "queue_ahead", lambda us: order.append(("ahead", us)))
+
+    def slow_launcher(i: int) -> None:
+        time.sleep(0.002)  # 2 ms of host work per call
+        order.append(("call", 0.0))
+
+    bench.time_cuda(slow_launcher, torch.empty(16))
+    aheads = [us for kind, us in order if kind == "ahead"]
+    assert len(aheads) >= bench.MIN_REPS
+    assert all(us >= bench.AHEAD_FACTOR * 2000 for us in aheads), aheads[:3]
+    # Every timed call follows its own queue-ahead: no timed call is issued to an idle GPU.
+    timed = order[order.index(("ahead", aheads[0])) :]
+    assert timed[::2] == [("ahead", aheads[0])] * len(aheads)
+    assert all(kind == "call" for kind, _ in timed[1::2])
+
+
+def test_queue_ahead_is_bounded(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "spin_up", lambda flush: None)
+    aheads: list[float] = []
+    monkeypatch.setattr(bench, "queue_ahead", aheads.append)
+    monkeypatch.setattr(bench, "launch_us", lambda fn: 1e7)  # a call that blocks for 10 s on the host
+    bench.time_cuda(lambda i: None, torch.empty(16))
+    assert aheads and max(aheads) == bench.MAX_AHEAD_US

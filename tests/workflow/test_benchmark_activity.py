@@ -11,7 +11,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import activities.gpu as gpu
-from gpuyantra.verifier.baselines import hold_lock
+from gpuyantra.verifier.gpu_locks import hold_lock
 from workflows.types import BenchmarkInput
 
 
@@ -23,11 +23,12 @@ def lock_path(tmp_path, monkeypatch):
     return verifier_timing_lock()
 
 
-def lock_is_free(path) -> bool:
-    """What a verification's timing phase would find: may it take the lock now?"""
+def lock_is_free(path, operation: int = fcntl.LOCK_EX) -> bool:
+    """What a verification's timing phase (exclusive) or correctness phase (shared) would find: may
+    it take the lock now?"""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
@@ -42,6 +43,7 @@ class FakeServer:
         self.lock_path = lock_path
         self.asked: list[dict[str, Any]] = []
         self.lock_free_while_measuring: list[bool] = []
+        self.gpu_shareable_while_measuring: list[bool] = []
 
     def __call__(self, server_url: str) -> FakeServer:
         return self
@@ -50,6 +52,8 @@ class FakeServer:
         assert path == "/admin/benchmark"
         self.asked.append(body)
         self.lock_free_while_measuring.append(lock_is_free(self.lock_path))
+        quiet = self.lock_path.with_name("gpu-quiet.lock")
+        self.gpu_shareable_while_measuring.append(lock_is_free(quiet, fcntl.LOCK_SH))
         return {"tokens_per_s": 100.0 * body["batch"], "batch": body["batch"], "relative_spread": 0.01, "repeats": 5}
 
 
@@ -60,10 +64,12 @@ def test_each_batch_is_measured_with_the_timing_lock_held(lock_path, monkeypatch
     assert [body["batch"] for body in server.asked] == [1, 8]
     assert all(body["repeats"] == 5 for body in server.asked)
     assert server.lock_free_while_measuring == [False, False]  # a verification would have waited
+    assert server.gpu_shareable_while_measuring == [False, False]  # to time, and to check correctness
     assert lock_is_free(lock_path)  # and may time again once the check is done
     assert result["batch"] == 1 and result["tokens_per_s"] == 100.0
     assert [answer["tokens_per_s"] for answer in result["batches"]] == [100.0, 800.0]
     assert result["timing_lock"]["held"] is True and result["timing_lock"]["waited_s"] >= 0
+    assert result["timing_lock"]["locks"] == {"turn": True, "timing": True, "quiet": True}
 
 
 def test_a_campaign_recorded_before_batches_measures_batch_one(lock_path, monkeypatch):
@@ -83,6 +89,7 @@ def test_the_wait_for_the_lock_is_bounded_and_recorded(lock_path, monkeypatch):
     finally:
         os.close(fd)
     assert result["timing_lock"]["held"] is False and result["timing_lock"]["waited_s"] >= 0.2
+    assert result["timing_lock"]["locks"] == {"turn": True, "timing": False, "quiet": True}
     assert result["tokens_per_s"] == 100.0  # measured anyway, and said so
 
 

@@ -169,3 +169,8 @@ def test_a_measurement_without_the_timing_lock_is_named():
     assert lock_warning("check", {"tokens_per_s": 1.0}) is None
     warning = lock_warning("check", {"timing_lock": {"held": False, "waited_s": 180.0}})
     assert warning is not None and "without the GPU timing lock" in warning and "180 s" in warning
+    # Since the GPU has three locks, the measurement says which it missed.
+    held = {"turn": True, "timing": True, "quiet": False}
+    missed = {"timing_lock": {"held": False, "waited_s": 180.0, "locks": held}}
+    warning = lock_warning("check", missed)
+    assert warning is not None and "(not held: quiet)" in warning

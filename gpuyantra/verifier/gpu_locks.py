@@ -1,0 +1,163 @@
+"""Who may use the GPU when: three flock files in the verifier's state folder, beside each other.
+
+Several verifications run at once on one GPU, and the campaign's served-speed check measures on it
+too. A timing (a verdict's kernel, the copy bandwidth, the served tokens/s) is only worth something
+when nothing else runs on the GPU meanwhile, and the served check must not starve behind queued
+verifications (flock is not FIFO). Hence:
+
+* P `gpu-turn.lock`, the turnstile. The served check holds it exclusive while it waits for T and Q
+  and while it measures. Everyone else takes it shared, and only for an instant, before trying T:
+  while a served check is pending nobody new gets T or Q, so it is next once the current holder of
+  T lets go.
+* T `gpu-timing.lock`, the timing lock: exclusive while anything is timed (as before). Verifier
+  children never block on it: they try it without blocking, each time inside an instant of P shared
+  (`time_alone`). GPU work that is not timing takes it shared for an instant (`share_gpu`) on its
+  way to Q, so a timer holding T stops new readers while it waits for the current ones.
+* Q `gpu-quiet.lock`, the GPU quiet lock (readers-writer): shared while a verification runs GPU work
+  that is not timing (correctness cases, a CUDA warm-up, the parent judging outputs on the GPU while
+  the child waits for it), exclusive after T while anything is timed. So nothing else runs on the GPU
+  while anything is timed.
+
+The order is always P, T, Q (`ORDER`), and a lock is released before any lock that precedes it
+(`ExitStack`: Q, T, P). No deadlock: nobody waits for an earlier lock while holding a later one, a
+reader never waits for anything while it holds P or T (it tries them, lets go and polls), and the
+only waits made while holding a lock are for a later one (the served check for T holding P; a timer
+for Q holding T). A holder of Q shared waits for nothing of these locks until it lets go.
+`hold_lock`'s wait may be bounded (the served check measures anyway once it runs out, and says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.05  # how often a wait that may not block tries again
+TURN_FILE = "gpu-turn.lock"
+TIMING_FILE = "gpu-timing.lock"
+QUIET_FILE = "gpu-quiet.lock"
+ORDER = ("turn", "timing", "quiet")  # the only order locks are taken in (P, T, Q)
+
+
+@dataclass(frozen=True)
+class GpuLocks:
+    turn: Path
+    timing: Path
+    quiet: Path
+
+    @classmethod
+    def beside(cls, timing: str | Path) -> GpuLocks:
+        """The three locks, named by the timing lock's path (what jobs and spares are handed)."""
+        path = Path(timing)
+        return cls(path.with_name(TURN_FILE), path, path.with_name(QUIET_FILE))
+
+
+def _open(stack: contextlib.ExitStack, path: Path) -> int:
+    """An open file description of its own (flock locks belong to it), closed (unlocked) on exit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    stack.callback(os.close, fd)
+    return fd
+
+
+def _lock(fd: int, operation: int) -> None:
+    """Every flock of this module goes through here (tests watch the order)."""
+    fcntl.flock(fd, operation)
+
+
+def _try(fd: int, operation: int) -> bool:
+    try:
+        _lock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _pause() -> None:
+    """One poll's sleep (tests watch who polls)."""
+    time.sleep(POLL_S)
+
+
+def _wait(fd: int, operation: int, deadline: float | None) -> bool:
+    """Take the lock, blocking (`deadline` None) or trying until `deadline`; False when it ran out."""
+    if deadline is None:
+        _lock(fd, operation)
+        return True
+    while not _try(fd, operation):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(POLL_S, left))
+    return True
+
+
+def _through_turn(turn: int, attempt: Any) -> None:
+    """Poll `attempt` (non-blocking tries) inside instants of P shared until it succeeds. P shared
+    blocks while a served check is pending; nothing else is held while waiting, so it never stalls."""
+    while True:
+        _lock(turn, fcntl.LOCK_SH)
+        try:
+            done = attempt()
+        finally:
+            _lock(turn, fcntl.LOCK_UN)
+        if done:
+            return
+        _pause()
+
+
+@contextlib.contextmanager
+def hold_lock(timing: Path, wait_s: float | None = None) -> Iterator[dict[str, Any]]:
+    """The served-speed check: P, T and Q exclusive, in that order, for the block. Waits as long as it
+    takes (`wait_s` None) or at most `wait_s` for all three together: the check measures anyway
+    rather than stall a campaign. Yields `{"held", "waited_s", "locks"}`: `held` is True when all
+    three were taken, `locks` says which ({"turn", "timing", "quiet"}: bool)."""
+    locks = GpuLocks.beside(timing)
+    with contextlib.ExitStack() as stack:
+        started = time.monotonic()
+        deadline = None if wait_s is None else started + wait_s
+        held = {name: _wait(_open(stack, getattr(locks, name)), fcntl.LOCK_EX, deadline) for name in ORDER}
+        yield {"held": all(held.values()), "waited_s": round(time.monotonic() - started, 3), "locks": held}
+
+
+@contextlib.contextmanager
+def time_alone(timing: Path) -> Iterator[dict[str, float]]:
+    """A verifier child timing: T exclusive, taken through the turnstile (a pending served check goes
+    first), then Q exclusive (waits for the GPU work of others to end and stops new work). Yields
+    the seconds waited for each, `{"timing", "quiet"}`."""
+    locks = GpuLocks.beside(timing)
+    with contextlib.ExitStack() as stack:
+        turn, timing_fd, quiet = (_open(stack, getattr(locks, name)) for name in ORDER)
+        started = time.monotonic()
+        _through_turn(turn, lambda: _try(timing_fd, fcntl.LOCK_EX))
+        got_timing = time.monotonic()
+        _lock(quiet, fcntl.LOCK_EX)  # readers are no longer let in (they pass T): only current ones end
+        waits = {"timing": round(got_timing - started, 3), "quiet": round(time.monotonic() - got_timing, 3)}
+        yield waits
+
+
+@contextlib.contextmanager
+def share_gpu(timing: Path) -> Iterator[float]:
+    """GPU work that is not timing: Q shared for the block, taken while holding P and T shared for an
+    instant (no new reader while a served check is pending or anything times or waits to). Yields
+    the seconds waited."""
+    locks = GpuLocks.beside(timing)
+    with contextlib.ExitStack() as stack:
+        turn, timing_fd, quiet = (_open(stack, getattr(locks, name)) for name in ORDER)
+
+        def enter() -> bool:
+            if not _try(timing_fd, fcntl.LOCK_SH):
+                return False
+            try:
+                # Fails only where Q is held without T (a served check whose wait for T ran out).
+                return _try(quiet, fcntl.LOCK_SH)
+            finally:
+                _lock(timing_fd, fcntl.LOCK_UN)
+
+        started = time.monotonic()
+        _through_turn(turn, enter)
+        yield round(time.monotonic() - started, 3)

@@ -1,0 +1,316 @@
+"""The GPU's three locks (gpuyantra/verifier/gpu_locks.py): the served-speed check goes before queued
+verifications, timing waits for GPU work under way and lets none start, bounded waits say what they
+held. Plain files: each holder is a thread with its own open file descriptions (flock locks belong
+to those), or a process. Tests assert the order things happen in, never how long they take."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpuyantra.verifier import child, gpu_locks
+from gpuyantra.verifier.child import JOB_PARTS, SETUP_PARTS
+from gpuyantra.verifier.core import SANDBOX_PARTS
+from gpuyantra.verifier.gpu_locks import ORDER, GpuLocks, hold_lock, share_gpu, time_alone
+
+LIMIT_S = 30.0  # a bound on every wait here, so a broken lock fails the test instead of hanging it
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.005)
+
+
+def can_take(path: Path, operation: int) -> bool:
+    """Whether a newcomer (its own open file description) could take the lock right now."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class Holder(threading.Thread):
+    """Enters `enter()` (a lock holder), notes its name in `order` once inside, stays until released."""
+
+    def __init__(self, name: str, enter: Callable[[], AbstractContextManager[Any]], order: list[str]) -> None:
+        super().__init__(name=name, daemon=True)
+        self.enter, self.order = enter, order
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.got: Any = None
+
+    def run(self) -> None:
+        with self.enter() as got:
+            self.got = got
+            self.order.append(self.name)
+            self.inside.set()
+            self.release.wait(LIMIT_S)
+
+
+def let_through(holders: list[Holder]) -> None:
+    """Release each holder as it gets in, until all have been in and left."""
+    deadline = time.monotonic() + LIMIT_S
+    while any(h.is_alive() for h in holders):
+        assert time.monotonic() < deadline, [h.name for h in holders if h.is_alive()]
+        for h in holders:
+            if h.inside.is_set():
+                h.release.set()
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def locks(tmp_path) -> GpuLocks:
+    return GpuLocks.beside(tmp_path / "gpu-timing.lock")
+
+
+@pytest.fixture
+def polled(monkeypatch) -> set[str]:
+    """The names of the threads that polled (tried a lock, let go of everything, and wait to retry)."""
+    names: set[str] = set()
+
+    def pause() -> None:
+        names.add(threading.current_thread().name)
+        time.sleep(0.01)
+
+    monkeypatch.setattr(gpu_locks, "_pause", pause)
+    return names
+
+
+@pytest.fixture
+def holders():
+    started: list[Holder] = []
+    yield started
+    for h in started:  # a failed test leaves none behind
+        h.release.set()
+    for h in started:
+        h.join(LIMIT_S)
+
+
+def start(holders: list[Holder], *new: Holder) -> None:
+    for h in new:
+        holders.append(h)
+        h.start()
+
+
+def test_a_served_check_gets_the_gpu_before_verifications_already_waiting(locks, polled, holders):
+    order: list[str] = []
+    timer = Holder("timing", lambda: time_alone(locks.timing), order)
+    start(holders, timer)
+    until(timer.inside.is_set, "the first verification times")
+    # Three verifications wait to time, one to check correctness: flock would hand T to any of them.
+    waiting = [Holder(f"child {i}", lambda: time_alone(locks.timing), order) for i in range(3)]
+    waiting.append(Holder("correctness", lambda: share_gpu(locks.timing), order))
+    start(holders, *waiting)
+    until(lambda: {h.name for h in waiting} <= polled, "every waiting verification polls")
+    served = Holder("served", lambda: hold_lock(locks.timing, wait_s=LIMIT_S), order)
+    start(holders, served)
+    until(lambda: not can_take(locks.turn, fcntl.LOCK_SH), "the served check holds the turnstile")
+    timer.release.set()
+    until(served.inside.is_set, "the served check measures")
+    assert order == ["timing", "served"]
+    assert served.got["held"] is True and served.got["locks"] == {"turn": True, "timing": True, "quiet": True}
+    assert not can_take(locks.quiet, fcntl.LOCK_SH)  # no correctness phase runs while it measures
+    served.release.set()
+    let_through(waiting)
+    assert order[:2] == ["timing", "served"] and sorted(order[2:]) == sorted(h.name for h in waiting)
+
+
+def test_timing_waits_for_gpu_work_under_way_and_lets_none_start(locks, polled, holders):
+    order: list[str] = []
+    first = Holder("correctness", lambda: share_gpu(locks.timing), order)
+    start(holders, first)
+    until(first.inside.is_set, "a verification checks correctness")
+    timer = Holder("timing", lambda: time_alone(locks.timing), order)
+    start(holders, timer)
+    until(lambda: not can_take(locks.timing, fcntl.LOCK_SH), "the timer holds T and waits for Q")
+    late = Holder("late correctness", lambda: share_gpu(locks.timing), order)
+    start(holders, late)
+    until(lambda: "late correctness" in polled, "the late one waits")
+    assert order == ["correctness"]  # shared flock alone would have let the late one in
+    first.release.set()
+    until(timer.inside.is_set, "the timer has the GPU alone")
+    assert order == ["correctness", "timing"]
+    assert not can_take(locks.quiet, fcntl.LOCK_SH)
+    assert set(timer.got) == {"timing", "quiet"}  # the seconds waited for each
+    timer.release.set()
+    let_through([late])
+    assert order == ["correctness", "timing", "late correctness"]
+
+
+def test_readers_share_the_gpu_with_each_other(locks, holders):
+    order: list[str] = []
+    readers = [Holder(f"correctness {i}", lambda: share_gpu(locks.timing), order) for i in range(3)]
+    start(holders, *readers)
+    until(lambda: all(h.inside.is_set() for h in readers), "all three inside at once")
+    assert not can_take(locks.quiet, fcntl.LOCK_EX) and can_take(locks.timing, fcntl.LOCK_EX)
+    let_through(readers)
+
+
+def test_a_bounded_wait_gives_up_and_says_what_it_held(locks, holders):
+    timer = Holder("timing", lambda: time_alone(locks.timing), [])
+    start(holders, timer)
+    until(timer.inside.is_set, "a verification times")
+    with hold_lock(locks.timing, wait_s=0.05) as lock:
+        assert lock["held"] is False and lock["waited_s"] >= 0.05
+        assert lock["locks"] == {"turn": True, "timing": False, "quiet": False}
+        assert not can_take(locks.turn, fcntl.LOCK_SH)  # what it got still keeps newcomers out
+    assert can_take(locks.turn, fcntl.LOCK_EX)  # and is let go afterwards
+    timer.release.set()
+    timer.join(LIMIT_S)
+    with hold_lock(locks.timing, wait_s=0.05) as lock:
+        assert lock["held"] is True and lock["locks"] == dict.fromkeys(ORDER, True)
+
+
+# A process holding the GPU shared, as a verifier child checking correctness does (the module is
+# loaded from its file: the package's import would pull in torch).
+READER = """
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("gpu_locks", sys.argv[1])
+gpu_locks = importlib.util.module_from_spec(spec)
+sys.modules["gpu_locks"] = gpu_locks
+spec.loader.exec_module(gpu_locks)
+with gpu_locks.share_gpu(Path(sys.argv[2])):
+    print("inside", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_served_check_waits_for_a_correctness_phase_in_another_process(locks):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", READER, gpu_locks.__file__, str(locks.timing)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "inside"
+        with hold_lock(locks.timing, wait_s=0.05) as lock:
+            assert lock["held"] is False and lock["locks"] == {"turn": True, "timing": True, "quiet": False}
+    finally:
+        proc.communicate("", timeout=LIMIT_S)  # stdin closed: it lets go and exits
+    with hold_lock(locks.timing, wait_s=LIMIT_S) as lock:
+        assert lock["held"] is True
+
+
+def test_every_holder_takes_the_locks_in_the_documented_order(locks, monkeypatch):
+    # P, T, Q, always: a waiter never holds a later lock while it waits for an earlier one.
+    doc = gpu_locks.__doc__ or ""
+    assert ORDER == ("turn", "timing", "quiet") and "P, T, Q" in doc and "deadlock" in doc
+    assert all(f"gpu-{name}.lock" in doc for name in ORDER)
+    names: dict[int, str] = {}
+    taken: list[str] = []
+    original_open, original_lock = gpu_locks._open, gpu_locks._lock
+
+    def watched_open(stack: Any, path: Path) -> int:
+        fd = original_open(stack, path)
+        names[fd] = next(name for name in ORDER if getattr(locks, name) == path)
+        return fd
+
+    def watched_lock(fd: int, operation: int) -> None:
+        original_lock(fd, operation)
+        if not operation & fcntl.LOCK_UN:
+            taken.append(names[fd])
+
+    monkeypatch.setattr(gpu_locks, "_open", watched_open)
+    monkeypatch.setattr(gpu_locks, "_lock", watched_lock)
+    for enter in (lambda: hold_lock(locks.timing, wait_s=1.0), lambda: time_alone(locks.timing)):
+        taken.clear()
+        with enter():
+            assert taken == list(ORDER)
+    taken.clear()
+    with share_gpu(locks.timing):
+        assert taken == list(ORDER)
+
+
+class _Sink:
+    def __init__(self, seen: list[tuple[str, bool, bool]], locks: GpuLocks) -> None:
+        self.seen, self.locks = seen, locks
+
+    def drain(self) -> None:
+        self.seen.append(("drain", *gpu_state(self.locks)))
+
+
+def gpu_state(locks: GpuLocks) -> tuple[bool, bool]:
+    """(another verification could check correctness now, another could time now)."""
+    return can_take(locks.quiet, fcntl.LOCK_SH), can_take(locks.quiet, fcntl.LOCK_EX)
+
+
+def _run_child(monkeypatch, locks: GpuLocks, device: str) -> tuple[list[tuple[str, bool, bool]], dict[str, Any]]:
+    """`child.execute` on a fake candidate: what the GPU's locks allowed others during each phase."""
+    import gpuyantra.verifier.bench as bench
+
+    seen: list[tuple[str, bool, bool]] = []
+    cases = [SimpleNamespace(phase="main"), SimpleNamespace(phase="recheck")]
+    ctx = {"device": device, "cases": cases, "counter": child._Counter(), "family": None, "entry": None}
+    ctx["param_specs"] = []
+    monkeypatch.setattr(child, "_setup", lambda job, results: ctx)
+
+    def run_cases(chosen: list, ctx: dict, results: dict, sink: Any) -> bool:
+        seen.append((chosen[0].phase, *gpu_state(locks)))
+        return True
+
+    def bench_shape(*args: Any) -> dict[str, Any]:
+        seen.append(("bench", *gpu_state(locks)))
+        return {"kernel_us": 1.0}
+
+    def precompile_baselines(*args: Any) -> None:
+        seen.append(("precompile", *gpu_state(locks)))
+
+    monkeypatch.setattr(child, "run_cases", run_cases)
+    monkeypatch.setattr(bench, "bench_shape", bench_shape)
+    monkeypatch.setattr(bench, "precompile_baselines", precompile_baselines)
+    job = {"benchmark": True, "timing_lock": str(locks.timing), "bench_shapes": [[4, 8]], "bench_dtype": "float32"}
+    job["param_specs"] = []
+    results: dict[str, Any] = {"timings": {}, "bench": []}
+    child.execute(job, results, _Sink(seen, locks))  # type: ignore[arg-type]
+    assert results["stage"] == "done"
+    return seen, results["timings"]
+
+
+def test_a_cuda_child_checks_correctness_sharing_the_gpu_and_times_alone(locks, monkeypatch):
+    seen, timings = _run_child(monkeypatch, locks, "cuda")
+    shared, alone = (True, False), (False, False)  # others may share the GPU, but not time
+    assert seen == [
+        ("main", *shared),
+        ("drain", *shared),  # the parent judges the outputs on the GPU meanwhile
+        ("precompile", *shared),  # compiling the baselines: others may check correctness meanwhile
+        ("bench", *alone),
+        ("recheck", *shared),
+        ("drain", *shared),
+    ]
+    assert all(can_take(getattr(locks, name), fcntl.LOCK_EX) for name in ORDER)  # all let go
+    waits = {
+        "correctness_lock_wait",
+        "precompile_lock_wait",
+        "timing_lock_wait",
+        "quiet_lock_wait",
+        "recheck_lock_wait",
+    }
+    assert waits <= set(timings) <= {*JOB_PARTS, *SETUP_PARTS, "setup_other"}  # every wait has its name
+    assert {f"child_{part}" for part in JOB_PARTS} <= set(SANDBOX_PARTS)
+
+
+def test_a_cpu_child_takes_no_gpu_lock(locks, monkeypatch):
+    opened: list[Path] = []
+    monkeypatch.setattr(gpu_locks, "_open", lambda stack, path: opened.append(path))
+    seen, timings = _run_child(monkeypatch, locks, "cpu")
+    assert [phase for phase, *_ in seen] == ["main"]  # no timing, no recheck on CPU
+    assert opened == []
+    assert not any(key.endswith("lock_wait") for key in timings)

@@ -1,0 +1,53 @@
+"""A served target is judged on its decode shapes: served tokens/s is decode steps, one call per
+shape per step, while the prefill shape runs once per request."""
+
+from __future__ import annotations
+
+from gpuyantra.verifier.verdict import judged_on_served_decode, reward_on_shapes
+
+DECODE_1, DECODE_8, PREFILL = [1, 1, 1536], [8, 1, 1536], [1, 54, 1536]
+
+
+def _row(shape: list[int], kernel: float, eager: float, compiled: float) -> dict:
+    return {"shape": shape, "kernel_us": kernel, "eager_us": eager, "compile_us": compiled, "compile_ro_us": None}
+
+
+def _verdict(*rows: dict, failures: list | None = None) -> dict:
+    return {"device": "cuda", "reward": 1, "speedup_vs_eager": 1.0, "speedup_vs_compile": 1.0,
+            "failures": failures or [], "bench": list(rows)}  # fmt: skip
+
+
+# A GEMV 30% faster at both decode batches, 25% slower on the prefill shape: the measured pattern.
+GEMV = _verdict(_row(DECODE_8, 4.5, 5.9, 9.0), _row(PREFILL, 7.1, 5.9, 9.0), _row(DECODE_1, 4.5, 5.8, 9.0))
+TARGET = {"op": "linear", "served_shapes": {"decode@1": [DECODE_1], "decode@8": [DECODE_8]}}
+
+
+def test_decode_gains_decide_for_a_served_target():
+    judged = judged_on_served_decode(GEMV, TARGET)
+    assert judged["reward"] == 3
+    assert judged["speedup_vs_eager"] == reward_on_shapes(GEMV, [DECODE_1, DECODE_8])["speedup_vs_eager"]
+    assert 1.28 < judged["speedup_vs_eager"] < 1.32
+    # The whole verdict is kept beside it, and the page says which shapes decided.
+    assert judged["all_shapes"]["reward"] == 1
+    assert judged["judged_on"]["shapes"] == [DECODE_8, DECODE_1]
+    assert [r["shape"] for r in judged["bench"]] == [DECODE_8, PREFILL, DECODE_1]
+
+
+def test_a_decode_loss_is_not_outvoted_by_prefill():
+    verdict = _verdict(_row(DECODE_1, 7.0, 5.8, 9.0), _row(PREFILL, 2.0, 5.9, 9.0))
+    assert judged_on_served_decode(verdict, TARGET)["reward"] == 1
+
+
+def test_unchanged_without_decode_shapes_or_with_failures():
+    assert judged_on_served_decode(GEMV, {"op": "linear"}) is GEMV
+    assert judged_on_served_decode(GEMV, {"served_shapes": {"prefill": [PREFILL]}}) is GEMV
+    failed = _verdict(*GEMV["bench"], failures=[{"layer": "correctness", "rule": "wrong-values"}])
+    assert judged_on_served_decode(failed, TARGET) is failed
+    only_decode = _verdict(_row(DECODE_1, 4.5, 5.8, 9.0))
+    assert judged_on_served_decode(only_decode, TARGET) is only_decode  # decided on the same shapes
+
+
+def test_compile_speedup_needs_every_decode_shape_compiled():
+    verdict = _verdict(_row(DECODE_1, 4.5, 5.8, 9.0), {**_row(DECODE_8, 4.5, 5.9, 9.0), "compile_us": None})
+    judged = reward_on_shapes(verdict, [DECODE_1, DECODE_8])
+    assert judged["speedup_vs_compile"] is None and judged["reward"] == 2
