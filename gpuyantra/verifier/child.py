@@ -90,9 +90,18 @@ ALLOWED_ATEN = frozenset(
 )
 
 
+# Niceness of a sandbox child: on a machine that also serves the model, the server's decode loop gets
+# the CPU first. A verdict's times are device times (bench.time_cuda), so the child loses nothing
+# there; measured without it, eight children importing and compiling moved an unchanged server's
+# tokens/s by up to 25% between two served-speed checks.
+CHILD_NICENESS = 10
+
+
 def _apply_limits(cpu_seconds: int, address_space: int, file_size: int) -> None:
     import resource
 
+    with contextlib.suppress(OSError):
+        os.nice(CHILD_NICENESS)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if cpu_seconds > 0:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))

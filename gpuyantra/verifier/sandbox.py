@@ -388,11 +388,29 @@ class OutputReader(threading.Thread):
             path.unlink(missing_ok=True)
 
 
-# Warm spares: one started child per limits key, waiting on stdin with torch, triton (and on CUDA a
-# context) loaded, so a long-lived worker's next verification skips the child's start. A spare
-# whose parent exits reads an empty job and exits.
-_SPARES: dict[tuple[Any, ...], Sandbox] = {}
+# Warm spares: started children per limits key, waiting on stdin with torch, triton (and on CUDA a
+# context) loaded, so a long-lived worker's next verifications skip the child's start. A spare
+# whose parent exits reads an empty job and exits. One per key unless a worker that runs several
+# verifications at once asks for as many (`set_spare_count`): a campaign's first wave of eight
+# verifications spent 9-21 s each starting its child when one spare was kept.
+_SPARES: dict[tuple[Any, ...], list[Sandbox]] = {}
 _SPARES_LOCK = threading.Lock()
+_SPARE_COUNT = 1
+
+
+def set_spare_count(count: int) -> None:
+    """How many warm spares `keep_spare` keeps per limits key (at least 1)."""
+    global _SPARE_COUNT
+    _SPARE_COUNT = max(1, int(count))
+
+
+def close_spares() -> None:
+    """Stop every warm spare (tests, and a worker shutting down)."""
+    with _SPARES_LOCK:
+        spares = [spare for pool in _SPARES.values() for spare in pool]
+        _SPARES.clear()
+    for spare in spares:
+        spare.close()
 
 
 def _spare_key(
@@ -403,31 +421,36 @@ def _spare_key(
     return device, timeout, memory_limit, cpu_seconds, str(state_dir())
 
 
+def _alive(sandbox: Sandbox) -> bool:
+    return sandbox.proc is not None and sandbox.proc.poll() is None
+
+
 def take_sandbox(
     device: str, timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None
 ) -> Sandbox:
     """A warm spare with these limits if one is alive, else a new (not yet started) sandbox."""
     with _SPARES_LOCK:
-        spare = _SPARES.pop(_spare_key(device, timeout, memory_limit, cpu_seconds), None)
-    if spare is not None and spare.proc is not None and spare.proc.poll() is None:
-        return spare
-    if spare is not None:
-        spare.close()
-    return Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
+        pool = _SPARES.get(_spare_key(device, timeout, memory_limit, cpu_seconds), [])
+        dead = [spare for spare in pool if not _alive(spare)]
+        pool[:] = [spare for spare in pool if _alive(spare)]
+        spare = pool.pop(0) if pool else None
+    for sandbox in dead:
+        sandbox.close()
+    return spare or Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
 
 
 def keep_spare(
     device: str, timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None
 ) -> None:
-    """Start a spare for the next verification with these limits, unless one is waiting already."""
+    """Start spares for the next verifications with these limits, up to the spare count."""
     key = _spare_key(device, timeout, memory_limit, cpu_seconds)
     with _SPARES_LOCK:
-        if key in _SPARES:
-            return
-        spare = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
-        # It starts while a verification may be timing: its CUDA context waits until nothing is timed.
-        spare.start(gpu_lock=str(timing_lock()) if device == "cuda" else None)
-        _SPARES[key] = spare
+        pool = _SPARES.setdefault(key, [])
+        while len(pool) < _SPARE_COUNT:
+            spare = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
+            # It starts while a verification may be timing: its CUDA context waits until nothing is timed.
+            spare.start(gpu_lock=str(timing_lock()) if device == "cuda" else None)
+            pool.append(spare)
 
 
 def _tail(path: Path, limit: int = 1500) -> str:

@@ -56,8 +56,4 @@ def state(tmp_path, monkeypatch):
 
     monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
     yield tmp_path
-    with sandbox_module._SPARES_LOCK:
-        spares = list(sandbox_module._SPARES.values())
-        sandbox_module._SPARES.clear()
-    for spare in spares:
-        spare.close()
+    sandbox_module.close_spares()

@@ -55,13 +55,15 @@ def test_the_next_spare_starts_while_this_verification_runs(state, monkeypatch):
     original = sandbox_module.Sandbox.run
 
     def run(self, job, consume=None):
-        running.append([s.proc is not None and s.proc.poll() is None for s in sandbox_module._SPARES.values()])
+        running.append(
+            [s.proc is not None and s.proc.poll() is None for p in sandbox_module._SPARES.values() for s in p]
+        )
         return original(self, job, consume)
 
     monkeypatch.setattr(sandbox_module.Sandbox, "run", run)
     verdict = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
     assert verdict.accepted and running == [[True]]
-    assert len(sandbox_module._SPARES) == 1  # and no second one afterwards
+    assert [len(pool) for pool in sandbox_module._SPARES.values()] == [1]  # and no second one afterwards
 
 
 def test_cuda_children_compile_baselines_in_process(tmp_path, monkeypatch):
@@ -143,3 +145,31 @@ def test_queue_ahead_is_bounded(monkeypatch):
     monkeypatch.setattr(bench, "launch_us", lambda fn: 1e7)  # a call that blocks for 10 s on the host
     bench.time_cuda(lambda i: None, torch.empty(16))
     assert aheads and max(aheads) == bench.MAX_AHEAD_US
+
+
+def test_sandbox_children_yield_the_cpu_to_the_server():
+    # The served model's decode loop shares the machine with the verifier's children.
+    import os
+    import subprocess
+    import sys
+
+    from gpuyantra.verifier.child import CHILD_NICENESS
+
+    code = "import os; from gpuyantra.verifier.child import _apply_limits; _apply_limits(0, 0, 0); print(os.nice(0))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert int(out.stdout.strip()) == min(19, os.nice(0) + CHILD_NICENESS)
+
+
+def test_a_worker_running_several_verifications_keeps_as_many_spares(state, monkeypatch):
+    started: list[str | None] = []
+    monkeypatch.setattr(sandbox_module.Sandbox, "start", lambda self, gpu_lock=None: started.append(gpu_lock))
+    monkeypatch.setattr(sandbox_module, "_alive", lambda sandbox: True)
+    monkeypatch.setattr(sandbox_module, "_SPARE_COUNT", 1)
+    sandbox_module.set_spare_count(3)
+    sandbox_module.keep_spare("cpu")
+    assert len(started) == 3
+    taken = [sandbox_module.take_sandbox("cpu") for _ in range(2)]
+    assert len({id(t) for t in taken}) == 2 and all(t.proc is None for t in taken)  # started by the stub
+    sandbox_module.keep_spare("cpu")  # tops the pool up to 3 again
+    assert len(started) == 5
+    sandbox_module.close_spares()

@@ -28,3 +28,16 @@ async def test_the_gpu_queue_takes_as_many_activities_as_slots(env: WorkflowEnvi
     assert slots[GPU_TASK_QUEUE] == 5
     if role == "all":
         assert slots[CPU_TASK_QUEUE] == 4
+
+
+def test_a_gpu_worker_imports_the_model_code_while_it_waits(monkeypatch, tmp_path) -> None:
+    import sys
+
+    from workers import main
+
+    (tmp_path / "gy_model_code_probe.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(main, "MODEL_CODE", "gy_model_code_probe")
+    main._import_model_code_in_background().join(timeout=60)
+    assert sys.modules["gy_model_code_probe"].LOADED
+    monkeypatch.delitem(sys.modules, "gy_model_code_probe")
