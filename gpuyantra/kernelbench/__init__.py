@@ -24,7 +24,9 @@ For each problem file this module:
    calls the best candidate's `entry` on the activations and the live attributes its ADAPTER
    names. The candidate is imported from the real `.py` file next to ModelNew.py (Triton reads
    kernel source with `inspect`), and kernelbench checks ModelNew against Model on 5 fresh input
-   draws at the family's tolerance. On CUDA both are timed (median of `triton.testing.do_bench`).
+   draws: against Model in float64 at the family's tolerance plus 16x Model's own float32 error per
+   row (the verifier's rule), or against Model in float32 where Model cannot run in float64. On
+   CUDA both are timed (median of `triton.testing.do_bench`).
 5. reports fast_0 / fast_1 / fast_2 as KernelBench defines them: the fraction of *all* problems
    whose ModelNew is correct and, for fast_p, more than p times faster than Model. On CPU speed is
    not measured, so fast_1 / fast_2 are None.
@@ -58,6 +60,7 @@ from gpuyantra.kernelbench.model_new import (
     COMPARE_CHUNK,
     check_model_new,
     compare_chunked,
+    compare_to_float64,
     load_model_new,
     model_new_source,
     time_cuda_us,
@@ -126,6 +129,7 @@ __all__ = [
     "check_model_new",
     "check_problem_module",
     "compare_chunked",
+    "compare_to_float64",
     "default_module_adapter",
     "default_out",
     "dimension_values",

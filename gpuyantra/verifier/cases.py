@@ -10,8 +10,10 @@ child reports about values is trusted.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -351,17 +353,42 @@ def float32_reference(
 ) -> list[torch.Tensor] | None:
     """The family's reference computed in float32 on exactly these inputs (16-bit inputs widen
     exactly): the error any honest float32 computation makes on them, without the output's own
-    rounding. None where the device lacks a kernel for it."""
+    rounding. Products are IEEE float32 (TF32 off for matmuls and convolutions, whatever the
+    process set): the judge's allowance grows with this error, and a TF32 reference would let
+    a TF32 kernel through. None where the device lacks a kernel for it."""
 
     def widen(t: Any) -> Any:
         return t.to(torch.float32) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
     try:
-        with torch.no_grad():
+        with torch.no_grad(), ieee_float32():
             out = family.reference(*[widen(a) for a in activations], **{k: widen(v) for k, v in params.items()})
     except Exception:  # noqa: BLE001 - no kernel for this dtype: no conditioning slack
         return None
     return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+_IEEE_LOCK = threading.Lock()
+_ieee_users: list[tuple[bool, bool]] = []  # the settings before the first of the contexts now open
+
+
+@contextlib.contextmanager
+def ieee_float32() -> Iterator[None]:
+    """float32 matmuls and convolutions in IEEE float32 (no TF32) inside; the process's settings
+    come back when the last such context open (on any thread: judging runs beside the sandbox) ends."""
+    with _IEEE_LOCK:
+        if not _ieee_users:
+            _ieee_users.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        else:
+            _ieee_users.append(_ieee_users[0])
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        with _IEEE_LOCK:
+            before = _ieee_users.pop()
+            if not _ieee_users:
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def expected_outputs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,9 +103,9 @@ def reward_on_shapes(verdict: dict[str, Any], shapes: list[list[int]]) -> dict[s
     rows = [r for r in verdict.get("bench") or [] if list(r.get("shape") or []) in wanted]
     if verdict.get("failures") or not rows or any(not r.get("kernel_us") for r in rows):
         return None
-    eager = _geomean([r["eager_us"] / r["kernel_us"] if r.get("eager_us") else None for r in rows])
+    eager = geomean([r["eager_us"] / r["kernel_us"] if r.get("eager_us") else None for r in rows])
     compiled = [min(t for t in (r.get("compile_us"), r.get("compile_ro_us")) if t) for r in rows if _compiled(r)]
-    vs_compile = _geomean([t / r["kernel_us"] for t, r in zip(compiled, rows)]) if len(compiled) == len(rows) else None
+    vs_compile = geomean([t / r["kernel_us"] for t, r in zip(compiled, rows)]) if len(compiled) == len(rows) else None
     return {
         "shapes": [list(r["shape"]) for r in rows],
         "reward": compute_reward([], str(verdict.get("device") or "cuda"), eager, vs_compile),
@@ -117,7 +118,8 @@ def _compiled(row: dict[str, Any]) -> bool:
     return bool(row.get("compile_us") or row.get("compile_ro_us"))
 
 
-def _geomean(values: list[float | None]) -> float | None:
+def geomean(values: Sequence[float | None]) -> float | None:
+    """Geometric mean of the finite positive values (None when there are none): speedups over shapes."""
     kept = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
 

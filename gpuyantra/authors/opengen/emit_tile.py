@@ -16,6 +16,7 @@ import sympy
 
 import gpuyantra.authors.opengen.ir as ir
 from gpuyantra.authors.opengen.kernel import ZERO, Buffer, Domain, KernelParams, Region, Store, Val, join_cats
+from gpuyantra.authors.opengen.ops import LIBDEVICE_FLAG, LIBDEVICE_HELPERS, LIBDEVICE_HOST
 from gpuyantra.authors.opengen.spec import Unsupported
 from gpuyantra.authors.opengen.symbolic import contiguous_strides, literal, product
 
@@ -101,6 +102,13 @@ class TileEmitter:
         val = Val(name, cat, kind, region)
         self.cache[key] = val
         return val
+
+    def use_helpers(self, helpers: Sequence[str]) -> None:
+        """The file defines `helpers`; a kernel calling libdevice through them takes the LIBDEVICE
+        constexpr (true on a GPU: the interpreter has no libdevice)."""
+        self.helpers.update(helpers)
+        if LIBDEVICE_HELPERS.intersection(helpers):
+            self.params.flags[LIBDEVICE_FLAG] = LIBDEVICE_HOST
 
     # --- sizes and arguments ------------------------------------------------------------------------
     def size(self, expr: sympy.Expr) -> Val:

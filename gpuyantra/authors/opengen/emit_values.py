@@ -13,7 +13,7 @@ import sympy
 import gpuyantra.authors.opengen.ir as ir
 from gpuyantra.authors.opengen.emit_tile import TileEmitter
 from gpuyantra.authors.opengen.kernel import ZERO, Val, join_cats
-from gpuyantra.authors.opengen.ops import Operand, pointwise
+from gpuyantra.authors.opengen.ops import Operand, libm, pointwise
 from gpuyantra.authors.opengen.spec import Unsupported
 from gpuyantra.authors.opengen.symbolic import product, same, same_shape
 
@@ -28,7 +28,7 @@ class ValueEmitter(TileEmitter):
         arg = self._scalar_arg(f"f_{node.name}", f"float({node.name})")
         if node.scale == 1.0 and node.offset == 0.0 and node.power == 1:
             return Val(arg, "s", "f")
-        term = arg if node.power == 1 else f"(1.0 / {arg})"
+        term = arg if node.power == 1 else f"tl.div_rn(1.0, {arg})"
         return self.emit(f"({node.scale!r} * {term} + {node.offset!r})", "s", "f", [])
 
     def _size_value(self, node: ir.SizeValue, idx: tuple[Val, ...], lin: Val | None) -> Val:
@@ -115,7 +115,7 @@ class ValueEmitter(TileEmitter):
             for a in node.args
         ]
         code, helpers = pointwise(node.op, [self._operand(a) for a in args], node.kind)
-        self.helpers.update(helpers)
+        self.use_helpers(helpers)
         if all(not a.tensor for a in args) and not helpers and "tl." not in code:
             return Val(code, "s", node.kind)
         return self.emit(code, join_cats(*(a.cat for a in args)), node.kind, args)
@@ -131,14 +131,16 @@ class ValueEmitter(TileEmitter):
         if base.kind != "f" or node.kind != "f":
             return None
         x = base.code
-        forms = {
+        # ATen's pow by these constants: sqrt, rsqrt, reciprocal and products (sqrtf, rsqrtf, IEEE division)
+        rsqrt, helpers = libm("rsqrt", x)
+        forms: dict[float, tuple[str, tuple[str, ...]] | None] = {
             1.0: None,
-            2.0: f"({x} * {x})",
-            3.0: f"({x} * {x} * {x})",
-            0.5: f"tl.sqrt({x})",
-            -0.5: f"tl.rsqrt({x})",
-            -1.0: f"(1.0 / {x})",
-            -2.0: f"(1.0 / ({x} * {x}))",
+            2.0: (f"({x} * {x})", ()),
+            3.0: (f"({x} * {x} * {x})", ()),
+            0.5: (f"tl.sqrt_rn({x})", ()),
+            -0.5: (rsqrt, helpers),
+            -1.0: (f"tl.div_rn(1.0, {x})", ()),
+            -2.0: (f"tl.div_rn(1.0, {x} * {x})", ()),
             0.0: None,
         }
         if e not in forms:
@@ -147,9 +149,11 @@ class ValueEmitter(TileEmitter):
             return base
         if e == 0.0:
             return Val("1.0", "s", "f")
-        if not base.tensor and "tl." in str(forms[e]):
+        code, needs = forms[e] or ("", ())
+        if not base.tensor and ("tl." in code or needs):
             return None
-        return self.emit(str(forms[e]), base.cat, "f", [base])
+        self.use_helpers(needs)
+        return self.emit(code, base.cat, "f", [base])
 
     def _broadcast_index(self, arg: ir.Node, idx: tuple[Val, ...]) -> list[Val]:
         """Right-aligned broadcasting: size-1 dims read index 0."""

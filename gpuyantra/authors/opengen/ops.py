@@ -1,15 +1,79 @@
-"""Triton spellings of the pointwise ops, in float32, with numerically stable forms.
+"""Triton spellings of the pointwise ops, in float32, computed as PyTorch computes them on the GPU.
 
-Libdevice is avoided (Triton's CPU interpreter lacks it): tanh, log1p, expm1 and friends are small
-@triton.jit helpers written with exp/log, accurate near zero and free of overflow at the extremes.
+PyTorch's CUDA kernels call CUDA's math library (expf, cosf, tanhf, powf, ...: libdevice), divide
+with IEEE rounding, take IEEE square roots and round after every eager op. Triton's own spellings
+differ on NVIDIA (read from the PTX Triton 3.9 writes for sm_90): `tl.exp` is ex2.approx of
+x * log2(e), `tl.exp2` ex2.approx, `tl.sqrt` sqrt.approx, a float32 `/` div.full (none of them
+expf, exp2f, sqrtf or IEEE division); tl.sin, tl.cos, tl.log and tl.erf do call libdevice, but
+Triton links it flushing subnormals to zero unless told otherwise. So the candidate calls libdevice
+by name (the `_acc_*` helpers), divides with `tl.div_rn`, takes `tl.sqrt_rn`, and the host launches
+the kernels without flush-to-zero and (outside matmuls) without contracting a product and a sum into
+one FMA (source.py, `_numerics`). Division by a scalar (a number or a scalar argument: eager holds
+it as a CPU scalar) multiplies by its reciprocal, as ATen's CUDA div kernel does.
+
+Triton's CPU interpreter has no libdevice: each `_acc_*` helper takes the kernel's constexpr
+LIBDEVICE (true when the tensors are on a GPU) and without it computes in float64 and rounds once,
+within half an ulp of the exact value.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpuyantra.authors.opengen.spec import Unsupported
 
+LIBDEVICE_FLAG = "LIBDEVICE"  # the kernels' constexpr: call libdevice (compiled for a GPU) or not
+LIBDEVICE_HOST = "_dev.type == 'cuda'"  # its host expression (the interpreter runs CPU tensors)
+
+# op -> (libdevice function, the interpreter's float64 form of x (w) and y (v), helpers it calls):
+# the function ATen's CUDA kernel for the op calls.
+_LIBM: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "exp": ("exp", "tl.exp(w)", ()),
+    "exp2": ("exp2", "tl.exp2(w)", ()),
+    "expm1": ("expm1", "_expm1(w)", ("_expm1",)),
+    "log": ("log", "tl.log(w)", ()),
+    "log2": ("log2", "tl.log2(w)", ()),
+    "log10": ("log10", "tl.log(w) * 0.4342944819032518", ()),
+    "log1p": ("log1p", "_log1p(w)", ("_log1p",)),
+    "rsqrt": ("rsqrt", "1.0 / tl.sqrt(w)", ()),
+    "sin": ("sin", "tl.sin(w)", ()),
+    "cos": ("cos", "tl.cos(w)", ()),
+    "tan": ("tan", "tl.sin(w) / tl.cos(w)", ()),
+    "erf": ("erf", "tl.erf(w)", ()),
+    "erfc": ("erfc", "1.0 - tl.erf(w)", ()),
+    "tanh": ("tanh", "_tanh(w)", ("_tanh",)),
+    "sinh": ("sinh", "_sinh(w)", ("_sinh",)),
+    "cosh": ("cosh", "0.5 * (tl.exp(w) + tl.exp(-w))", ()),
+    "pow": ("pow", "_pow(w, v)", ("_pow",)),
+    "fmod": ("fmod", "w - v * _trunc(w / v)", ("_trunc",)),
+}
+_LIBM_BINARY = frozenset({"pow", "fmod"})
+
+
+def _libm_helper(op: str) -> str:
+    fn, form, _ = _LIBM[op]
+    args = "x, y" if op in _LIBM_BINARY else "x"
+    wide = ["        w = x.to(tl.float64)"] + (["        v = y.to(tl.float64)"] if op in _LIBM_BINARY else [])
+    return "\n".join(
+        [
+            "@triton.jit",
+            f"def _acc_{op}({args}, LIBDEVICE: tl.constexpr):",
+            f"    # torch's {op} on CUDA: libdevice's {fn}; the interpreter (no libdevice): float64, rounded once",
+            "    if LIBDEVICE:",
+            f"        r = libdevice.{fn}({args})",
+            "    else:",
+            *wide,
+            f"        r = ({form}).to(x.dtype)",
+            "    return r",
+            "",
+        ]
+    )
+
+
+# Helper functions by name. _tanh, _log1p, _expm1, _pow, _sinh and _trunc are the interpreter's
+# float64 forms behind the _acc_* helpers (libdevice on the GPU); the others serve the kernels directly.
 HELPERS: dict[str, str] = {
     "_tanh": """@triton.jit
 def _tanh(x):
@@ -84,7 +148,16 @@ def _logaddexp_combine(a, b):
 def _mul_combine(a, b):
     return a * b
 """,
+    "_acc_remainder": """@triton.jit
+def _acc_remainder(x, y, LIBDEVICE: tl.constexpr):
+    # torch.remainder on CUDA: fmod, moved into the divisor's sign
+    m = _acc_fmod(x, y, LIBDEVICE)
+    return tl.where((m != 0.0) & ((y < 0.0) != (m < 0.0)), m + y, m)
+""",
+    **{f"_acc_{op}": _libm_helper(op) for op in _LIBM},
 }
+# Helpers that call libdevice: the file imports it, the kernel takes the LIBDEVICE constexpr.
+LIBDEVICE_HELPERS = frozenset(h for h in HELPERS if h.startswith("_acc_"))
 
 
 @dataclass(frozen=True)
@@ -149,19 +222,20 @@ def _binary(op: str, a: Operand, b: Operand, kind: str) -> tuple[str, tuple[str,
         return f"({a.code} {sym} {b.code})", ()
     if kind == "f":
         x, y = _f(a), _f(b)
-        simple = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+        simple = {"add": "+", "sub": "-", "mul": "*"}
         if op in simple:
             return f"({x} {simple[op]} {y})", ()
+        if op == "div":
+            return _div(a, b), ()
         if op == "maximum":
             return f"tl.where(({x} > {y}) | ({x} != {x}), {x}, {y})", ()
         if op == "minimum":
             return f"tl.where(({x} < {y}) | ({x} != {x}), {x}, {y})", ()
-        if op == "pow":
-            return f"_pow({_t(a)}, {_t(b)})", ("_pow",)
-        if op == "fmod":
-            return f"({x} - {y} * _trunc({x} / {y}))", ("_trunc",)
+        if op in ("pow", "fmod"):
+            return libm(op, _t(a), _t(b))
         if op == "remainder":
-            return f"({x} - {y} * tl.floor({x} / {y}))", ()
+            _, helpers = libm("fmod", _t(a), _t(b))
+            return f"_acc_remainder({_t(a)}, {_t(b)}, {LIBDEVICE_FLAG})", ("_acc_remainder", *helpers)
         raise Unsupported(f"pointwise op {op} is not supported by the open author")
     x, y = cast(a, "i"), cast(b, "i")
     simple_i = {"add": "+", "sub": "-", "mul": "*"}
@@ -191,37 +265,65 @@ def _unary(op: str, a: Operand, kind: str) -> tuple[str, tuple[str, ...]]:
     if op == "not":
         return (f"({a.code} == 0)" if a.kind != "i" else f"(~{a.code})"), ()
     x = _t(a)
+    if op in _LIBM:
+        return libm(op, x)
     plain = {
-        "exp": "tl.exp({x})",
-        "exp2": "tl.exp2({x})",
-        "log": "tl.log({x})",
-        "log2": "tl.log2({x})",
-        "log10": "(tl.log({x}) * 0.4342944819032518)",
-        "sqrt": "tl.sqrt({x})",
-        "rsqrt": "tl.rsqrt({x})",
-        "sin": "tl.sin({x})",
-        "cos": "tl.cos({x})",
-        "tan": "(tl.sin({x}) / tl.cos({x}))",
-        "erf": "tl.erf({x})",
-        "erfc": "(1.0 - tl.erf({x}))",
+        "sqrt": "tl.sqrt_rn({x})",
         "floor": "tl.floor({x})",
         "ceil": "tl.ceil({x})",
         "abs": "tl.abs({x})",
         "neg": "(-{x})",
-        "reciprocal": "(1.0 / {x})",
-        "sigmoid": "(1.0 / (1.0 + tl.exp(-{x})))",
+        "reciprocal": "tl.div_rn(1.0, {x})",
         "relu": "tl.where({x} < 0.0, 0.0, {x})",
         "square": "({x} * {x})",
         "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, {x}))",
         "signbit": "({x} < 0.0)",
         "isfinite": "(tl.abs({x}) < float('inf'))",
-        "cosh": "(0.5 * (tl.exp({x}) + tl.exp(-{x})))",
     }
     if op in plain:
         return plain[op].format(x=x), ()
-    helpers = {"tanh": "_tanh", "log1p": "_log1p", "expm1": "_expm1", "trunc": "_trunc", "round": "_round"}
+    if op == "sigmoid":  # ATen: 1 / (1 + exp(-x)), expf and an IEEE division
+        e, needs = libm("exp", f"(-{x})")
+        return f"tl.div_rn(1.0, 1.0 + {e})", needs
+    helpers = {"trunc": "_trunc", "round": "_round"}
     if op in helpers:
         return f"{helpers[op]}({x})", (helpers[op],)
-    if op == "sinh":
-        return f"_sinh({x})", ("_sinh",)
     raise Unsupported(f"pointwise op {op} is not supported by the open author")
+
+
+def libm(op: str, *operands: str) -> tuple[str, tuple[str, ...]]:
+    """The call of `op`'s libdevice helper on float32 tensor operands, and the helpers it needs."""
+    return f"_acc_{op}({', '.join(operands)}, {LIBDEVICE_FLAG})", (f"_acc_{op}", *_LIBM[op][2])
+
+
+def _div(a: Operand, b: Operand) -> str:
+    """a / b as ATen's CUDA kernel computes it: an IEEE division, or, for a scalar divisor (eager
+    holds it as a CPU scalar), a product with its reciprocal (computed in double, rounded once)."""
+    x = _f(a)
+    if a.tensor and not b.tensor:
+        value = _number(b)
+        if value is not None and value != 0.0:
+            with np.errstate(over="ignore"):
+                inverse = float(np.float32(1.0 / value))
+            return f"({x} * {_float_literal(inverse)})"
+        if value is None:
+            return f"({x} * tl.div_rn(1.0, {_t(b)}))"
+    return f"tl.div_rn({_t(a)}, {_t(b)})"
+
+
+def _number(a: Operand) -> float | None:
+    """The value of a python number literal, else None (a scalar argument, a tensor)."""
+    if a.tensor or a.kind == "b":
+        return None
+    try:
+        return float(a.code)
+    except ValueError:
+        return None
+
+
+def _float_literal(value: float) -> str:
+    if value != value:
+        return "float('nan')"
+    if value in (float("inf"), float("-inf")):
+        return "float('inf')" if value > 0 else "float('-inf')"
+    return repr(value)

@@ -24,7 +24,7 @@ from gpuyantra.authors.opengen.emit import KernelEmitter
 from gpuyantra.authors.opengen.kernel import Buffer, dtype_code
 from gpuyantra.authors.opengen.lower import Lowered, lower
 from gpuyantra.authors.opengen.matmul import make_emitter
-from gpuyantra.authors.opengen.ops import HELPERS
+from gpuyantra.authors.opengen.ops import HELPERS, LIBDEVICE_HELPERS
 from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
 from gpuyantra.authors.opengen.strategy import COMMENTS, MATMUL_KNOBS, normalize
@@ -72,6 +72,18 @@ MM_PLAN = """def _mm_plan(batch, m, n, k, dtype, interpreted):
     split = max(1, min(split, k_blocks))
     kps = triton.cdiv(k_blocks, split) * bk
     return gemv, dot, bm, bn, bk, warps, stages, triton.cdiv(k, kps), kps
+"""
+
+
+# Host helper of every file: the launch options that keep PyTorch's CUDA rounding (see ops.py).
+NUMERICS = """def _numerics(dev, matmul):
+    # Launch options for torch's rounding on CUDA: libdevice keeps subnormals (Triton flushes them to
+    # zero by default; torch does not), and outside matmuls no product and sum fuse into one FMA (eager
+    # rounds after each op). The interpreter ignores them; Triton's ROCm backend has no reflect-ftz.
+    opts = {} if matmul else {"enable_fp_fusion": False}
+    if dev.type == "cuda" and triton.runtime.driver.active.get_current_target().backend == "cuda":
+        opts["enable_reflect_ftz"] = False
+    return opts
 """
 
 
@@ -234,7 +246,7 @@ class _File:
         kw = [f"{k}={v}" for k, v in p.flags.items()]
         kw += [
             "MODE=_mode", "USE_DOT=not _gemv", "DOT=_dot", "BLOCK_M=_bm", "BLOCK_N=_bn", "BLOCK_K=_bk",
-            "GROUP_M=MM_GROUP_M", "I64=_wide", "num_warps=_mw", "num_stages=_stages",
+            "GROUP_M=MM_GROUP_M", "I64=_wide", "num_warps=_mw", "num_stages=_stages", "**_exact_mm",
         ]  # fmt: skip
         self.launches += [
             f"# {kp.name}: matmul of {_shape_text(mm.a.shape)} by {_shape_text(mm.b.shape)} -> {what}",
@@ -256,7 +268,7 @@ class _File:
         p = em.params
         args = [*p.pointers.values(), *p.scalars.values()]
         kw = [f"{k}={v}" for k, v in p.flags.items()]
-        kw += [f"ROWS={rows}", f"BLOCK={block}", "I64=_i64", f"num_warps={warps}"]
+        kw += [f"ROWS={rows}", f"BLOCK={block}", "I64=_i64", f"num_warps={warps}", "**_exact"]
         return [f"    {a}," for a in args + kw]
 
     # --- entry ------------------------------------------------------------------------------------
@@ -282,6 +294,10 @@ class _File:
         body.append("_i64 = max(" + ", ".join(spans) + ") >= 2**31  # int64 offsets past 2^31 elements")
         for kp in self.plan.kernels:
             self._kernel(kp)
+        if any(kp.domain.mm is None for kp in self.plan.kernels):
+            body.append("_exact = _numerics(_dev, False)  # launch options: torch's rounding")
+        if self.has_matmul:
+            body.append("_exact_mm = _numerics(_dev, True)")
         body += self.launches
         outs = [b.name for b in self.plan.outputs]
         if self.lowered.structure == "single":
@@ -330,6 +346,7 @@ class _File:
         strategy = "".join(f"{k} = {v!r}  # {COMMENTS[k]}\n" for k, v in knobs.items())
         helpers = [HELPERS[h] for h in sorted(self.helpers)]
         warps = (
+            NUMERICS + "\n\n"
             "def _warps(elems):\n"
             "    # NUM_WARPS, or one warp per 256 elements of the tile (1 to 8)\n"
             "    return NUM_WARPS or max(1, min(8, elems // 256))\n"
@@ -347,7 +364,8 @@ class _File:
         )
         parts = [
             doc,
-            "import torch\nimport triton\nimport triton.language as tl\n",
+            "import torch\nimport triton\nimport triton.language as tl\n"
+            + ("from triton.language.extra import libdevice\n" if self.helpers & LIBDEVICE_HELPERS else ""),
             f"OP = {json.dumps(self.spec.op)}\n" + adapter,
             "# strategy:begin\n" + strategy + "# strategy:end\n",
             *helpers,
