@@ -3,7 +3,8 @@
     python3 benchmarks/verify_speed.py --out $OUT/verify_speed.json [--candidate gpuyantra/kernels/rms_norm.py]
 
 As a GPU worker runs it: one process, `keep_warm=True` (the next verification finds its sandbox child
-started) and the state folder's cached torch.compile baselines. Prints and writes wall seconds and
+started), one warm spare per concurrent verification for the round of six (as a worker with six GPU
+slots keeps from its start) and the state folder's cached torch.compile baselines. Prints and writes wall seconds and
 each verdict's `timings`, reward and speedups; the concurrent round checks that speedups stay within
 the noise of the single runs (timing phases hold one GPU-wide lock).
 """
@@ -46,6 +47,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=6)
+    parser.add_argument("--spare-wait-s", type=float, default=20.0, help="spares starting, as at a worker start")
     args = parser.parse_args()
     from gpuyantra.config import state_dir
     from gpuyantra.triton_env import prepare
@@ -66,6 +68,13 @@ def main() -> int:
         report["warm"].append(one(args.candidate, shapes, args.dtype))
         print("warm", report["warm"][-1], flush=True)
         save()
+    # As a GPU worker with that many slots: one warm spare per concurrent verification, started
+    # before the round (the worker starts them with itself).
+    from gpuyantra.verifier.sandbox import keep_spare, set_spare_count
+
+    set_spare_count(args.parallel)
+    keep_spare("cuda")
+    time.sleep(args.spare_wait_s)
     started = time.perf_counter()
     with ThreadPoolExecutor(args.parallel) as pool:
         report["parallel"] = list(pool.map(lambda _: one(args.candidate, shapes, args.dtype), range(args.parallel)))
