@@ -221,9 +221,11 @@ def find_open_groups(
 ) -> list[ModuleGroup]:
     """Open targets for the model's leaf module classes that no registered family covers.
 
-    One probe run records the first call of each uncovered leaf class (its positional tensor
-    inputs); each class becomes an open target built from that instance and call, saved by name.
-    Every instance of the class whose forward the target's reference reproduces with its own
+    One probe run (which may run several workloads: prefill, decode at each served batch) records
+    every call of each uncovered leaf class: the first call's positional tensor inputs build the
+    target, every call's input shapes are its evidence of which sizes change (a position input of
+    batch 1 in a prefill and of batch 8 in a decode); each class becomes an open target saved by
+    name. Every instance of the class whose forward the target's reference reproduces with its own
     parameters joins the group (binding by computation, as for a family); others stay out."""
     from gpuyantra.ops.open import OpenTargetError, build_open_target, register_open
 
@@ -231,10 +233,10 @@ def find_open_groups(
     candidates = _uncovered_leaves(model, covered_names)
     calls = _first_calls(candidates, run_probe)
     groups: list[ModuleGroup] = []
-    for cls, (name, inputs) in list(calls.items())[:limit]:
+    for cls, (name, inputs, shapes) in list(calls.items())[:limit]:
         module = candidates[name]
         try:
-            target = build_open_target(module, inputs, name_hint=cls.__name__)
+            target = build_open_target(module, inputs, name_hint=cls.__name__, calls=shapes)
             family = register_open(target)
         except OpenTargetError:
             continue  # int-only inputs (embeddings), a class other processes cannot import...
@@ -264,23 +266,33 @@ def _uncovered_leaves(model: torch.nn.Module, covered: set[str]) -> dict[str, to
     return leaves
 
 
+# Distinct input shapes recorded per class during discovery (prefill, decode at each served batch).
+MAX_CALL_SHAPES = 16
+
+
 def _first_calls(
     modules: dict[str, torch.nn.Module], run_probe: Callable[[], Any]
-) -> dict[type, tuple[str, tuple[torch.Tensor, ...]]]:
-    """(module name, positional tensor inputs) of the first call of each class during one probe;
+) -> dict[type, tuple[str, tuple[torch.Tensor, ...], list[tuple[tuple[int, ...], ...]]]]:
+    """(module name, positional tensor inputs, every call's input shapes) of each class during one
+    probe: the inputs of its first call, the shapes of all its calls (each distinct one once);
     classes called with keyword or non-tensor arguments are left out."""
-    calls: dict[type, tuple[str, tuple[torch.Tensor, ...]]] = {}
+    calls: dict[type, tuple[str, tuple[torch.Tensor, ...], list[tuple[tuple[int, ...], ...]]]] = {}
     refused: set[type] = set()
 
     def hook(name: str) -> Callable[..., None]:
         def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             cls = type(module)
-            if cls in calls or cls in refused:
+            if cls in refused:
                 return
             if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
-                refused.add(cls)
+                if cls not in calls:
+                    refused.add(cls)
                 return
-            calls[cls] = (name, tuple(a.detach().to("cpu").clone() for a in args))
+            shapes = tuple(tuple(int(d) for d in a.shape) for a in args)
+            if cls not in calls:
+                calls[cls] = (name, tuple(a.detach().to("cpu").clone() for a in args), [shapes])
+            elif shapes not in calls[cls][2] and len(calls[cls][2]) < MAX_CALL_SHAPES:
+                calls[cls][2].append(shapes)
 
         return record
 

@@ -113,6 +113,19 @@ class Profiling(Scheduler):
         prompt = self._probe_prompt(self._probe_rows()[0])
         return {f"decode@{batch}": self._decode_probe(prompt, batch) for batch in batches}
 
+    def _discovery_probe(self, probes: Mapping[str, Callable[[], Any]]) -> Callable[[], Any]:
+        """Every workload the server runs, once: the decode step the profile times (its calls build
+        the open targets), the prefill, and a decode step at each served batch. An open target's
+        sizes are judged from all of their calls (a position input of batch 1 in a prefill, of the
+        served batch in a decode), never from one."""
+        served = self.served_probes(self.served_decode_batches())
+
+        def run() -> None:
+            for probe in (probes["decode"], probes["prefill"], *served.values()):
+                probe()
+
+        return run
+
     def _add_served_shapes(self, targets: list[dict[str, Any]], batches: Sequence[int]) -> None:
         """Each target's shapes at every served decode batch, after those the profile timed."""
         try:
@@ -132,7 +145,7 @@ class Profiling(Scheduler):
         if self.active_count:
             raise RuntimeError("profile needs an idle engine (run it through call(..., exclusive=True))")
         probes = self.probes()
-        self._add_open_groups(probes["decode"])
+        self._add_open_groups(self._discovery_probe(probes))
         source, error, result = "fallback", None, None
         try:
             result = run_profiler(

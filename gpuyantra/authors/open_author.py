@@ -86,13 +86,15 @@ def spec_for(op: str) -> OpenSpec:
 
 def spec_from_target(target: Any) -> OpenSpec:
     """An OpenSpec from an open target: its fields, with example inputs drawn at reduced shapes
-    (tracing needs only shapes and dtypes) where every variable dim is at least 2, so that it is
-    traced as a size and not as a broadcast dim."""
+    (tracing needs only shapes and dtypes) where every variable dim of every input is at least 2,
+    so that it is traced as a size and not as a broadcast dim; its variable dims and live calls,
+    which the written kernel must serve (else Unsupported)."""
     if isinstance(target, OpenSpec):
         return target
     examples = getattr(target, "example_inputs", ())
     if callable(examples):
         examples = examples(_trace_shapes(target))
+    variable = getattr(target, "variable_dims", None)
     return OpenSpec(
         op=str(target.op),
         module=target.module,
@@ -101,10 +103,17 @@ def spec_from_target(target: Any) -> OpenSpec:
         tensor_params=tuple(tuple(p) for p in target.tensor_params),
         float_params=tuple(tuple(p) for p in target.float_params),
         updated_buffers=tuple(getattr(target, "updated_buffers", ())),
+        variable_dims=tuple(tuple(int(d) for d in dims) for dims in variable) if variable is not None else None,
+        calls=tuple(getattr(target, "calls", ())),
     )
 
 
 def _trace_shapes(target: Any) -> list[tuple[int, ...]] | None:
+    """Every input's shape to trace at: every variable dim of every input at least 2 (later
+    inputs' dims too: a position input of batch 1 traced at 1 is baked at 1)."""
+    trace_shapes = getattr(target, "trace_shapes", None)
+    if callable(trace_shapes):
+        return [tuple(int(s) for s in shape) for shape in trace_shapes(TRACE_ELEMENTS)]
     shapes_for = getattr(target, "shapes_for", None)
     inputs = getattr(target, "inputs", None)
     variable = getattr(target, "variable_dims", None)

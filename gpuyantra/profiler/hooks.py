@@ -81,7 +81,7 @@ def _capture_activation_shapes(modules, groups, group_of, fn) -> dict[int, Count
             def entry(*acts, _idx=idx, _family=family, **params):
                 first = acts[0] if acts else None
                 if isinstance(first, torch.Tensor):
-                    recorded[_idx][(tuple(first.shape), _dtype_name(first.dtype))] += 1
+                    recorded[_idx][(_case_shape(_family, acts), _dtype_name(first.dtype))] += 1
                 return _family.reference(*acts, **params)
 
             forward = family.replacement_forward(module, entry, group.adapter)
@@ -97,6 +97,18 @@ def _capture_activation_shapes(modules, groups, group_of, fn) -> dict[int, Count
             else:
                 module.forward = original
     return {idx: counts for idx, counts in recorded.items() if counts}
+
+
+def _case_shape(family, acts) -> tuple[int, ...]:
+    """The shape a target's cases name a call by: the first activation's, or for an open target its
+    case key (every input's shape where the later inputs do not follow input 0's)."""
+    target = getattr(family, "open_target", None)
+    if target is not None:
+        try:
+            return tuple(target.case_key([tuple(a.shape) for a in acts]))
+        except ValueError:
+            pass
+    return tuple(acts[0].shape)
 
 
 def _first_tensor(args, kwargs):

@@ -19,6 +19,7 @@ from gpuyantra.binding import ModuleGroup, find_module_groups, format_param_shap
 from gpuyantra.candidate import Candidate
 from gpuyantra.ops import OpFamily
 from gpuyantra.ops.base import as_tuple
+from gpuyantra.ops.open.spec import CaseKey
 from gpuyantra.swap.core import SwapCore
 from gpuyantra.swap.guards import _CLASS_FORWARD, MODULE_FORWARDS, _bind, _LiveSwap, _set_forward
 from gpuyantra.swap.parity import attributes_set, compare_outputs, param_dtype_device, perturbed_scalars
@@ -97,7 +98,7 @@ class ModuleSwaps(SwapCore):
         live = _LiveSwap(record, family, candidate, self)
 
         def check() -> dict[str, Any]:
-            rows_by_group = {g.key: self._parity_rows(g, live_shapes) for g in groups}
+            rows_by_group = {g.key: self._parity_rows(g, live_shapes, family) for g in groups}
             return self._bind_and_check(live, targets, groups, rows_by_group)
 
         return self._bind_check_commit(record, live, MODULE_FORWARDS, targets, check, reapply_record)
@@ -112,8 +113,10 @@ class ModuleSwaps(SwapCore):
             groups = [g for g in groups if all(g.param_shapes.get(k, "?") == v for k, v in param_shapes.items())]
         return groups
 
-    def _parity_rows(self, group: ModuleGroup, live_shapes) -> list[Shape]:
-        """Leading dims ("rows") of the inputs to check: the live shapes' minus their last dim."""
+    def _parity_rows(self, group: ModuleGroup, live_shapes, family: OpFamily | None = None) -> list[Shape]:
+        """Leading dims ("rows") of the inputs to check: the live shapes' minus their last dim. An
+        open target is checked at whole case keys (every input's shape): each live call it was
+        built from (prefill, decode at each served batch), then the live shapes given."""
         if isinstance(live_shapes, Mapping):
             chosen = (
                 live_shapes.get(group.key)
@@ -127,6 +130,15 @@ class ModuleSwaps(SwapCore):
             chosen = self.shapes_provider(group.key)
         else:
             chosen = []
+        target = getattr(family, "open_target", None)
+        if target is not None:
+            keys: list[Shape] = []
+            for key in [*target.call_keys(), *chosen]:
+                key = tuple(int(d) for d in key)
+                if target._valid_key(key) and key not in keys:
+                    keys.append(key)
+            calls = len(target.call_keys())
+            return [CaseKey(k) for k in keys[: max(calls, self.max_parity_shapes)]] or list(self.default_rows)
         rows: list[Shape] = []
         for s in chosen:
             t = tuple(int(d) for d in s)

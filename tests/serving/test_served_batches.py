@@ -82,3 +82,15 @@ def test_a_profile_timed_at_the_traffic_batch_still_covers_one_row(tmp_path):
         rows = [tuple(s[:-1]) for s in linear["shapes"]]
         assert rows[0] == (2, 1)  # what the profile timed stays first
         assert (1, 1) in rows and len(rows) == len(set(rows))
+
+
+def test_open_targets_are_built_from_every_served_workload(tmp_path, monkeypatch):
+    # Qwen2's rotary embedding is an open target: its position_ids are (1, S) in a prefill and
+    # (4, 1) in the batched decode; both calls are its evidence, its cases and its parity checks.
+    monkeypatch.setattr(profiling_module, "run_profiler", lambda *a, **k: None)
+    prof = make_engine(tmp_path).profile()
+    [rotary] = [t for t in prof["targets"] if t["module_class"] == "Qwen2RotaryEmbedding"]
+    meta = rotary["open_target"]["meta"]
+    assert [[4, 1, HIDDEN], [4, 1]] in meta["calls"] and [[1, 1, HIDDEN], [1, 1]] in meta["calls"]
+    assert any(x[:2] == [1, 16] and positions == [1, 16] for x, positions in meta["calls"])  # the prefill
+    assert meta["links"][1] == [[0, 0], [1, 1]]  # the positions follow x's batch and sequence

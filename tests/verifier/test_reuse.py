@@ -18,11 +18,11 @@ QUICK = {"seeds": (0,), "dtypes": ["float32"]}
 def test_keep_warm_leaves_a_started_child_that_the_next_verification_takes(state):
     first = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=True, **QUICK)
     assert first.accepted
-    (spare,) = sandbox_module._SPARES.values()
+    ((spare,),) = sandbox_module._SPARES.values()
     assert spare.proc is not None and spare.proc.poll() is None  # started, waiting for its job
     pid = spare.proc.pid
     taken = sandbox_module.take_sandbox("cpu")
-    assert taken is spare and taken.proc.pid == pid and sandbox_module._SPARES == {}
+    assert taken is spare and taken.proc.pid == pid and list(sandbox_module._SPARES.values()) == [[]]
     taken.close()
     second = run_verification(candidate_path("cheat_ignores_weight"), device="cpu", keep_warm=False, **QUICK)
     assert not second.accepted  # a fresh child judges as before
@@ -30,7 +30,7 @@ def test_keep_warm_leaves_a_started_child_that_the_next_verification_takes(state
 
 def test_a_dead_spare_is_replaced_not_used(state):
     sandbox_module.keep_spare("cpu")
-    (spare,) = sandbox_module._SPARES.values()
+    ((spare,),) = sandbox_module._SPARES.values()
     spare.proc.kill()
     spare.proc.wait()
     fresh = sandbox_module.take_sandbox("cpu")

@@ -28,7 +28,7 @@ from gpuyantra.authors.opengen.ops import HELPERS, LIBDEVICE_HELPERS
 from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
 from gpuyantra.authors.opengen.strategy import COMMENTS, MATMUL_KNOBS, normalize
-from gpuyantra.authors.opengen.symbolic import host_code, product
+from gpuyantra.authors.opengen.symbolic import host_code, literal, product
 from gpuyantra.authors.opengen.trace import check_size_generic, trace_spec
 
 _TEMP_DTYPES = {"f": torch.float32, "i": torch.int64, "b": torch.bool}
@@ -113,6 +113,7 @@ def _analyse(spec: OpenSpec) -> Analysis:
     traced = trace_spec(spec)
     lowered = lower(traced, spec)  # first: an op the author refuses is the better reason
     check_size_generic(spec, traced)
+    check_live_sizes(spec, lowered)
     order = sorted(
         lowered.symbols, key=lambda sym: (spec.input_names.index(lowered.symbols[sym][0]), lowered.symbols[sym][1])
     )
@@ -121,6 +122,33 @@ def _analyse(spec: OpenSpec) -> Analysis:
     names.update({SPLIT_PARTS: "SPLIT_PARTS", SPLIT_CHUNK: "SPLIT_CHUNK"})
     plan = Planner(lowered, lambda e: host_code(e, names)).plan()
     return lowered, plan, names
+
+
+def check_live_sizes(spec: OpenSpec, lowered: Lowered) -> None:
+    """Refuse a trace that bakes a size the target says changes between calls, or that cannot
+    compute one of the live calls (a dim of a later input traced as following another input's
+    where a live call broadcasts it): the kernel would be wrong there, not merely slow."""
+    if spec.variable_dims is not None:
+        for inp, dims in zip(lowered.inputs, spec.variable_dims):
+            for d in dims:
+                if d < len(inp.shape) and literal(inp.shape[d]) is not None:
+                    raise Unsupported(
+                        f"dim {d} of input {inp.name} changes between calls, but the traced computation "
+                        f"fixes it at {literal(inp.shape[d])}"
+                    )
+    for call in spec.calls:
+        if len(call) != len(lowered.inputs):
+            raise Unsupported(f"a live call passes {len(call)} inputs, the forward takes {len(lowered.inputs)}")
+        shapes = {inp.name: tuple(int(d) for d in shape) for inp, shape in zip(lowered.inputs, call)}
+        values = {sym: shapes[name][dim] for sym, (name, dim) in lowered.symbols.items() if dim < len(shapes[name])}
+        for inp in lowered.inputs:
+            got = shapes[inp.name]
+            want = [sympy.sympify(e).subs(values) for e in inp.shape]
+            if len(got) != len(want) or any(literal(w) != g for w, g in zip(want, got)):
+                raise Unsupported(
+                    f"a live call passes {inp.name} of shape {list(got)}, which the traced computation "
+                    f"cannot take (it computes {inp.name} of shape {[str(w) for w in want]})"
+                )
 
 
 RESERVED = frozenset({"torch", "triton", "tl", "math", "entry", "OP", "ADAPTER"})
@@ -285,6 +313,14 @@ class _File:
                 body.append(f"{var} = {name}.shape[{dim}]")
         for sym, definition in self.lowered.derived:  # partial counts of split full reductions
             body.append(f"{self.names[sym]} = {self.size(definition)}")
+        for inp in self.lowered.inputs:
+            # Sizes the trace fixed (or tied to another input's) are checked, never assumed: a call
+            # of another shape raises instead of computing a wrong result.
+            want = _shape_tuple(inp.shape, self.size)
+            body += [
+                f"if tuple({inp.name}.shape) != {want}:",
+                f"    raise ValueError(f'{inp.name}: shape {{list({inp.name}.shape)}}, this kernel takes {{{want}}}')",
+            ]
         body.append(f"_dev = {spec.input_names[0]}.device")
         for buf in self._allocated():
             body.append(

@@ -28,6 +28,11 @@ class OpenSpec:
     # Kernel params of bound buffers the forward writes new values into (a training-mode
     # BatchNorm's running statistics): entry returns their new values after the forward's outputs.
     updated_buffers: tuple[str, ...] = ()
+    # Per input, the dims whose size changes between calls (None: not known, the examples' dims
+    # of size 2 and up): the kernel must read each from the call, never bake it.
+    variable_dims: tuple[tuple[int, ...], ...] | None = None
+    # Every input's shapes in each live call: the kernel must compute each of them.
+    calls: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @property
     def adapter(self) -> list[dict[str, str]]:

@@ -37,23 +37,32 @@ def build_open_target(
     name_hint: str | None = None,
     source_file: str | None = None,
     source_module: str | None = None,
+    calls: Sequence[Sequence[Sequence[int]]] = (),
 ) -> OpenTarget:
-    """An open target for `module` called as `module(*inputs)`. Raises OpenTargetError."""
+    """An open target for `module` called as `module(*inputs)`. `calls`: every input's shapes in
+    the other live calls seen (prefill, decode at each batch), the evidence of which sizes change
+    and which follow each other. Raises OpenTargetError."""
     if not inputs or not all(isinstance(i, Tensor) for i in inputs):
         raise OpenTargetError("an open target needs tensor inputs only (non-tensor forward arguments are not bound)")
     module = _cpu_copy(module)
     names = _input_names(module, len(inputs))
-    specs = _link_index_ranges(tuple(_input_spec(name, t) for name, t in zip(names, inputs)))
+    specs = tuple(_input_spec(name, t) for name, t in zip(names, inputs))
     if specs[0].domain in ("int", "bool") or not specs[0].shape:
         raise OpenTargetError("the first input must be a floating tensor with at least one dim")
+    seen = _live_calls(specs, calls)
     probe_inputs = tuple(t.detach().to("cpu") for t in rows_the_forward_accepts(module, inputs, 1 << 20))
+    specs = _link_index_ranges(specs, module, probe_inputs)
     tensor_params = _tensor_params(module)
     updated, steps, returns_tuple = buffer_updates(module, probe_inputs, tensor_params)
     params = tensor_params + _float_params(module, probe_inputs)
-    links = dim_links(module, specs)
+    links = dim_links(module, specs, seen)
+    free = free_dims(specs, links, seen)
     cls = type(module)
     dotted = f"{cls.__module__}.{cls.__qualname__}"
-    digest = _digest(dotted, specs, params, source_file, (updated, steps))
+    # Several inputs: how their sizes relate is part of the name (a kernel verified under other
+    # relations is not one for this target).
+    dims = (links[1:], free) if len(specs) > 1 else None
+    digest = _digest(dotted, specs, params, source_file, (updated, steps), dims)
     slug = re.sub(r"[^a-z0-9]+", "_", (name_hint or cls.__name__).lower()).strip("_")[:40] or "module"
     return OpenTarget(
         op=f"{OPEN_PREFIX}{slug}_{digest}",
@@ -67,7 +76,28 @@ def build_open_target(
         updated_buffers=updated,
         buffer_steps=steps,
         forward_returns_tuple=returns_tuple,
+        free=free,
+        calls=tuple(seen),
     )
+
+
+Call = tuple[tuple[int, ...], ...]
+
+
+def _live_calls(specs: Sequence[OpenInput], calls: Sequence[Sequence[Sequence[int]]]) -> list[Call]:
+    """The build call's shapes, then the other live calls' (without repeats). Every call must pass
+    each input at the build call's rank: a target describes one way of calling the module."""
+    out: list[Call] = [tuple(tuple(int(d) for d in s.shape) for s in specs)]
+    for call in calls:
+        shapes = tuple(tuple(int(d) for d in shape) for shape in call)
+        if len(shapes) != len(specs) or any(len(a) != len(s.shape) for a, s in zip(shapes, specs)):
+            raise OpenTargetError(
+                f"the module is called with inputs of shapes {[list(a) for a in shapes]} and "
+                f"{[list(s.shape) for s in specs]}: other counts or ranks of inputs, which one target cannot describe"
+            )
+        if shapes not in out:
+            out.append(shapes)
+    return out
 
 
 def _run_restoring(module: torch.nn.Module, inputs: Sequence[Any]) -> tuple[list[Tensor], dict[str, Tensor], bool]:
@@ -175,15 +205,32 @@ def _input_spec(name: str, t: Tensor) -> OpenInput:
     return OpenInput(name, shape, dtype)
 
 
-def _link_index_ranges(specs: tuple[OpenInput, ...]) -> tuple[OpenInput, ...]:
-    """An integer input whose values cover most of a dim of input 0 indexes that dim (class ids):
-    its range follows that dim's size (the smallest such dim)."""
+def _link_index_ranges(
+    specs: tuple[OpenInput, ...], module: torch.nn.Module | None = None, probe: Sequence[Tensor] = ()
+) -> tuple[OpenInput, ...]:
+    """An integer input whose values cover most of a dim of input 0 and that the forward refuses
+    past that dim's size indexes that dim (class ids): its range follows that dim's size (the
+    smallest such dim). Values the forward takes past it (positions, which only happen to start
+    at 0 in a prefill) keep their live range: a range tied to a dim of size 1 would draw zeros only."""
     first = specs[0].shape
     out = [specs[0]]
-    for spec in specs[1:]:
+    for index, spec in enumerate(specs[1:], start=1):
         dims = [d for d, size in enumerate(first) if spec.domain == "int" and size >= spec.high > size // 2]
+        if dims and module is not None and len(probe) == len(specs):
+            dims = [d for d in dims if _refuses_values_past(module, probe, index, int(probe[0].shape[d]))]
         out.append(replace(spec, high_dim=min(dims, key=lambda d: first[d])) if dims else spec)
     return tuple(out)
+
+
+def _refuses_values_past(module: torch.nn.Module, probe: Sequence[Tensor], index: int, size: int) -> bool:
+    """Whether the forward fails when integer input `index` holds `size` (one past the dim's last index)."""
+    args = list(probe)
+    args[index] = torch.full_like(probe[index], size)
+    try:
+        _run_restoring(module, args)
+    except Exception:  # noqa: BLE001 - an index out of range: class ids of that dim
+        return True
+    return False
 
 
 def _kernel_name(path: str, taken: set[str]) -> str:
@@ -305,12 +352,25 @@ def _runs_on_meta(module: torch.nn.Module, inputs: Sequence[Any]) -> bool:
     return True
 
 
-def dim_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tuple[tuple[int, int], ...], ...]:
+def dim_links(
+    module: torch.nn.Module, specs: Sequence[OpenInput], calls: Sequence[Sequence[Sequence[int]]] = ()
+) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Per input, (own dim, input 0's dim) for the dims whose size the forward accepts changing,
     found on the meta device (nothing allocated). Input 0's dim d grows by 3; each other input's
-    dim of the same size grows with it, aligned by leading dims first (a shared batch dim), else by
-    trailing dims (broadcasting); a dim that cannot grow alone may grow with a same-size dim
-    anywhere in the others (a matmul's contraction dim)."""
+    dim of the same size (size 1 too: a batch of one) grows with it, aligned by leading dims first
+    (a shared batch dim), else by trailing dims (broadcasting); a dim that cannot grow alone may
+    grow with a same-size dim anywhere in the others (a matmul's contraction dim).
+
+    `calls` (every input's shapes per live call) are evidence over the probe: a link some call
+    breaks is dropped, a dim of input 0 whose size differs between calls is variable, and a later
+    input's dim that changes between calls follows the dim of input 0 equal to it in every call."""
+    links = _probed_links(module, specs)
+    if len(calls) > 1:
+        links = _links_from_calls(links, calls)
+    return links
+
+
+def _probed_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tuple[tuple[int, int], ...], ...]:
     try:
         meta = copy.deepcopy(module).to("meta")
     except Exception:  # noqa: BLE001 - modules that cannot move to meta: only the live shapes
@@ -338,17 +398,59 @@ def dim_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[tupl
     return tuple(tuple(sorted(set(pairs))) for pairs in links)
 
 
+def _links_from_calls(
+    links: Sequence[Sequence[tuple[int, int]]], calls: Sequence[Sequence[Sequence[int]]]
+) -> tuple[tuple[tuple[int, int], ...], ...]:
+    def sizes(index: int, dim: int) -> list[int]:
+        return [int(call[index][dim]) for call in calls]
+
+    out = [list(links[0])] + [
+        [(own, d) for own, d in pairs if sizes(i, own) == sizes(0, d)] for i, pairs in enumerate(links[1:], start=1)
+    ]
+    for d in range(len(calls[0][0])):
+        if len(set(sizes(0, d))) > 1 and all(own != d for own, _ in out[0]):
+            out[0].append((d, d))
+    variable0 = [d for d, _ in out[0]]
+    for index in range(1, len(calls[0])):
+        for own in range(len(calls[0][index])):
+            if any(o == own for o, _ in out[index]) or len(set(sizes(index, own))) == 1:
+                continue
+            same = [d for d in variable0 if sizes(0, d) == sizes(index, own)]
+            if same:
+                out[index].append((own, same[0]))
+    return tuple(tuple(sorted(set(pairs))) for pairs in out)
+
+
+def free_dims(
+    specs: Sequence[OpenInput],
+    links: Sequence[Sequence[tuple[int, int]]],
+    calls: Sequence[Sequence[Sequence[int]]],
+) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Groups of later inputs' dims whose size changes between the live calls without following
+    input 0 (a cache length): the dims whose sizes are equal in every call form one group."""
+    if len(calls) < 2:
+        return ()
+    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for index in range(1, len(specs)):
+        linked = {own for own, _ in links[index]}
+        for own in range(len(specs[index].shape)):
+            sizes = tuple(int(call[index][own]) for call in calls)
+            if own not in linked and len(set(sizes)) > 1:
+                groups.setdefault(sizes, []).append((index, own))
+    return tuple(tuple(group) for group in groups.values())
+
+
 def _alignments(live: Sequence[Sequence[int]], d: int) -> list[list[list[tuple[int, int]]]]:
     """Ways input 0's dim d can be shared by the other inputs: by leading position, by trailing
-    position, not at all (the others keep their sizes), or, last, by any one dim of the same size
-    per input (a matmul's K)."""
+    position (equal sizes, 1 included: a batch or a sequence of one), not at all (the others keep
+    their sizes), or, last, by any one dim of the same size per input (a matmul's K)."""
     size = live[0][d]
     ways: list[list[list[tuple[int, int]]]] = []
     for trailing in (False, True):
         way: list[list[tuple[int, int]]] = [[(d, d)]]
         for shape in live[1:]:
             own = d - (len(live[0]) - len(shape)) if trailing else d
-            way.append([(own, d)] if 0 <= own < len(shape) and shape[own] == size and size != 1 else [])
+            way.append([(own, d)] if 0 <= own < len(shape) and shape[own] == size else [])
         if way not in ways:
             ways.append(way)
     alone = [[(d, d)]] + [[] for _ in live[1:]]
@@ -365,11 +467,18 @@ def _alignments(live: Sequence[Sequence[int]], d: int) -> list[list[list[tuple[i
 
 
 def _digest(
-    dotted: str, specs: Sequence[OpenInput], params: Sequence[OpenParam], source: str | None, updates: Any = None
+    dotted: str,
+    specs: Sequence[OpenInput],
+    params: Sequence[OpenParam],
+    source: str | None,
+    updates: Any = None,
+    dims: Any = None,
 ) -> str:
     parts: list[Any] = [dotted, [asdict(s) for s in specs], [(p.module_attr, p.kind, p.shape) for p in params], source]
     if updates and any(updates):
         parts.append(updates)  # only then: the names of targets without updated buffers stay as they were
+    if dims is not None:
+        parts.append(["dims", dims])
     text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 

@@ -10,8 +10,12 @@ from typing import Any
 import torch
 
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, numel
-from gpuyantra.ops.open.spec import _dtype, shrink
+from gpuyantra.ops.open.spec import CaseKey, _dtype, shrink
 from gpuyantra.ops.open.target import OpenTarget
+
+# Largest input or output of a swap's parity check on a live call's shapes (bigger calls are
+# checked at their variable dims halved): the served device's own cost, not the verifier's.
+PARITY_ELEMENTS = {"cpu": 1 << 16, "cuda": 1 << 24}
 
 
 def open_family(target: OpenTarget) -> OpFamily:
@@ -30,8 +34,13 @@ def open_family(target: OpenTarget) -> OpFamily:
     def module_activations(
         module: torch.nn.Module, rows: Sequence[int], dtype: torch.dtype, device: Any, generator: torch.Generator
     ) -> tuple[Tensor, ...]:
-        first = shrink(list(target.inputs[0].shape), target.variable_dims[0] if target.variable_dims else (), 4096)
-        return target.draw(target.shapes_for(first), dtype, device, generator)
+        # The swap's parity check passes a case key (a live call's shapes, `OpenTarget.case_key`);
+        # anything else (binding's probe rows) gets the live shapes the target was built from.
+        key = [int(d) for d in rows]
+        if not isinstance(rows, CaseKey) or not target._valid_key(key):
+            key = shrink(list(target.inputs[0].shape), target.variable_dims[0] if target.variable_dims else (), 4096)
+        cap = PARITY_ELEMENTS["cuda" if torch.device(device).type == "cuda" else "cpu"]
+        return target.draw(target.shapes_for(target.fit(key, cap)), dtype, device, generator)
 
     def module_reference(module: torch.nn.Module, *activations: Tensor, **params: Any) -> Any:
         # What the module returns: the forward's outputs, without the updated buffers' new values.
@@ -41,7 +50,11 @@ def open_family(target: OpenTarget) -> OpFamily:
         def forward(_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             # Inputs passed by keyword (`norm(hidden_states=x)`) take their place in forward order.
             named = tuple(kwargs[n] for n in target.input_names[len(args) :] if n in kwargs)
-            out = entry(*args, *named, **adapter_kwargs(module, adapter))
+            inputs = (*args, *named)
+            # A call of a shape the kernel was not verified for raises (the swap serves it with the
+            # original forward) instead of computing it wrongly.
+            target.check_call([getattr(a, "shape", ()) for a in inputs])
+            out = entry(*inputs, **adapter_kwargs(module, adapter))
             if not target.updates_state:
                 return out
             # The entry also returns the new values of the buffers the forward updates (a
@@ -122,5 +135,11 @@ def describe_reference(target: OpenTarget) -> str:
         parts.append(
             f"# input {spec.name}: shape {list(spec.shape)} {spec.dtype}, domain {spec.domain}{extra}; "
             f"dims that may take any size: {list(dims)}"
+        )
+    if len(target.calls) > 1:
+        calls = "; ".join(", ".join(f"{n} {list(s)}" for n, s in zip(target.input_names, c)) for c in target.calls)
+        parts.append(
+            f"# the live model calls it with these shapes (every input's sizes come from the call, "
+            f"none may be baked): {calls}"
         )
     return "\n\n".join(parts)

@@ -74,6 +74,8 @@ def _from_meta(meta: dict[str, Any], load_module: Callable[[], torch.nn.Module])
         updated_buffers=tuple(meta.get("updated_buffers") or ()),
         buffer_steps=tuple((str(a), int(b)) for a, b in meta.get("buffer_steps") or ()),
         forward_returns_tuple=bool(meta.get("forward_returns_tuple", False)),
+        free=tuple(tuple((int(a), int(b)) for a, b in group) for group in meta.get("free") or ()),
+        calls=tuple(tuple(tuple(int(d) for d in shape) for shape in call) for call in meta.get("calls") or ()),
     )
 
 

@@ -32,6 +32,13 @@ CUDA_CASE_ELEMENTS = 1 << 24
 STRESS_SIZE = {"cpu": 1031, "cuda": 70001}
 
 
+class CaseKey(tuple):
+    """A case key (`OpenTarget.case_key`: every input's shapes of one call) passed where a family
+    takes leading dims (`activations_for_module`): an open target draws that call's inputs."""
+
+    __slots__ = ()
+
+
 class OpenTargetError(ValueError):
     """The module and inputs cannot make an open target (one-line reason)."""
 
@@ -75,6 +82,13 @@ def draw_input(
     if spec.domain == "int":
         high = spec.high if spec.high_dim < 0 or first is None else int(first[spec.high_dim])
         values = torch.randint(0, max(1, high), shape, generator=generator, device=where)
+        if len(shape) >= 1 and shape[0] > 1 and high >= 2:
+            # Rows never all alike (a position per batch row): a kernel that reads row 0 for
+            # every row must fail, whatever the draw.
+            rows = values.reshape(shape[0], -1)
+            if bool((rows == rows[:1]).all()):
+                step = torch.arange(shape[0], device=where).reshape(-1, *([1] * (len(shape) - 1)))
+                values = (values + step) % high
         return values.to(device=device, dtype=own)
     if spec.domain == "bool":
         return (torch.rand(shape, generator=generator, device=where) < 0.5).to(device)

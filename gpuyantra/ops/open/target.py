@@ -53,6 +53,12 @@ class OpenTarget:
     updated_buffers: tuple[str, ...] = ()
     buffer_steps: tuple[tuple[str, int], ...] = ()
     forward_returns_tuple: bool = False  # with updated buffers: whether the forward itself returns a tuple
+    # Groups of (input, dim) of the later inputs whose size changes between the live calls without
+    # following any dim of input 0 (a cache length): each group's dims take one size together.
+    free: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # Every input's shapes in each live call the target was built from (the build call first):
+    # the verifier's cases and the swap's parity check run at each of them.
+    calls: tuple[tuple[tuple[int, ...], ...], ...] = ()
     _copies: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict, repr=False)
     _meta_cache: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
 
@@ -71,8 +77,59 @@ class OpenTarget:
 
     @property
     def variable_dims(self) -> tuple[tuple[int, ...], ...]:
-        """Per input, the dims that may take any size."""
-        return tuple(tuple(own for own, _ in pairs) for pairs in self.links)
+        """Per input, the dims that may take any size (following input 0's, or free)."""
+        free = {pair for group in self.free for pair in group}
+        return tuple(
+            tuple(sorted({own for own, _ in pairs} | {d for i, d in free if i == index}))
+            for index, pairs in enumerate(self.links)
+        )
+
+    # --- case keys: every input's shapes as one list of ints ---
+    # A case names its shapes by one list of ints (the verifier's `Case.shape`, a profile's
+    # `shapes`): input 0's shape when every other input follows it (`follow_shapes`), else every
+    # input's shape one after the other (a live call whose later inputs the links do not give).
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(len(i.shape) for i in self.inputs)
+
+    def case_key(self, shapes: Sequence[Sequence[int]]) -> list[int]:
+        """The key of a call with these input shapes (see above)."""
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+        if len(shapes) != len(self.inputs) or tuple(len(s) for s in shapes) != self.ranks:
+            raise OpenTargetError(
+                f"a call with input shapes {[list(s) for s in shapes]} does not match the inputs of {self.op} "
+                f"(ranks {list(self.ranks)})"
+            )
+        if self.shapes_for(shapes[0]) == shapes:
+            return list(shapes[0])
+        return [d for s in shapes for d in s]
+
+    def call_keys(self) -> list[list[int]]:
+        """The keys of the live calls the target was built from, without repeats."""
+        keys: list[list[int]] = []
+        for call in self.calls:
+            try:
+                key = self.case_key(call)
+            except OpenTargetError:
+                continue
+            if key not in keys:
+                keys.append(key)
+        return keys
+
+    def check_call(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Raise OpenTargetError unless a call with these input shapes is one the target describes:
+        every input of its rank, every dim that is not variable at its live size. A kernel was
+        verified along the variable dims only: the swapped forward refuses (and falls back) rather
+        than compute another shape wrongly."""
+        variable = self.variable_dims
+        for index, (spec, shape) in enumerate(zip(self.inputs, shapes)):
+            shape = tuple(int(d) for d in shape)
+            fixed = [d for d in range(len(spec.shape)) if d not in variable[index]]
+            if len(shape) != len(spec.shape) or any(shape[d] != spec.shape[d] for d in fixed):
+                raise OpenTargetError(
+                    f"input {spec.name} has shape {list(shape)}; {self.op} was verified for shapes "
+                    f"{list(spec.shape)} changing only along dims {list(variable[index])}"
+                )
 
     @property
     def updated_attrs(self) -> tuple[str, ...]:
@@ -188,37 +245,79 @@ class OpenTarget:
 
     # --- shapes the verifier draws ---
     def case_shapes(self, device: str, live: Sequence[Sequence[int]] | None) -> tuple[list[list[int]], list[list[int]]]:
-        """(correctness shapes of input 0, stress shapes): live first, then unseen sizes along the
-        variable dims, all capped to what the device's verifier can hold."""
+        """(correctness keys, stress keys): the live keys first, then every live call the target
+        was built from (each input at its own shape), then unseen sizes along input 0's variable
+        dims and along the free dims, all capped to what the device's verifier can hold."""
         cap = CPU_CASE_ELEMENTS if device == "cpu" else CUDA_CASE_ELEMENTS
-        base = [int(d) for d in (live[0] if live else self.inputs[0].shape)]
         dims = self.variable_dims[0] if self.variable_dims else ()
         shapes: list[list[int]] = []
 
-        def add(shape: list[int]) -> None:
-            shape = self._within(shrink(shape, dims, cap), dims, cap)
-            if shape not in shapes:
-                shapes.append(shape)
+        def add(key: list[int]) -> None:
+            key = self.fit(key, cap)
+            if key not in shapes:
+                shapes.append(key)
 
-        for shape in [list(map(int, s)) for s in live or []] or [base]:
-            add(shape)
-        base = shapes[0]
+        seen = [list(map(int, s)) for s in live or []] + self.call_keys()
+        for key in [k for k in seen if self._valid_key(k)] or [[int(d) for d in self.inputs[0].shape]]:
+            add(key)
+        base = self.shapes_for(shapes[0])
+        first = list(base[0])
         for dim in dims:
-            for size in (1 if base[dim] > 1 else 3, max(3, base[dim] // 2 + 1) | 1):
-                add([size if d == dim else s for d, s in enumerate(base)])
+            for size in (1 if first[dim] > 1 else 3, max(3, first[dim] // 2 + 1) | 1):
+                add([size if d == dim else s for d, s in enumerate(first)])
+        for group in self.free:
+            size = base[group[0][0]][group[0][1]]
+            for other in (1 if size > 1 else 3, max(3, size // 2 + 1) | 1):
+                grown = [list(s) for s in self.shapes_for(first)]
+                for index, d in group:
+                    grown[index][d] = other
+                add(self.case_key(grown))
         # One stress shape per variable dim (up to 4): that dim past the caps, the others at 1 (or,
         # where the module needs more, at their sizes above), so a capped grid and a capped tile are
         # both met whichever dim the kernel maps to programs.
         stress: list[list[int]] = []
-        for dim in sorted(dims, key=lambda d: -base[d])[:4]:
+        for dim in sorted(dims, key=lambda d: -first[d])[:4]:
             for others_at_one in (True, False):
-                big = [1 if d in dims and others_at_one else base[d] for d in range(len(base))]
+                big = [1 if d in dims and others_at_one else first[d] for d in range(len(first))]
                 big[dim] = STRESS_SIZE.get(device, STRESS_SIZE["cuda"])
                 if self.largest_tensor(big) <= cap * 4 and big not in stress and self.accepts(big):
                     stress.append(big)
                     break
         # Sizes the module itself refuses (an instance norm over one element) are no test of a kernel.
         return [s for s in shapes if self.accepts(s)] or shapes[:1], stress
+
+    def _valid_key(self, key: Sequence[int]) -> bool:
+        return len(key) in (len(self.inputs[0].shape), sum(self.ranks)) and all(int(d) >= 1 for d in key)
+
+    def fit(self, key: Sequence[int], cap: int) -> list[int]:
+        """`key` with its largest variable sizes halved until every input and output holds at
+        most `cap` elements. An input-0 key halves input 0's dims (the others follow); a key of
+        every input halves a dim together with the dims of the other inputs that share its size
+        (linked to it, or in its free group), so a size-1 dim of a live call stays 1."""
+        key = [int(d) for d in key]
+        dims = self.variable_dims[0] if self.variable_dims else ()
+        if len(key) == len(self.inputs[0].shape):
+            return self._within(shrink(key, dims, cap), dims, cap)
+        largest = self.largest_tensor(key)
+        while largest > cap:
+            shapes = [list(s) for s in self.shapes_for(key)]
+            groups = [
+                [(0, d)] + [(i, own) for i in range(1, len(shapes)) for own, d0 in self.links[i] if d0 == d]
+                for d in dims
+            ]
+            groups += [list(g) for g in self.free]
+            movable = [[(i, d) for i, d in g if shapes[i][d] == shapes[g[0][0]][g[0][1]]] for g in groups]
+            movable = [g for g in movable if g and shapes[g[0][0]][g[0][1]] > 1]
+            if not movable:
+                break
+            group = max(movable, key=lambda g: shapes[g[0][0]][g[0][1]])
+            for i, d in group:
+                shapes[i][d] = halve(shapes[i][d])
+            smaller = [d for s in shapes for d in s]
+            if self.largest_tensor(smaller) >= largest:
+                break  # the largest tensor does not follow these dims (a fixed weight): keep the key
+            key, largest = smaller, self.largest_tensor(smaller)
+        return key
 
     def largest_tensor(self, first: Sequence[int]) -> int:
         """Elements of the largest input or output when input 0 has shape `first`: a matmul's B
@@ -266,9 +365,34 @@ class OpenTarget:
                 cache[first] = None
         return cache[first]
 
-    def shapes_for(self, first: Sequence[int]) -> list[tuple[int, ...]]:
-        """Every input's shape when input 0 has shape `first` (see `follow_shapes`)."""
-        return follow_shapes([i.shape for i in self.inputs], self.links, first)
+    def shapes_for(self, key: Sequence[int]) -> list[tuple[int, ...]]:
+        """Every input's shape for a case key: input 0's shape (the others follow, see
+        `follow_shapes`), or every input's shape one after the other."""
+        ranks = self.ranks
+        if len(self.inputs) > 1 and len(key) == sum(ranks) and len(key) != ranks[0]:
+            out, at = [], 0
+            for rank in ranks:
+                out.append(tuple(int(d) for d in key[at : at + rank]))
+                at += rank
+            return out
+        return follow_shapes([i.shape for i in self.inputs], self.links, key)
+
+    def trace_shapes(self, max_elements: int) -> list[tuple[int, ...]]:
+        """Shapes to trace the computation at: the live ones, input 0's variable dims halved down
+        to about `max_elements` and every variable dim of every input at least 2, so that a trace
+        keeps it a size (a size-1 dim traces as a broadcast dim, baked)."""
+        first = [int(d) for d in self.inputs[0].shape]
+        dims = self.variable_dims[0] if self.variable_dims else ()
+        while numel(first) > max_elements and any(first[d] > 2 for d in dims):
+            d = max(dims, key=lambda k: first[k])
+            first[d] = max(2, first[d] // 2)
+        for d in dims:
+            first[d] = max(first[d], 2)
+        shapes = [list(s) for s in self.shapes_for(first)]
+        for group in self.free:
+            for index, d in group:
+                shapes[index][d] = max(shapes[index][d], 2)
+        return [tuple(s) for s in shapes]
 
     # --- persistence ---
     def to_payload(self) -> dict[str, Any]:
@@ -290,6 +414,8 @@ class OpenTarget:
             "updated_buffers": list(self.updated_buffers),
             "buffer_steps": [list(pair) for pair in self.buffer_steps],
             "forward_returns_tuple": self.forward_returns_tuple,
+            "free": [[list(pair) for pair in group] for group in self.free],
+            "calls": [[list(shape) for shape in call] for call in self.calls],
         }
 
     def save(self, folder: Path) -> Path:
