@@ -255,7 +255,6 @@ SANDBOX_PARTS = (
     "child_correctness_lock_wait",  # CUDA: the GPU's quiet lock, shared (gpu_locks)
     "child_correctness",
     "child_output_drain",
-    "child_precompile_lock_wait",
     "child_precompile",  # torch.compile baselines compiled before the timing lock (bench.precompile_baselines)
     "child_timing_lock_wait",  # the timing lock: a pending served-speed check and others' timing first
     "child_quiet_lock_wait",  # the quiet lock, exclusive: others' correctness ends
