@@ -9,7 +9,8 @@ first campaign is cold: empty skill library, no Temporal history):
    the gRPC port + 1000), `gpuyantra worker cpu` and `gpuyantra worker gpu` (separate queues, as on a
    real deployment), `gpuyantra serve --model M --random-weights --cuda-graphs --admin-token T`.
 2. `before`: served decode tokens/s at each batch (default 1 and 8) through HTTP (C concurrent clients
-   on `/v1/completions`, greedy, completion tokens over wall time, median of --http-repeats runs) and
+   on `/v1/completions`, greedy, completion tokens over wall time, median of --http-repeats runs of at
+   least 4 requests per client) and
    in-process (`POST /admin/benchmark`, mode `benchmark`: median of repeats with their spread), and a
    recorded greedy completion of a fixed prompt (text and token ids).
 3. `cold`: `gpuyantra optimize --wait --json` (no `--ops` unless given: the profiler picks the top
@@ -81,6 +82,7 @@ STACK_PHASES = {"before", "cold", "warm", "after", "reports"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 RESERVE_S = 25.0  # kept from --budget-s for stopping everything and writing the JSON
 MIN_PHASE_S = 5.0  # a phase given less than this is skipped as out of time
+HTTP_REQUESTS_PER_CLIENT = 4
 
 GPU_DEFAULTS: dict[str, Any] = {
     "model": "qwen2.5-1.5b",
@@ -154,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="CPU: tiny-qwen2, Triton interpreter, tiny counts, rms_norm")
     p.add_argument("--state-dir", default=None, help="state folder (default: a fresh temporary one: a cold start)")
     p.add_argument("--batches", default=None, help="decode batches measured (default 1,8; --smoke 1,2)")
-    p.add_argument("--http-requests", type=int, default=None, help="requests per HTTP run (at least the clients)")
+    p.add_argument("--http-requests", type=int, default=None, help="requests per HTTP run (at least 4 per client)")
     p.add_argument("--http-repeats", type=int, default=None, help="HTTP runs per batch (median, min, max)")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens generated per request / benchmark row")
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length of /admin/benchmark rows")
@@ -633,7 +635,9 @@ class CampaignBench:
 
     def http_speed(self, clients: int, deadline: Deadline) -> dict[str, Any]:
         """C concurrent clients, each request greedy with max_tokens: completion tokens over wall time."""
-        requests = max(self.args.http_requests, clients)
+        # At least 4 requests per client: with 2 each, a batch-8 run lasted 0.6-1.6 s and its first and
+        # last requests (each client's prefill, the batch draining) made most of it (spread 657-1797).
+        requests = max(self.args.http_requests, HTTP_REQUESTS_PER_CLIENT * clients)
         prompts = [f"request {i}: the quick brown fox jumps over the lazy dog" for i in range(requests)]
         runs = []
         with httpx.Client(limits=httpx.Limits(max_connections=clients + 4)) as client:
