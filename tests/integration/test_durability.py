@@ -13,6 +13,7 @@ from temporalio.client import Client
 
 from gpuyantra.config import CONTROL_TASK_QUEUE
 from gpuyantra.processes import Managed, free_port, start_temporal, start_worker
+from gpuyantra.verifier.reuse import FRESH_ENV
 from workflows.types import CampaignInput
 
 
@@ -34,6 +35,9 @@ async def wait_for_stage(client: Client, workflow_id: str, stage: str, timeout_s
 
 async def test_campaign_survives_worker_and_server_crashes(served_model, worker_env, tmp_path):
     state = tmp_path / "durable"
+    # Verify for real: a verdict stored by an earlier test for the same bytes would make the
+    # verification instant, and there would be no verification to crash in the middle of.
+    worker_env = {**worker_env, FRESH_ENV: "1"}
     port = free_port()
     temporal = start_temporal(state, port=port, headless=True)
     address = temporal.info["address"]
