@@ -24,7 +24,7 @@ from gpuyantra.verifier.cases import (
     make_case,
 )
 from gpuyantra.verifier.sandbox import SandboxOutcome
-from gpuyantra.verifier.verdict import Failure, geomean
+from gpuyantra.verifier.verdict import Failure, speedups
 
 OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "out of memory")
 # A kernel may not beat bytes-moved / copy-bandwidth; this much slack absorbs timer noise.
@@ -517,7 +517,6 @@ def _judge_bench(results: dict[str, Any], j: Judgement) -> None:
     if not rows:
         return
     bandwidth = results.get("copy_bandwidth_gbs")
-    eager_ratios, compile_ratios = [], []
     for row in rows:
         kernel = row.get("kernel_us")
         if kernel is None:
@@ -541,9 +540,6 @@ def _judge_bench(results: dict[str, Any], j: Judgement) -> None:
                         f"at {bandwidth:.0f} GB/s copy bandwidth)",
                     )
                 )
-        eager_ratios.append(row["eager_us"] / kernel if row.get("eager_us") else None)
-        compiled = [t for t in (row.get("compile_us"), row.get("compile_ro_us")) if t]
-        compile_ratios.append(min(compiled) / kernel if compiled else None)
     first = rows[0]
     j.kernel_us, j.eager_us = first.get("kernel_us"), first.get("eager_us")
     j.compile_us, j.compile_ro_us, j.floor_us = (
@@ -551,5 +547,4 @@ def _judge_bench(results: dict[str, Any], j: Judgement) -> None:
         first.get("compile_ro_us"),
         first.get("floor_us"),
     )
-    j.speedup_vs_eager = geomean(eager_ratios)
-    j.speedup_vs_compile = geomean(compile_ratios) if all(r is not None for r in compile_ratios) else None
+    j.speedup_vs_eager, j.speedup_vs_compile = speedups(rows)

@@ -103,9 +103,7 @@ def reward_on_shapes(verdict: dict[str, Any], shapes: list[list[int]]) -> dict[s
     rows = [r for r in verdict.get("bench") or [] if list(r.get("shape") or []) in wanted]
     if verdict.get("failures") or not rows or any(not r.get("kernel_us") for r in rows):
         return None
-    eager = geomean([r["eager_us"] / r["kernel_us"] if r.get("eager_us") else None for r in rows])
-    compiled = [min(t for t in (r.get("compile_us"), r.get("compile_ro_us")) if t) for r in rows if _compiled(r)]
-    vs_compile = geomean([t / r["kernel_us"] for t, r in zip(compiled, rows)]) if len(compiled) == len(rows) else None
+    eager, vs_compile = speedups(rows)
     return {
         "shapes": [list(r["shape"]) for r in rows],
         "reward": compute_reward([], str(verdict.get("device") or "cuda"), eager, vs_compile),
@@ -114,8 +112,15 @@ def reward_on_shapes(verdict: dict[str, Any], shapes: list[list[int]]) -> dict[s
     }
 
 
-def _compiled(row: dict[str, Any]) -> bool:
-    return bool(row.get("compile_us") or row.get("compile_ro_us"))
+def speedups(rows: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(vs eager, vs the faster torch.compile mode): geometric means over timed `rows` (each with a
+    `kernel_us`); vs compile is None unless every row has a compile time."""
+    eager, compiled = [], []
+    for row in rows:
+        eager.append(row["eager_us"] / row["kernel_us"] if row.get("eager_us") else None)
+        times = [t for t in (row.get("compile_us"), row.get("compile_ro_us")) if t]
+        compiled.append(min(times) / row["kernel_us"] if times else None)
+    return geomean(eager), geomean(compiled) if all(r is not None for r in compiled) else None
 
 
 def geomean(values: Sequence[float | None]) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -57,3 +58,15 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
     yield tmp_path
     sandbox_module.close_spares()
+
+
+def can_take(path: Path | str, operation: int = fcntl.LOCK_EX) -> bool:
+    """Whether a newcomer (its own open file description) could take the lock at `path` right now."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)

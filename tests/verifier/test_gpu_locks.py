@@ -6,7 +6,6 @@ to those), or a process. Tests assert the order things happen in, never how long
 from __future__ import annotations
 
 import fcntl
-import os
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from gpuyantra.verifier import child, gpu_locks
 from gpuyantra.verifier.child import JOB_PARTS, SETUP_PARTS
 from gpuyantra.verifier.core import SANDBOX_PARTS
 from gpuyantra.verifier.gpu_locks import ORDER, GpuLocks, hold_lock, share_gpu, time_alone
+from tests.verifier.conftest import can_take
 
 LIMIT_S = 30.0  # a bound on every wait here, so a broken lock fails the test instead of hanging it
 
@@ -32,18 +32,6 @@ def until(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.005)
-
-
-def can_take(path: Path, operation: int) -> bool:
-    """Whether a newcomer (its own open file description) could take the lock right now."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 class Holder(threading.Thread):

@@ -12,6 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 import activities.gpu as gpu
 from gpuyantra.verifier.gpu_locks import hold_lock
+from tests.verifier.conftest import can_take
 from workflows.types import BenchmarkInput
 
 
@@ -21,19 +22,6 @@ def lock_path(tmp_path, monkeypatch):
     from gpuyantra.verifier.baselines import timing_lock as verifier_timing_lock
 
     return verifier_timing_lock()
-
-
-def lock_is_free(path, operation: int = fcntl.LOCK_EX) -> bool:
-    """What a verification's timing phase (exclusive) or correctness phase (shared) would find: may
-    it take the lock now?"""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 class FakeServer:
@@ -51,9 +39,9 @@ class FakeServer:
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         assert path == "/admin/benchmark"
         self.asked.append(body)
-        self.lock_free_while_measuring.append(lock_is_free(self.lock_path))
+        self.lock_free_while_measuring.append(can_take(self.lock_path))
         quiet = self.lock_path.with_name("gpu-quiet.lock")
-        self.gpu_shareable_while_measuring.append(lock_is_free(quiet, fcntl.LOCK_SH))
+        self.gpu_shareable_while_measuring.append(can_take(quiet, fcntl.LOCK_SH))
         return {"tokens_per_s": 100.0 * body["batch"], "batch": body["batch"], "relative_spread": 0.01, "repeats": 5}
 
 
@@ -65,7 +53,7 @@ def test_each_batch_is_measured_with_the_timing_lock_held(lock_path, monkeypatch
     assert all(body["repeats"] == 5 for body in server.asked)
     assert server.lock_free_while_measuring == [False, False]  # a verification would have waited
     assert server.gpu_shareable_while_measuring == [False, False]  # to time, and to check correctness
-    assert lock_is_free(lock_path)  # and may time again once the check is done
+    assert can_take(lock_path)  # and may time again once the check is done
     assert result["batch"] == 1 and result["tokens_per_s"] == 100.0
     assert [answer["tokens_per_s"] for answer in result["batches"]] == [100.0, 800.0]
     assert result["timing_lock"]["held"] is True and result["timing_lock"]["waited_s"] >= 0
@@ -96,7 +84,7 @@ def test_the_wait_for_the_lock_is_bounded_and_recorded(lock_path, monkeypatch):
 def test_the_lock_is_taken_once_it_is_released(tmp_path):
     path = tmp_path / "gpu-timing.lock"
     with hold_lock(path, wait_s=1.0) as first:
-        assert first["held"] and not lock_is_free(path)
+        assert first["held"] and not can_take(path)
         with hold_lock(path, wait_s=0.1) as second:
             assert not second["held"]
-    assert lock_is_free(path)
+    assert can_take(path)
