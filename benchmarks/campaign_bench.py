@@ -77,8 +77,8 @@ import httpx  # noqa: E402
 from gpuyantra.config import search_attribute_args  # noqa: E402
 from gpuyantra.processes import Managed, free_port, port_open, temporal_binary  # noqa: E402
 
-PHASES = ("before", "cold", "warm", "after", "reports", "compile")
-STACK_PHASES = {"before", "cold", "warm", "after", "reports"}
+PHASES = ("before", "cold", "warm", "after", "reports", "bisect", "compile")
+STACK_PHASES = {"before", "cold", "warm", "after", "reports", "bisect"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 RESERVE_S = 25.0  # kept from --budget-s for stopping everything and writing the JSON
 MIN_PHASE_S = 5.0  # a phase given less than this is skipped as out of time
@@ -834,6 +834,27 @@ class CampaignBench:
         # The original forward is back: so should be the speed measured before any swap.
         record["rollback"]["inprocess"] = {f"batch{b}": self.inprocess_speed(b, deadline) for b in self.args.batch_list}
 
+    def bisect_greedy(self, deadline: Deadline) -> None:
+        """When the greedy completion after the warm campaign differs from the recorded one, roll the
+        active swaps back one at a time, newest first, and record after each whether it is equal again:
+        the swap whose rollback restores it is the one that changed the output."""
+        record: dict[str, Any] = {"steps": []}
+        self.result["bisect"] = record
+        recorded = (self.result.get("before") or {}).get("greedy")
+        if not recorded or (self.result.get("after") or {}).get("greedy_equal") is not False:
+            record["skipped"] = "the greedy completion after the warm campaign was not found different"
+            return
+        active = self.kernels(deadline)["active"]
+        for kernel in reversed(active):
+            self.admin("POST", "/admin/rollback", deadline, {"swap_id": kernel["swap_id"]})
+            equal = same_completion(recorded, self.greedy(deadline))
+            record["steps"].append({"rolled_back": kernel["op"], "modules": kernel["modules"], "greedy_equal": equal})
+            self.save()
+            if equal:
+                record["culprit"] = {"op": kernel["op"], "module_class": kernel.get("module_class")}
+                print(f"  greedy equal again after rolling back {kernel['op']} ({kernel.get('module_class')})")
+                return
+
     def wait_closed(self, workflow_id: str, seconds: float = 15.0) -> bool:
         query = f"WorkflowId = '{workflow_id}' AND ExecutionStatus = 'Running'"
         end = time.monotonic() + seconds
@@ -918,6 +939,8 @@ class CampaignBench:
                 self.phase(name, a.campaign_timeout, functools.partial(self.campaign, name))
             elif name == "reports":
                 self.phase(name, a.report_timeout * 2, self.reports)
+            elif name == "bisect":
+                self.phase(name, a.measure_timeout, self.bisect_greedy)
             elif name == "compile":
                 self.phase(name, a.compile_timeout, self.compile)
         self.save()
@@ -1034,6 +1057,9 @@ def table(result: dict[str, Any], batches: list[int]) -> str:
         f"after warm {after.get('greedy_equal', '-')}; kernels in after warm: "
         + (", ".join(f"{k['op']}x{k['modules']}" for k in (after.get("kernels") or {}).get("active") or []) or "-")
     )
+    culprit = (result.get("bisect") or {}).get("culprit")
+    if culprit:
+        lines.append(f"greedy equal again after rolling back {culprit['op']} ({culprit.get('module_class')})")
     warnings = list(result.get("warnings") or [])
     for label in ("cold", "warm"):
         warnings += [f"{label}: {w}" for w in (result.get(label) or {}).get("warnings") or []]

@@ -17,7 +17,8 @@ from gpuyantra.authors.base import Attempt, WriteRequest, WrittenCandidate
 from gpuyantra.authors.opengen import OpenSpec, distance, normalize, strategy_space, write_open_source
 
 CONVERGED_REWARD = 3
-TRACE_ELEMENTS = 1 << 16  # example inputs for tracing are shrunk to about this many elements
+TRACE_ELEMENTS = 1 << 20  # example inputs for tracing are shrunk to about this many elements (pooled dims
+# must keep a few windows: an 11-wide pool over 2048x2048 planes traced at 2^16 elements had none)
 _SPECS: OrderedDict[str, OpenSpec] = OrderedDict()  # op -> spec (the same object keeps the analysis cached)
 
 
@@ -119,18 +120,7 @@ def _trace_shapes(target: Any) -> list[tuple[int, ...]] | None:
     variable = getattr(target, "variable_dims", None)
     if shapes_for is None or not inputs or variable is None:
         return None
-    first = [int(d) for d in inputs[0].shape]
-    dims = tuple(variable[0]) if variable else ()
-    while _numel(first) > TRACE_ELEMENTS and any(first[d] > 2 for d in dims):
-        d = max(dims, key=lambda k: first[k])
-        first[d] = max(2, first[d] // 2)
-    for d in dims:
-        first[d] = max(first[d], 2)
+    from gpuyantra.ops.open.spec import trace_sizes
+
+    first = trace_sizes(inputs[0].shape, tuple(variable[0]) if variable else (), TRACE_ELEMENTS)
     return [tuple(int(s) for s in shape) for shape in shapes_for(tuple(first))]
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

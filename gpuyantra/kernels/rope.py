@@ -1,7 +1,11 @@
 """Rotary embedding (rotate-half) on q and k in one launch.
 
-Two kernels over the same math, [.., D/2] tiles of the two halves in float32, rounded once:
+Two kernels over the same math, [.., D/2] tiles of the two halves in float32:
     out1 = x1 * cos1 - x2 * sin1,  out2 = x2 * cos2 + x1 * sin2
+each product and each sum rounded to the output dtype, as eager's `q * cos + rotate_half(q) * sin`
+rounds in bfloat16/float16 (and launched without FMA contraction, as eager rounds each float32 op):
+a kernel rounding once is more accurate, but its outputs differ from eager's in the last bit often
+enough to change a served model's greedy output.
 * token mode (FLAT_ROWS = 0): a program takes TOKENS_PER_PROGRAM tokens (b, s), loads their cos/sin
   once and rotates every q head and every k head of those tokens in [tokens, heads, D/2] tiles. With
   all heads in one tile (HEAD_BLOCK = 0) every q and k load is issued before the first store (one
@@ -31,12 +35,27 @@ FLAT_ROWS = 0  # 0: token mode; N: flat mode, N head vectors per program
 
 
 @triton.jit
-def _rope_rotate(X, XO, off, mask, c1, c2, s1, s2, HALF: tl.constexpr):
+def _rotate_as_eager(x1, x2, c1, c2, s1, s2, XO, ROUND16: tl.constexpr):
+    """(x1 c1 - x2 s1, x2 c2 + x1 s2) rounded as eager rounds: each product and sum in XO's dtype
+    when q and cos share a 16-bit dtype (ROUND16), else in float32 (cos/sin in float32 promote)."""
+    dt = XO.dtype.element_ty
+    if ROUND16:
+        o1 = (x1 * c1).to(dt).to(tl.float32) - (x2 * s1).to(dt).to(tl.float32)
+        o2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+    else:
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2 + x1 * s2
+    return o1.to(dt), o2.to(dt)
+
+
+@triton.jit
+def _rope_rotate(X, XO, off, mask, c1, c2, s1, s2, HALF: tl.constexpr, ROUND16: tl.constexpr):
     """Load both halves at `off` (any tile shape), rotate, store: one head block."""
     x1 = tl.load(X + off, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(X + off + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(XO + off, (x1 * c1 - x2 * s1).to(XO.dtype.element_ty), mask=mask)
-    tl.store(XO + off + HALF, (x2 * c2 + x1 * s2).to(XO.dtype.element_ty), mask=mask)
+    o1, o2 = _rotate_as_eager(x1, x2, c1, c2, s1, s2, XO, ROUND16)
+    tl.store(XO + off, o1, mask=mask)
+    tl.store(XO + off + HALF, o2, mask=mask)
 
 
 @triton.jit
@@ -76,6 +95,7 @@ def _rope_kernel(
     HBQ: tl.constexpr,
     HBK: tl.constexpr,
     ONE_SHOT: tl.constexpr,
+    ROUND16: tl.constexpr,
 ):
     d = tl.arange(0, BLOCK_HALF)[None, None, :]  # [1, 1, BLOCK_HALF]
     d_mask = d < HALF
@@ -111,10 +131,12 @@ def _rope_kernel(
             q2 = q2.to(tl.float32)
             k1 = k1.to(tl.float32)
             k2 = k2.to(tl.float32)
-            tl.store(QO + q_row + d, (q1 * c1 - q2 * s1).to(QO.dtype.element_ty), mask=q_mask)
-            tl.store(QO + q_row + HALF + d, (q2 * c2 + q1 * s2).to(QO.dtype.element_ty), mask=q_mask)
-            tl.store(KO + k_row + d, (k1 * c1 - k2 * s1).to(KO.dtype.element_ty), mask=k_mask)
-            tl.store(KO + k_row + HALF + d, (k2 * c2 + k1 * s2).to(KO.dtype.element_ty), mask=k_mask)
+            qa, qb = _rotate_as_eager(q1, q2, c1, c2, s1, s2, QO, ROUND16)
+            ka, kb = _rotate_as_eager(k1, k2, c1, c2, s1, s2, KO, ROUND16)
+            tl.store(QO + q_row + d, qa, mask=q_mask)
+            tl.store(QO + q_row + HALF + d, qb, mask=q_mask)
+            tl.store(KO + k_row + d, ka, mask=k_mask)
+            tl.store(KO + k_row + HALF + d, kb, mask=k_mask)
             if HAS_PASS:
                 _rope_copy_tail(Q, QO, q_row, q_th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
                 _rope_copy_tail(K, KO, k_row, k_th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
@@ -122,13 +144,13 @@ def _rope_kernel(
             for h0 in range(0, HQ, HBQ):
                 row = q_base + (h0 + hq).to(tl.int64) * sqh
                 th = t_mask & (h0 + hq < HQ)
-                _rope_rotate(Q, QO, row + d, th & d_mask, c1, c2, s1, s2, HALF)
+                _rope_rotate(Q, QO, row + d, th & d_mask, c1, c2, s1, s2, HALF, ROUND16)
                 if HAS_PASS:
                     _rope_copy_tail(Q, QO, row, th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
             for h0 in range(0, HK, HBK):
                 row = k_base + (h0 + hk).to(tl.int64) * skh
                 th = t_mask & (h0 + hk < HK)
-                _rope_rotate(K, KO, row + d, th & d_mask, c1, c2, s1, s2, HALF)
+                _rope_rotate(K, KO, row + d, th & d_mask, c1, c2, s1, s2, HALF, ROUND16)
                 if HAS_PASS:
                     _rope_copy_tail(K, KO, row, th, HEAD_DIM, 2 * HALF, BLOCK_PASS)
 
@@ -154,6 +176,7 @@ def _rope_rows(
     HAS_PASS: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     ROWS: tl.constexpr,
+    ROUND16: tl.constexpr,
 ):
     rows = start + tl.arange(0, ROWS)
     row_mask = rows < n_rows
@@ -171,8 +194,9 @@ def _rope_rows(
     c2 = tl.load(COS + cbase + HALF + d, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(SIN + cbase + d, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(SIN + cbase + HALF + d, mask=mask, other=0.0).to(tl.float32)
-    tl.store(XO + base + d, (x1 * c1 - x2 * s1).to(XO.dtype.element_ty), mask=mask)
-    tl.store(XO + base + HALF + d, (x2 * c2 + x1 * s2).to(XO.dtype.element_ty), mask=mask)
+    o1, o2 = _rotate_as_eager(x1, x2, c1, c2, s1, s2, XO, ROUND16)
+    tl.store(XO + base + d, o1, mask=mask)
+    tl.store(XO + base + HALF + d, o2, mask=mask)
     if HAS_PASS:
         p = 2 * HALF + tl.arange(0, BLOCK_PASS)[None, :]
         pmask = row_mask[:, None] & (p < head_dim)
@@ -207,6 +231,7 @@ def _rope_flat(
     HAS_PASS: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     ROWS: tl.constexpr,
+    ROUND16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < q_programs:
@@ -230,6 +255,7 @@ def _rope_flat(
             HAS_PASS,
             BLOCK_PASS,
             ROWS,
+            ROUND16,
         )
     else:
         _rope_rows(
@@ -252,6 +278,7 @@ def _rope_flat(
             HAS_PASS,
             BLOCK_PASS,
             ROWS,
+            ROUND16,
         )
 
 
@@ -283,6 +310,8 @@ def entry(q, k, cos, sin):
     has_pass = rot < head_dim
     block_pass = triton.next_power_of_2(head_dim - rot) if has_pass else 1
     scb = sc[0] if cos.shape[0] != 1 else 0
+    # Eager's `q * cos + rotate_half(q) * sin` computes in q's 16-bit dtype when cos shares it.
+    round16 = q.dtype == cos.dtype and q.dtype in (torch.float16, torch.bfloat16)
     if FLAT_ROWS:
         q_programs = triton.cdiv(n_tokens * hq, FLAT_ROWS)
         _rope_flat[(q_programs + triton.cdiv(n_tokens * hk, FLAT_ROWS),)](
@@ -312,7 +341,9 @@ def entry(q, k, cos, sin):
             HAS_PASS=has_pass,
             BLOCK_PASS=block_pass,
             ROWS=FLAT_ROWS,
+            ROUND16=round16,
             num_warps=NUM_WARPS or max(1, min(8, FLAT_ROWS * block_half // 128)),
+            enable_fp_fusion=False,  # no FMA: eager rounds float32 products before the sum
         )
         return qo, ko
     hbq = triton.next_power_of_2(hq)
@@ -359,6 +390,8 @@ def entry(q, k, cos, sin):
         HBQ=hbq,
         HBK=hbk,
         ONE_SHOT=one_shot,
+        ROUND16=round16,
         num_warps=warps,
+        enable_fp_fusion=False,  # no FMA: eager rounds float32 products before the sum
     )
     return qo, ko

@@ -106,6 +106,11 @@ class OpFamily:
     # The open target (gpuyantra.ops.open.OpenTarget) this family was built from; None for a
     # registered family.
     open_target: Any = None
+    # True where the module's own math rounds after each elementwise op in a 16-bit dtype (rope's
+    # q * cos + rotate_half(q) * sin): a kernel rounding as it does (so the served model's greedy
+    # output cannot change) is then judged with the allowance of that computation too. Not for
+    # families with reductions: eager's 16-bit accumulation is the device's choice.
+    rounds_in_dtype: bool = False
 
     def cost(
         self, shape: Sequence[int], dtype: torch.dtype, param_shapes: dict[str, list[int] | None] | None = None

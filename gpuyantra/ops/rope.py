@@ -138,6 +138,7 @@ FAMILY = register(
         flops=flops,
         known_modules=(),
         hidden_of=lambda module: 16,
+        rounds_in_dtype=True,
         module_filter=is_parameterless_leaf,
         known_functions=tuple(f"transformers.models.{m}.modeling_{m}.apply_rotary_pos_emb" for m in _MODELS),
         n_outputs=2,

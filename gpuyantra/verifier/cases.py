@@ -368,6 +368,21 @@ def float32_reference(
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def native_reference(
+    family: Any,
+    activations: Sequence[torch.Tensor],
+    params: dict[str, Any],
+) -> list[torch.Tensor] | None:
+    """The family's reference on exactly these inputs in their own dtypes: what eager computes,
+    rounding after each op. None where the device lacks a kernel for it."""
+    try:
+        with torch.no_grad(), ieee_float32():
+            out = family.reference(*activations, **params)
+    except Exception:  # noqa: BLE001 - no kernel for this dtype: no slack from it
+        return None
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
 _IEEE_LOCK = threading.Lock()
 _ieee_users: list[tuple[bool, bool]] = []  # the settings before the first of the contexts now open
 

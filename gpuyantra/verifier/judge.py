@@ -22,6 +22,7 @@ from gpuyantra.verifier.cases import (
     float32_reference,
     float64_reference,
     make_case,
+    native_reference,
 )
 from gpuyantra.verifier.sandbox import SandboxOutcome
 from gpuyantra.verifier.verdict import Failure, speedups
@@ -37,6 +38,7 @@ FLOOR_SLACK = 0.8
 # on the same inputs (no output rounding, so well-conditioned rows add almost nothing, about 16
 # float32 roundings, to the dtype's tolerance).
 CONDITIONING_SLACK = 16.0
+EAGER_SLACK = 2.0  # x eager's per-element error, for families that round in their dtype
 
 
 class _Collector:
@@ -89,6 +91,16 @@ class References:
         """The module's math in float32 on these inputs, on every case (plain draws too: a GEMM then
         a normalization is ill-conditioned on them); None where the device has no kernel for it."""
         return float32_reference(self.family, activations, params)
+
+    def native(self, activations: Any, params: Any) -> list[torch.Tensor] | None:
+        """The module's math as eager runs it on 16-bit inputs (in their own dtype) for a family that
+        `rounds_in_dtype`, else None: a kernel rounding after each op as eager does is then judged
+        with that computation's error as allowance too, not only float32's."""
+        if not getattr(self.family, "rounds_in_dtype", False):
+            return None
+        if not any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in activations):
+            return None
+        return native_reference(self.family, activations, params)
 
     def error_bound(self, activations: Any, params: Any, dtype: torch.dtype) -> torch.Tensor | None:
         """The family's per-element allowance for an honest accumulation (linear), or None."""
@@ -207,6 +219,7 @@ def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: Re
     where = _where(case) + _drawn_scalars(case, params, references.param_specs)
     is_tuple, expected = references.expected(case, activations, params)
     float32_ref = references.float32(activations, params)
+    native_ref = references.native(activations, params)
     findings: list[OutputFinding] = []
     for index, (dtype, shape) in enumerate(expected):
         got = outs.get(index)
@@ -230,7 +243,10 @@ def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: Re
                 )
             )
             break
-        slack = _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None
+        slack = _larger(
+            _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None,
+            _eager_slack(native_ref[index], reference[index]) if native_ref is not None else None,
+        )
         bound = references.error_bound(activations, params, dtype) if index == 0 else None
         finding = compare_values(
             got.to(reference[index].device), reference[index], family.tolerance(dtype), index, where, slack, bound
@@ -430,6 +446,21 @@ def _drawn_scalars(case: Case, params: dict[str, Any], specs: Sequence[dict[str,
         if s.get("kind") != "tensor" and isinstance(s.get("value"), float) and s["name"] in params
     ]
     return (", " + ", ".join(drawn)) if drawn else ""
+
+
+def _larger(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return torch.maximum(a, b)
+
+
+def _eager_slack(native_ref: torch.Tensor, want: torch.Tensor) -> torch.Tensor | None:
+    """Twice eager's own error at each element (where finite): a kernel that rounds as eager does
+    errs exactly where eager does (a cancellation after 16-bit products: tens of units on outliers)."""
+    if native_ref.shape != want.shape:
+        return None
+    err = (native_ref.to(torch.float64) - want).abs()
+    return EAGER_SLACK * torch.where(torch.isfinite(err), err, torch.zeros_like(err))
 
 
 def _conditioning_slack(float32_ref: torch.Tensor | None, want: torch.Tensor) -> torch.Tensor | None:

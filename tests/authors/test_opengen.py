@@ -290,6 +290,23 @@ CASES = [
         [[(4, 3, 19)]],
         offset=True,
     ),
+    # pooling: every dim symbolic, padding, dilation, ceil mode, ATen's divisors and indices
+    Case(
+        "max_pool1d", lambda: nn.MaxPool1d(4, stride=2, padding=2, dilation=3), [[(2, 3, 40)], [(1, 2, 23)]], fp16=True
+    ),
+    Case(
+        "max_pool2d_ceil_indices",
+        lambda: nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True, return_indices=True),
+        [[(2, 3, 16, 15)], [(1, 2, 9, 12)]],
+    ),
+    Case("max_pool3d_dilated", lambda: nn.MaxPool3d(3, stride=2, padding=1, dilation=2), [[(1, 2, 9, 10, 11)]]),
+    Case("avg_pool1d_padded", lambda: nn.AvgPool1d(8, stride=1, padding=4), [[(2, 3, 30)], [(1, 4, 17)]], fp16=True),
+    Case(
+        "avg_pool2d_ceil_no_pad_count",
+        lambda: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+        [[(2, 3, 16, 15)], [(1, 2, 9, 12)]],
+    ),
+    Case("avg_pool3d_divisor", lambda: nn.AvgPool3d(3, stride=2, padding=1, divisor_override=5), [[(1, 2, 9, 10, 11)]]),
 ]
 
 
@@ -442,12 +459,12 @@ def test_unused_float_param_is_accepted() -> None:
     ("module", "inputs", "reason"),
     [
         (nn.Conv2d(3, 4, 3), [torch.randn(1, 3, 8, 8)], "convolution"),
-        (nn.MaxPool2d(2), [torch.randn(1, 2, 4, 4)], "pooling"),
+        (nn.AdaptiveAvgPool2d(3), [torch.randn(1, 2, 7, 7)], "pool"),
         (Model(lambda x: torch.sort(x, 1).values), [torch.randn(3, 5)], "sort"),
         (Model(lambda x: x[x > 0]), [torch.randn(3, 5)], ""),
         (Model(lambda x: x[:, :3] * 2 if x.shape[1] > 4 else x), [torch.randn(6, 9)], "changes with input sizes"),
     ],
-    ids=["conv2d", "maxpool", "sort", "boolean_mask", "size_branch"],
+    ids=["conv2d", "adaptive_pool", "sort", "boolean_mask", "size_branch"],
 )
 def test_unsupported_computations_say_why(module: nn.Module, inputs: list[torch.Tensor], reason: str) -> None:
     spec = _auto_spec(module.eval(), inputs)

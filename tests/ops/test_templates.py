@@ -244,3 +244,25 @@ def test_new_strategy_points_pass_the_verifier(op, point, tmp_path):
     verdict = verifier.verify(path, device="cpu")
     assert verdict.accepted, [f"{f.layer}/{f.rule}: {f.message}" for f in verdict.failures]
     assert set(verdict.dtypes) >= {"float32", "float16"}
+
+
+@pytest.mark.parametrize("cos_dtype", [None, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_rounds_as_eager_bit_for_bit(dtype, cos_dtype, load_rendered):
+    """A served model's greedy output must not change: the template's outputs equal eager's
+    `q * cos + rotate_half(q) * sin` bit for bit (each product and sum rounded in the 16-bit dtype,
+    or in float32 when cos/sin come in float32), in both of its modes."""
+    family = get_op("rope")
+    gen = torch.Generator().manual_seed(3)
+    b, s, hq, hk, d = 2, 7, 4, 2, 64
+    q = torch.randn(b, s, hq, d, generator=gen).to(dtype).transpose(1, 2)
+    k = torch.randn(b, s, hk, d, generator=gen).to(dtype).transpose(1, 2)
+    cos = torch.randn(1, s, d, generator=gen).to(cos_dtype or dtype)
+    sin = torch.randn(1, s, d, generator=gen).to(cos_dtype or dtype)
+    want = family.reference(q, k, cos, sin)
+    for strategy in ({}, {"FLAT_ROWS": 16}, {"HEAD_BLOCK": 2}):
+        candidate = load_rendered("rope", {**default_strategy("rope"), **strategy})
+        got = candidate.entry(q, k, cos, sin)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            assert torch.equal(g, w), f"{strategy}: {(g.float() - w.float()).abs().max()} off eager"

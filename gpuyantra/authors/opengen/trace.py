@@ -7,8 +7,8 @@
   the kernel parameter that binds it.
 - torch's decomposition table lowers everything it can to prims (explicit broadcasts, reductions
   without keepdim), except the ops the author either keeps (cumsum, cumprod, the matrix products
-  mm/bmm/addmm/mv/dot...) or refuses by name (convolutions, pooling, ...), which stay visible in
-  the graph.
+  mm/bmm/addmm/mv/dot...) or refuses by name (convolutions, adaptive pooling, ...), which stay
+  visible in the graph. Max and average pooling decompose to gathers (pooling.py).
 - Float attributes: the module is traced with each one set to sentinel values; a constant of the
   graph that moves with an attribute (as a * value + b) becomes a run-time kernel argument. An
   attribute that moves the graph's structure, or several constants at once in a non-affine way,
@@ -31,6 +31,8 @@ from torch._decomp import decomposition_table
 from torch.fx.experimental import _config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from gpuyantra.authors.opengen.pooling import DECOMPOSITIONS as POOLING_DECOMPOSITIONS
+from gpuyantra.authors.opengen.pooling import CompositePooling
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
 
 # Ops left undecomposed: scans and matrix products the author writes natively, and ops it refuses
@@ -54,6 +56,7 @@ def _op_name(op: Any) -> str:
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     op: fn for op, fn in decomposition_table.items() if not _KEEP.match(_op_name(op))
 }
+DECOMPOSITIONS.update(POOLING_DECOMPOSITIONS)  # max and average pooling as gathers (pooling.py)
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ def _trace(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.f
 
     try:
         no_duck = fx_config.patch(use_duck_shape=False)  # type: ignore[attr-defined]
-        with torch.no_grad(), no_duck:
+        with torch.no_grad(), no_duck, CompositePooling():
             return make_fx(
                 run, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS, _allow_non_fake_inputs=True
             )(*inputs)

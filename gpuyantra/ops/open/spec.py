@@ -149,6 +149,23 @@ def shrink(shape: list[int], dims: Sequence[int], cap: int) -> list[int]:
     return shape
 
 
+TRACE_KEEP = 32  # variable dims are halved below this only when the others are already down to it
+
+
+def trace_sizes(shape: Sequence[int], dims: Sequence[int], max_elements: int) -> list[int]:
+    """Input 0's shape to trace at: its variable dims (largest first) halved to about
+    `max_elements`, none below TRACE_KEEP while another is above it (a pooled dim must keep a few
+    windows), and each at least 2 (a size-1 dim would trace as a broadcast dim, baked)."""
+    first = [int(d) for d in shape]
+    for floor in (TRACE_KEEP, 2):
+        while numel(first) > max_elements and any(first[d] > floor for d in dims):
+            d = max(dims, key=lambda k: first[k])
+            first[d] = max(floor, first[d] // 2)
+    for d in dims:
+        first[d] = max(first[d], 2)
+    return first
+
+
 def halve(size: int) -> int:
     """About half of `size`, odd (sizes the kernel never saw as powers of two)."""
     return max(1, (size // 2) | 1) if size > 3 else 1

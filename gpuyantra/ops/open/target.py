@@ -29,6 +29,7 @@ from gpuyantra.ops.open.spec import (
     follow_shapes,
     halve,
     shrink,
+    trace_sizes,
 )
 
 
@@ -381,13 +382,8 @@ class OpenTarget:
         """Shapes to trace the computation at: the live ones, input 0's variable dims halved down
         to about `max_elements` and every variable dim of every input at least 2, so that a trace
         keeps it a size (a size-1 dim traces as a broadcast dim, baked)."""
-        first = [int(d) for d in self.inputs[0].shape]
         dims = self.variable_dims[0] if self.variable_dims else ()
-        while numel(first) > max_elements and any(first[d] > 2 for d in dims):
-            d = max(dims, key=lambda k: first[k])
-            first[d] = max(2, first[d] // 2)
-        for d in dims:
-            first[d] = max(first[d], 2)
+        first = trace_sizes(self.inputs[0].shape, dims, max_elements)
         shapes = [list(s) for s in self.shapes_for(first)]
         for group in self.free:
             for index, d in group:
