@@ -307,6 +307,21 @@ CASES = [
         [[(2, 3, 16, 15)], [(1, 2, 9, 12)]],
     ),
     Case("avg_pool3d_divisor", lambda: nn.AvgPool3d(3, stride=2, padding=1, divisor_override=5), [[(1, 2, 9, 10, 11)]]),
+    # convolutions: window gathers contracted with the weight in one product
+    Case("conv1d_strided", lambda: nn.Conv1d(4, 6, 3, stride=2, padding=1), [[(2, 4, 17)], [(1, 4, 12)]]),
+    Case(
+        "conv2d_asymmetric_dilated_no_bias",
+        lambda: nn.Conv2d(4, 6, (3, 5), stride=2, padding=(1, 2), dilation=(2, 1), bias=False),
+        [[(2, 4, 13, 12)], [(1, 4, 9, 16)]],
+    ),
+    Case("conv2d_grouped", lambda: nn.Conv2d(6, 4, 3, padding=1, groups=2), [[(2, 6, 8, 9)]]),
+    Case("conv2d_depthwise", lambda: nn.Conv2d(6, 6, 3, padding=1, groups=6), [[(2, 6, 8, 9)]]),
+    Case("conv_transpose1d", lambda: nn.ConvTranspose1d(4, 6, 3), [[(2, 4, 7)], [(1, 4, 10)]]),
+    Case(
+        "conv_transpose2d_strided",
+        lambda: nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1),
+        [[(2, 4, 5, 6)]],
+    ),
 ]
 
 
@@ -458,13 +473,13 @@ def test_unused_float_param_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("module", "inputs", "reason"),
     [
-        (nn.Conv2d(3, 4, 3), [torch.randn(1, 3, 8, 8)], "convolution"),
+        (nn.ConvTranspose2d(4, 4, 3, groups=2), [torch.randn(1, 4, 8, 8)], "grouped transposed convolution"),
         (nn.AdaptiveAvgPool2d(3), [torch.randn(1, 2, 7, 7)], "pool"),
         (Model(lambda x: torch.sort(x, 1).values), [torch.randn(3, 5)], "sort"),
         (Model(lambda x: x[x > 0]), [torch.randn(3, 5)], ""),
         (Model(lambda x: x[:, :3] * 2 if x.shape[1] > 4 else x), [torch.randn(6, 9)], "changes with input sizes"),
     ],
-    ids=["conv2d", "adaptive_pool", "sort", "boolean_mask", "size_branch"],
+    ids=["grouped_conv_transpose", "adaptive_pool", "sort", "boolean_mask", "size_branch"],
 )
 def test_unsupported_computations_say_why(module: nn.Module, inputs: list[torch.Tensor], reason: str) -> None:
     spec = _auto_spec(module.eval(), inputs)

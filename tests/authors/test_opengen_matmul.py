@@ -3,7 +3,7 @@ transposed operands, matrix-vector, 3-D and 4-D tensors times a matrix, diagonal
 forms) and Linear/Gemm modules followed by elementwise epilogues and row reductions, each written,
 checked statically and run in Triton's interpreter against the module's float64 forward at the
 example shapes and at other sizes (size 1 and odd ones included); the tile, GEMV and split-K paths;
-strategy knobs; convolutions still refused."""
+strategy knobs; grouped transposed convolutions still refused."""
 
 from __future__ import annotations
 
@@ -127,10 +127,10 @@ class LinearThenConv(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(8, 16)
-        self.conv = nn.Conv2d(1, 2, 3)
+        self.conv = nn.ConvTranspose2d(2, 2, 3, groups=2)  # the one convolution the author refuses
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(self.linear(x).view(-1, 1, 4, 4))
+        return self.conv(self.linear(x).view(-1, 2, 2, 4))
 
 
 # --------------------------------------------------------------------------------------------- table
@@ -359,11 +359,11 @@ def test_files_without_a_matmul_keep_their_strategy_block() -> None:
 @pytest.mark.parametrize(
     ("module", "inputs", "reason"),
     [
-        (nn.Conv2d(3, 4, 3), [torch.randn(1, 3, 8, 8)], "convolution"),
+        (nn.ConvTranspose2d(4, 4, 3, groups=2), [torch.randn(1, 4, 8, 8)], "convolution"),
         (LinearThenConv(), [torch.randn(2, 8)], "convolution"),
         (Model(lambda a, b: a.long() @ b.long()), [torch.randn(3, 4), torch.randn(4, 5)], "integer"),
     ],
-    ids=["conv2d", "linear_then_conv", "integer_matmul"],
+    ids=["grouped_conv_transpose", "linear_then_conv", "integer_matmul"],
 )
 def test_what_stays_unsupported(module: nn.Module, inputs: list[torch.Tensor], reason: str) -> None:
     with pytest.raises(Unsupported, match=reason) as info:

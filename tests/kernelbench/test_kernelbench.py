@@ -106,18 +106,18 @@ print("hello from the conv problem")  # problem code that prints must not break 
 class Model(nn.Module):
     def __init__(self, channels_in: int, channels_out: int):
         super(Model, self).__init__()
-        self.conv = nn.Conv2d(channels_in, channels_out, 3)
+        self.conv = nn.ConvTranspose2d(channels_in, channels_out, 3, groups=2)  # refused by the open author
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
 
 
 def get_inputs():
-    return [torch.randn(2, 3, 8, 8)]
+    return [torch.randn(2, 4, 8, 8)]
 
 
 def get_init_inputs():
-    return [3, 4]
+    return [4, 4]
 """
 
 SYNTAX_ERROR = """

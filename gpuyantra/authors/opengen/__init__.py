@@ -11,13 +11,14 @@ Supported: elementwise chains with broadcasting, reductions over any dims
 (sum, mean, max, min, prod, argmax/argmin, var/std, norms, logsumexp), softmax/log-softmax, the
 normalizations (RMS, Layer, Batch in inference, Instance, Group), scans (cumsum, cumprod, reversed,
 exclusive, masked) and losses built from these; max and average pooling in 1, 2 and 3 dims as
-gathers of the window's positions (pooling.py); matrix products (mm, bmm, addmm/baddbmm/addbmm,
+gathers of the window's positions (pooling.py), and convolutions (grouped, depthwise, transposed
+without groups) as one product over those gathers (convolution.py); matrix products (mm, bmm, addmm/baddbmm/addbmm,
 mv, dot, and what matmul, Linear and einsum contractions trace to) as tiled tl.dot kernels with
 float32 sums, a GEMV path for a few rows or columns and split-K for few tiles over a long K
 (matmul.py), operands read through their strides (transposes, broadcast batch dims) with their
 elementwise prologue, the elementwise epilogue fused into the store, and diag(v) @ B as a row
-scaling. Anything else (convolution, adaptive pooling, attention, integer matmuls, unknown ops) raises
-Unsupported with the reason.
+scaling. Anything else (grouped transposed convolution, adaptive pooling, attention, integer
+matmuls, unknown ops) raises Unsupported with the reason.
 """
 
 from __future__ import annotations

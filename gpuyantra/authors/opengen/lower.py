@@ -1,7 +1,7 @@
 """Lower the traced fx graph (prims and a few aten ops) to the author's IR (ir.py).
 
-The driver here walks the graph's live nodes, refuses what the author cannot write (convolution,
-pooling, attention, ...), handles in-place ops and bound parameters, and dispatches every other op
+The driver here walks the graph's live nodes, refuses what the author cannot write (convolutions
+and pooling left undecomposed, attention, ...), handles in-place ops and bound parameters, and dispatches every other op
 by name through HANDLERS to its family: lower_pointwise.py (elementwise ops, conversions, fills),
 lower_views.py (views and indexing), lower_reduce.py (reductions, statistics, scans) and
 lower_matmul.py (matrix products). The families read their arguments through lower_args.py and

@@ -31,6 +31,7 @@ from torch._decomp import decomposition_table
 from torch.fx.experimental import _config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from gpuyantra.authors.opengen.convolution import DECOMPOSITIONS as CONVOLUTION_DECOMPOSITIONS
 from gpuyantra.authors.opengen.pooling import DECOMPOSITIONS as POOLING_DECOMPOSITIONS
 from gpuyantra.authors.opengen.pooling import CompositePooling
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
@@ -57,6 +58,7 @@ DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     op: fn for op, fn in decomposition_table.items() if not _KEEP.match(_op_name(op))
 }
 DECOMPOSITIONS.update(POOLING_DECOMPOSITIONS)  # max and average pooling as gathers (pooling.py)
+DECOMPOSITIONS.update(CONVOLUTION_DECOMPOSITIONS)  # convolutions as gathers and one einsum (convolution.py)
 
 
 @dataclass(frozen=True)

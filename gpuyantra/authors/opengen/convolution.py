@@ -1,0 +1,113 @@
+"""Convolutions (1-D, 2-D, 3-D, any groups; transposed without groups) as ops the author writes.
+
+A convolution is a matrix product whose K runs over (input channel of the group, window position):
+each window position is a gather of the input (pooling.py's `_Window`: index clamped, padding
+masked to 0), the positions are stacked next to the channels, and one einsum contracts them with
+the weight viewed as [out channels, in channels per group, positions]. The author writes that
+einsum as a tiled `tl.dot` product whose operand is gathered in its prologue, with float32 sums.
+A transposed convolution gathers the other way: output position o reads input position
+(o + padding - j * dilation) / stride where that divides exactly.
+
+Registered as a decomposition of `aten.convolution` (trace.py); the sizes stay symbolic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from gpuyantra.authors.opengen.pooling import _axis, _per_dim, _Window
+from gpuyantra.authors.opengen.spec import Unsupported
+
+aten = torch.ops.aten
+
+
+class _TransposedWindow(_Window):
+    """The window of a transposed convolution: where each output position reads per kernel offset."""
+
+    def __init__(self, x: torch.Tensor, n: int, kernel: Any, stride: Any, padding: Any, dilation: Any, extra: Any):
+        if not x.is_floating_point():
+            raise Unsupported("convolution of a non-floating tensor")
+        self.x, self.n = x, n
+        self.kernel = _per_dim(kernel, n)
+        self.stride = _per_dim(stride, n)
+        self.padding = _per_dim(padding, n)
+        self.dilation = _per_dim(dilation, n)
+        extra_sizes = _per_dim(extra, n)
+        self.sizes = list(x.shape[-n:])
+        self.out = [
+            (size - 1) * s - 2 * p + d * (k - 1) + e + 1
+            for size, k, s, p, d, e in zip(
+                self.sizes, self.kernel, self.stride, self.padding, self.dilation, extra_sizes
+            )
+        ]
+        for out in self.out:
+            if isinstance(out, torch.SymInt) and out < 2:
+                raise Unsupported("a transposed convolution to fewer than 2 output positions along a variable dim")
+
+    def read(self, offset: Sequence[int], fill: float) -> tuple[torch.Tensor, torch.Tensor]:
+        index: list[torch.Tensor] = []
+        valid: torch.Tensor | None = None
+        for dim, j in enumerate(offset):
+            o = torch.ops.prims.iota(
+                self.out[dim], start=0, step=1, dtype=torch.int64, device=self.x.device, requires_grad=False
+            )
+            shifted = o + self.padding[dim] - j * self.dilation[dim]
+            pos = torch.div(shifted, self.stride[dim], rounding_mode="floor")
+            inside = (shifted >= 0) & (pos < self.sizes[dim])
+            if self.stride[dim] > 1:
+                inside = inside & (shifted - pos * self.stride[dim] == 0)
+            pos = pos.clamp(0, self.sizes[dim] - 1)
+            index.append(_axis(pos, dim, self.n))
+            valid = _axis(inside, dim, self.n) if valid is None else valid & _axis(inside, dim, self.n)
+        assert valid is not None
+        where: tuple[Any, ...] = (Ellipsis, *index)
+        return torch.where(valid, self.x[where], fill), index[0]
+
+
+def convolution(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+) -> torch.Tensor:
+    n = weight.dim() - 2
+    if n < 1 or n > 3:
+        raise Unsupported(f"a convolution over {n} dims")
+    if x.dim() != n + 2:
+        raise Unsupported("an unbatched convolution input")
+    if transposed and groups > 1:
+        raise Unsupported("a grouped transposed convolution")
+    kernel = list(weight.shape[2:])
+    window: _Window
+    if transposed:
+        window = _TransposedWindow(x, n, kernel, stride, padding, dilation, output_padding)
+    else:
+        window = _Window(x, n, kernel, stride, padding, dilation, False)
+    cols = [window.read(offset, 0.0)[0] for offset in window.offsets()]
+    stacked = torch.stack(cols, dim=2)  # [N, C, positions, *out]
+    batch = x.shape[0]
+    # Input channels per group come from the weight (fixed), so the input's channel dim is tied to it.
+    per_group = weight.shape[0] // groups if transposed else weight.shape[1]
+    grouped = stacked.reshape(batch, groups, per_group, len(cols), *window.out)
+    if transposed:  # weight [C_in, C_out / groups, *kernel]: out channel o of group g reads w[g, c, o]
+        out_per_group = weight.shape[1]
+        w = weight.reshape(groups, per_group, out_per_group, len(cols)).permute(0, 2, 1, 3)
+    else:  # weight [C_out, C_in / groups, *kernel]
+        out_per_group = weight.shape[0] // groups
+        w = weight.reshape(groups, out_per_group, per_group, len(cols))
+    out = torch.einsum("ngck...,gock->ngo...", grouped, w)
+    out = out.reshape(batch, groups * out_per_group, *window.out)
+    if bias is not None:
+        out = out + bias.reshape([1, -1] + [1] * n)
+    return out
+
+
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {aten.convolution.default: convolution}
