@@ -19,8 +19,10 @@ from torch import nn
 
 from gpuyantra.ops import get_op
 from gpuyantra.ops.open import (
+    OpenInput,
     ShrinkFactories,
     build_open_target,
+    dim_links,
     load_open_target,
     reduced_shapes,
     register_open,
@@ -185,3 +187,15 @@ def test_case_shapes_bound_every_input_and_output_not_only_input_0():
     assert shapes[0][1] == 64 and shapes[0][0] < 32768
     assert all(target.largest_tensor(s) <= CUDA_CASE_ELEMENTS for s in shapes)
     assert all(target.largest_tensor(s) <= 4 * CUDA_CASE_ELEMENTS for s in stress)
+
+
+@pytest.mark.parametrize(
+    "module", [nn.ConvTranspose2d(8, 4, 3), nn.Conv2d(8, 4, 3), nn.Conv1d(8, 4, 3, groups=2)], ids=type
+)
+def test_convolution_channels_stay_fixed_dims(module):
+    """The meta kernel of a transposed convolution takes any channel count where the real one
+    refuses: a channel dim read as variable made reduced sizes the module refuses."""
+    shape = (2, 8, 16, 16) if isinstance(module, nn.Conv2d | nn.ConvTranspose2d) else (2, 8, 16)
+    links = dim_links(module, [OpenInput("x0", shape, "float32")])
+    variable = [own for own, _ in links[0]]
+    assert 1 not in variable and 0 in variable and len(shape) - 1 in variable

@@ -13,6 +13,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuyantra.ops.base import Tensor, numel
 from gpuyantra.ops.open.spec import (
@@ -341,11 +342,25 @@ def rows_the_forward_accepts(module: torch.nn.Module, inputs: Sequence[Any], max
     return inputs
 
 
+class StrictMeta(TorchDispatchMode):
+    """The checks real kernels make and meta kernels skip, so a size the module refuses on a device
+    is refused on meta too: a transposed convolution's meta kernel takes any input channel count."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.convolution.default:
+            x, weight, transposed, groups = args[0], args[1], args[6], args[8]
+            expected = weight.shape[0] if transposed else weight.shape[1] * groups
+            channels = x.shape[x.dim() - weight.dim() + 1]
+            if channels != expected:
+                raise RuntimeError(f"convolution: input has {channels} channels, the weight takes {expected}")
+        return func(*args, **(kwargs or {}))
+
+
 def _runs_on_meta(module: torch.nn.Module, inputs: Sequence[Any]) -> bool:
     try:
         meta = copy.deepcopy(module).to("meta")
         args = [torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, Tensor) else t for t in inputs]
-        with torch.no_grad():
+        with torch.no_grad(), StrictMeta():
             meta(*args)
     except Exception:  # noqa: BLE001 - any failure: the forward does not accept these shapes
         return False
@@ -380,7 +395,7 @@ def _probed_links(module: torch.nn.Module, specs: Sequence[OpenInput]) -> tuple[
     def runs(shapes: Sequence[Sequence[int]]) -> bool:
         args = [torch.empty(tuple(s), dtype=_dtype(spec.dtype), device="meta") for s, spec in zip(shapes, specs)]
         try:
-            with torch.no_grad():
+            with torch.no_grad(), StrictMeta():
                 return bool(_tensors(meta(*args)))
         except Exception:  # noqa: BLE001 - the forward refuses the size: a fixed dim
             return False
