@@ -111,8 +111,10 @@ def test_campaign_bench_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "campaign_bench.json").read_text())
     assert {name: p["status"] for name, p in result["phases"].items()} == dict.fromkeys(
-        ("start", "before", "cold", "warm", "after", "reports"), "ok"
+        ("start", "before", "cold", "warm", "after", "reports", "bisect"), "ok"
     )
+    # The bisection runs only when the greedy completion changed; it says so either way.
+    assert result["bisect"].get("culprit") or result["bisect"].get("skipped")
     for label in ("cold", "warm"):
         campaign = result[label]
         assert campaign["exit_code"] == 0 and [d["op"] for d in campaign["deployed"]] == ["rms_norm"]
