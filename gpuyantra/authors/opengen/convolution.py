@@ -13,58 +13,15 @@ Registered as a decomposition of `aten.convolution` (trace.py); the sizes stay s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from gpuyantra.authors.opengen.pooling import _axis, _per_dim, _Window
 from gpuyantra.authors.opengen.spec import Unsupported
+from gpuyantra.authors.opengen.window import TransposedWindow, Window
 
 aten = torch.ops.aten
-
-
-class _TransposedWindow(_Window):
-    """The window of a transposed convolution: where each output position reads per kernel offset."""
-
-    def __init__(self, x: torch.Tensor, n: int, kernel: Any, stride: Any, padding: Any, dilation: Any, extra: Any):
-        if not x.is_floating_point():
-            raise Unsupported("convolution of a non-floating tensor")
-        self.x, self.n = x, n
-        self.kernel = _per_dim(kernel, n)
-        self.stride = _per_dim(stride, n)
-        self.padding = _per_dim(padding, n)
-        self.dilation = _per_dim(dilation, n)
-        extra_sizes = _per_dim(extra, n)
-        self.sizes = list(x.shape[-n:])
-        self.out = [
-            (size - 1) * s - 2 * p + d * (k - 1) + e + 1
-            for size, k, s, p, d, e in zip(
-                self.sizes, self.kernel, self.stride, self.padding, self.dilation, extra_sizes
-            )
-        ]
-        for out in self.out:
-            if isinstance(out, torch.SymInt) and out < 2:
-                raise Unsupported("a transposed convolution to fewer than 2 output positions along a variable dim")
-
-    def read(self, offset: Sequence[int], fill: float) -> tuple[torch.Tensor, torch.Tensor]:
-        index: list[torch.Tensor] = []
-        valid: torch.Tensor | None = None
-        for dim, j in enumerate(offset):
-            o = torch.ops.prims.iota(
-                self.out[dim], start=0, step=1, dtype=torch.int64, device=self.x.device, requires_grad=False
-            )
-            shifted = o + self.padding[dim] - j * self.dilation[dim]
-            pos = torch.div(shifted, self.stride[dim], rounding_mode="floor")
-            inside = (shifted >= 0) & (pos < self.sizes[dim])
-            if self.stride[dim] > 1:
-                inside = inside & (shifted - pos * self.stride[dim] == 0)
-            pos = pos.clamp(0, self.sizes[dim] - 1)
-            index.append(_axis(pos, dim, self.n))
-            valid = _axis(inside, dim, self.n) if valid is None else valid & _axis(inside, dim, self.n)
-        assert valid is not None
-        where: tuple[Any, ...] = (Ellipsis, *index)
-        return torch.where(valid, self.x[where], fill), index[0]
 
 
 def convolution(
@@ -86,11 +43,11 @@ def convolution(
     if transposed and groups > 1:
         raise Unsupported("a grouped transposed convolution")
     kernel = list(weight.shape[2:])
-    window: _Window
+    window: Window
     if transposed:
-        window = _TransposedWindow(x, n, kernel, stride, padding, dilation, output_padding)
+        window = TransposedWindow(x, n, kernel, stride, padding, dilation, output_padding)
     else:
-        window = _Window(x, n, kernel, stride, padding, dilation, False)
+        window = Window(x, n, kernel, stride, padding, dilation, False)
     cols = [window.read(offset, 0.0)[0] for offset in window.offsets()]
     stacked = torch.stack(cols, dim=2)  # [N, C, positions, *out]
     batch = x.shape[0]

@@ -16,109 +16,15 @@ wheres and pointwise ops; the sizes stay symbolic.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpuyantra.authors.opengen.spec import Unsupported
+from gpuyantra.authors.opengen.window import Window
 
 aten = torch.ops.aten
-
-
-def _per_dim(value: Any, n: int, default: Sequence[int] | None = None) -> list[int]:
-    """A pooling argument (int or list of 1 or n ints, or empty for the default) as n ints."""
-    if isinstance(value, int):
-        return [value] * n
-    values = list(value)
-    if not values and default is not None:
-        return list(default)
-    if len(values) == 1:
-        return values * n
-    if len(values) != n:
-        raise Unsupported(f"a pooling argument of {len(values)} values over {n} dims")
-    return [int(v) for v in values]
-
-
-def _out_size(size: Any, k: int, s: int, p: int, d: int, ceil_mode: bool) -> Any:
-    """ATen's pooling_output_shape."""
-    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
-    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside the input or left pad
-        out = out - 1
-    # One output position along a symbolic dim would be specialized by the trace (sizes 0 and 1
-    # are), and a graph traced at such sizes differs from the general one: refused.
-    if isinstance(out, torch.SymInt) and out < 2:
-        raise Unsupported(f"pooling to {out} output position(s) along a dim of {size}")
-    return out
-
-
-def _axis(values: torch.Tensor, dim: int, n: int) -> torch.Tensor:
-    """A 1-D tensor shaped to broadcast along pooled dim `dim` of n."""
-    shape = [1] * n
-    shape[dim] = -1
-    return values.reshape(shape)
-
-
-class _Window:
-    """The pooled dims' geometry: output sizes and, per window offset, where each output reads."""
-
-    def __init__(self, x: torch.Tensor, n: int, kernel: Any, stride: Any, padding: Any, dilation: Any, ceil: bool):
-        if not x.is_floating_point():
-            raise Unsupported("pooling of a non-floating tensor")
-        self.x, self.n = x, n
-        self.kernel = _per_dim(kernel, n)
-        self.stride = _per_dim(stride, n, self.kernel)
-        self.padding = _per_dim(padding, n)
-        self.dilation = _per_dim(dilation, n)
-        self.sizes = list(x.shape[-n:])
-        self.out = [
-            _out_size(size, k, s, p, d, ceil)
-            for size, k, s, p, d in zip(self.sizes, self.kernel, self.stride, self.padding, self.dilation)
-        ]
-
-    def starts(self, dim: int) -> torch.Tensor:
-        """Where each output's window starts along dim (in input coordinates: may be negative)."""
-        # prims.iota keeps a symbolic length (aten.arange's decomposition would pin it to an int).
-        o = torch.ops.prims.iota(
-            self.out[dim], start=0, step=1, dtype=torch.int64, device=self.x.device, requires_grad=False
-        )
-        return o * self.stride[dim] - self.padding[dim]
-
-    def offsets(self) -> Any:
-        return itertools.product(*(range(k) for k in self.kernel))
-
-    def read(self, offset: Sequence[int], fill: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(values, flat index over the pooled dims) at one window offset; padding reads `fill`."""
-        index: list[torch.Tensor] = []
-        valid: torch.Tensor | None = None
-        flat: torch.Tensor | None = None
-        for dim, j in enumerate(offset):
-            pos = self.starts(dim) + j * self.dilation[dim]
-            inside = (pos >= 0) & (pos < self.sizes[dim])
-            pos = pos.clamp(0, self.sizes[dim] - 1)
-            index.append(_axis(pos, dim, self.n))
-            valid = _axis(inside, dim, self.n) if valid is None else valid & _axis(inside, dim, self.n)
-            flat = index[-1] if flat is None else flat * self.sizes[dim] + index[-1]
-        assert valid is not None and flat is not None
-        where: tuple[Any, ...] = (Ellipsis, *index)
-        values = self.x[where]
-        return torch.where(valid, values, fill), flat
-
-    def divisor(self, count_include_pad: bool) -> torch.Tensor:
-        """ATen's divide_factor per output position (float), without divisor_override."""
-        total: torch.Tensor | None = None
-        for dim in range(self.n):
-            start = self.starts(dim)
-            end = torch.clamp(start + self.kernel[dim], max=self.sizes[dim] + self.padding[dim])
-            if not count_include_pad:
-                end = torch.clamp(end, max=self.sizes[dim])
-                start = torch.clamp(start, min=0)
-            size = _axis(end - start, dim, self.n)
-            total = size if total is None else total * size
-        assert total is not None
-        return total.to(self.x.dtype)
 
 
 def _max_pool(n: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -130,7 +36,7 @@ def _max_pool(n: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         dilation: Any = 1,
         ceil_mode: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        window = _Window(x, n, kernel_size, stride, padding, dilation, ceil_mode)
+        window = Window(x, n, kernel_size, stride, padding, dilation, ceil_mode)
         best: torch.Tensor | None = None
         best_index: torch.Tensor | None = None
         for offset in window.offsets():
@@ -157,7 +63,7 @@ def _avg_pool(n: int) -> Callable[..., torch.Tensor]:
         count_include_pad: bool = True,
         divisor_override: int | None = None,
     ) -> torch.Tensor:
-        window = _Window(x, n, kernel_size, stride, padding, 1, ceil_mode)
+        window = Window(x, n, kernel_size, stride, padding, 1, ceil_mode)
         total: torch.Tensor | None = None
         for offset in window.offsets():
             values, _ = window.read(offset, 0.0)
