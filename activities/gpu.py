@@ -13,7 +13,7 @@ from activities.heartbeat import with_heartbeat
 from gpuyantra import config
 from gpuyantra.served_speed import measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
-from workflows.types import BenchmarkInput, DeployInput, RollbackInput, ServerCall, Target, VerifyInput
+from workflows.types import BenchmarkInput, CompareInput, DeployInput, RollbackInput, ServerCall, Target, VerifyInput
 
 
 def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +57,31 @@ def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TI
     with hold_lock(timing_lock(), wait_s) as lock:
         answers = [client.post("/admin/benchmark", {**BENCHMARK, "batch": batch}) for batch in batches]
     return measurement_of(answers, lock)
+
+
+# A paired check: three rounds of a swap off and on, two short repeats per phase and batch (about
+# 2 x 3 x 2 x 0.2 s per batch plus a graph capture per phase).
+COMPARE = {"rounds": 3, "repeats": 2, "min_repeat_s": 0.2, "max_tokens": 16, "prompt_tokens": 8}
+
+
+@activity.defn(name="compare_swap")
+def compare_swap(call: CompareInput) -> dict[str, Any]:
+    """/admin/compare: served speed with the swap off and on in turns, the GPU's locks held as for
+    benchmark_server. A server that predates the route answers 404 without a swap `detail`: then
+    `{"measured": "none"}`, and the campaign keeps its first judgement."""
+    from gpuyantra.verifier.baselines import timing_lock
+    from gpuyantra.verifier.gpu_locks import hold_lock
+
+    body = {**COMPARE, "swap_id": call.swap_id, "batches": sorted(set(call.batches or [1]))}
+    client = AdminClient(call.server_url)
+    try:
+        with hold_lock(timing_lock(), TIMING_LOCK_WAIT_S) as lock:
+            answer = with_heartbeat(lambda: client.post("/admin/compare", body))
+    except ServerError as exc:
+        if "answered 404: Not Found" in str(exc):
+            return {"measured": "none", "reason": "the server has no /admin/compare"}
+        raise as_application_error(exc) from exc
+    return {**answer, "timing_lock": lock}
 
 
 @activity.defn(name="deploy_kernel")
@@ -149,4 +174,5 @@ ACTIVITIES: list[Callable[..., Any]] = [
     verify_candidate,
     deploy_kernel,
     rollback_swap,
+    compare_swap,
 ]

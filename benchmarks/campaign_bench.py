@@ -180,6 +180,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     campaign.add_argument("--min-reward", type=int, default=None)
     campaign.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where candidates are verified")
     campaign.add_argument("--require-approval", action="store_true", help="(waits for a signal: not for timing)")
+    campaign.add_argument(
+        "--warm-runs",
+        type=int,
+        default=1,
+        help="warm campaigns in a row (each after rolling everything back: warm, warm2, ...); the result "
+        "says whether every campaign deployed the same kernels",
+    )
     limits = p.add_argument_group("time limits, seconds")
     limits.add_argument("--budget-s", type=float, default=None, help="the whole run (default 520; --smoke 1500)")
     limits.add_argument("--start-timeout", type=float, default=None, help="Temporal, workers and server ready")
@@ -197,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown phase(s) {unknown}; choose from {','.join(PHASES)}")
     args.phase_list = [x for x in PHASES if x in phases and not (x == "compile" and args.skip_compile)]
     args.batch_list = [int(b) for b in str(args.batches).split(",") if b.strip()]
+    if args.warm_runs < 1:
+        p.error("--warm-runs must be at least 1")
     return args
 
 
@@ -751,7 +760,7 @@ class CampaignBench:
     def campaign(self, label: str, deadline: Deadline) -> None:
         record: dict[str, Any] = {}
         self.result[label] = record
-        if label == "warm":
+        if label != "cold":
             self.rollback_all(deadline, record)
         argv = self.optimize_argv()
         record["command"] = shlex.join(["gpuyantra", *argv[3:]])
@@ -794,12 +803,25 @@ class CampaignBench:
         if not result.get("deployed"):
             self.warn(f"{label} campaign deployed nothing")
 
+    def compare_deployments(self) -> None:
+        """Whether every campaign of this run deployed the same kernels (op, class, swapped modules):
+        the served-speed check should keep or roll back the same swaps each time."""
+        sets = {
+            label: sorted(f"{d.get('op')}:{d.get('module_class')}x{d.get('modules')}" for d in campaign["deployed"])
+            for label in campaign_labels(self.result)
+            if isinstance(campaign := self.result.get(label), dict) and "deployed" in campaign
+        }
+        self.result["deployments"] = {"by_campaign": sets, "same": len({tuple(v) for v in sets.values()}) <= 1}
+        if not self.result["deployments"]["same"]:
+            self.warn(f"the campaigns deployed different kernels: {sets}")
+        self.save()
+
     def name_seeds(self, record: dict[str, Any]) -> None:
         """Each seeded target's `seed_op`: the op of the skill that seeded it, as this run's campaigns
         learned it (another family's skill seeds by transfer: only its shared knobs count)."""
         learned = {
             entry["skill_id"]: entry.get("op")
-            for label in ("cold", "warm")
+            for label in campaign_labels(self.result)
             for entry in ((self.result.get(label) or {}).get("deployed") or [])
             + ((self.result.get(label) or {}).get("rejected") or [])
             if entry.get("skill_id")
@@ -885,7 +907,7 @@ class CampaignBench:
     def reports(self, deadline: Deadline) -> None:
         record = self.result["reports"] = {}
         failures = []
-        for label in ("cold", "warm"):
+        for label in campaign_labels(self.result):
             campaign = self.result.get(label) or {}
             workflow_id = campaign.get("workflow_id")
             closed_as = (campaign.get("timeline") or {}).get("closed_as")
@@ -935,8 +957,12 @@ class CampaignBench:
                 continue
             if name in ("before", "after"):
                 self.phase(name, a.measure_timeout, functools.partial(self.measure, name))
-            elif name in ("cold", "warm"):
+            elif name == "cold":
                 self.phase(name, a.campaign_timeout, functools.partial(self.campaign, name))
+            elif name == "warm":
+                for label in warm_labels(a.warm_runs):
+                    self.phase(label, a.campaign_timeout, functools.partial(self.campaign, label))
+                self.compare_deployments()
             elif name == "reports":
                 self.phase(name, a.report_timeout * 2, self.reports)
             elif name == "bisect":
@@ -995,6 +1021,17 @@ def versions() -> dict[str, Any]:
 # ------------------------------------------------------------------ the table
 
 
+def warm_labels(runs: int) -> list[str]:
+    """The warm campaigns' labels: warm, warm2, warm3, ..."""
+    return ["warm", *(f"warm{i}" for i in range(2, runs + 1))]
+
+
+def campaign_labels(result: dict[str, Any]) -> list[str]:
+    """The campaigns a result holds, in order."""
+    warm = sorted((k for k in result if re.fullmatch(r"warm\d*", k)), key=lambda k: int(k[4:] or 1))
+    return [k for k in ["cold", *warm] if isinstance(result.get(k), dict)]
+
+
 def fmt(value: Any, digits: int = 1) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
 
@@ -1036,7 +1073,7 @@ def table(result: dict[str, Any], batches: list[int]) -> str:
         f"{'campaign':8} {'exit':>4} {'wall_s':>7} {'first_deploy_s':>14} {'seeded(same op)':>15} {'rolled_back':>11}  "
         "deployed (op, reward, speedup vs eager) / rejected"
     )
-    for label in ("cold", "warm"):
+    for label in campaign_labels(result):
         c = result.get(label)
         if not c:
             continue
@@ -1061,7 +1098,10 @@ def table(result: dict[str, Any], batches: list[int]) -> str:
     if culprit:
         lines.append(f"greedy equal again after rolling back {culprit['op']} ({culprit.get('module_class')})")
     warnings = list(result.get("warnings") or [])
-    for label in ("cold", "warm"):
+    deployments = result.get("deployments")
+    if deployments:
+        lines.append(f"same deployments in every campaign: {deployments['same']}")
+    for label in campaign_labels(result):
         warnings += [f"{label}: {w}" for w in (result.get(label) or {}).get("warnings") or []]
     lines += [f"warning: {w}" for w in warnings[:12]]
     return "\n".join(lines)

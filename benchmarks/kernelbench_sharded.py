@@ -2,7 +2,9 @@
 
 Each shard is a separate process (its own verifier sandboxes); on one GPU the verifier's timing lock
 keeps timed phases from overlapping, so shards share the device without skewing each other's
-numbers. Problems are dealt round-robin so slow and fast ones mix.
+numbers. Problems are dealt round-robin so slow and fast ones mix. `--gpus N` deals the shards over
+N GPUs of the host (CUDA_VISIBLE_DEVICES per shard), each GPU with its own state folder, so its
+timing lock orders only the shards on that GPU.
 
     python benchmarks/kernelbench_sharded.py PROBLEM_DIR --device cuda --shards 4 --out OUT [--only 19,23,24]
 """
@@ -38,6 +40,20 @@ def problem_files(folder: Path, only: set[int] | None) -> list[Path]:
     return sorted(files, key=lambda f: ("conv" in f.name.lower(), "mul" in f.name.lower() or "gemm" in f.name.lower()))
 
 
+def shard_env(shard: int, gpus: int, out: Path) -> dict[str, str]:
+    """The shard's environment: with `gpus` > 1, GPU shard % gpus alone and that GPU's state folder."""
+    env = dict(os.environ)
+    if gpus > 1:
+        # The GPUs this process may use: its own CUDA_VISIBLE_DEVICES when set, else 0..gpus-1.
+        visible = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()] or [
+            str(g) for g in range(gpus)
+        ]
+        gpu = visible[shard % min(gpus, len(visible))]
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        env["GPUYANTRA_STATE_DIR"] = str(out / f"state-gpu{gpu}")
+    return env
+
+
 def run_shards(
     files: list[Path], args: argparse.Namespace, shards: int, deadline: float, tag: str = "shard"
 ) -> list[dict]:
@@ -68,7 +84,8 @@ def run_shards(
             "--json",
         ]
         log = open(out / f"{tag}{shard}.log", "w")
-        procs.append((shard, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=os.environ)))
+        env = shard_env(shard, args.gpus, out)
+        procs.append((shard, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)))
     for shard, proc in procs:
         try:
             proc.communicate(timeout=max(1.0, deadline - time.time()))
@@ -108,6 +125,7 @@ def main() -> None:
     parser.add_argument("folder")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=1, help="deal the shards over this many GPUs of the host")
     parser.add_argument("--max-iterations", type=int, default=2)
     parser.add_argument("--out", default="kb_out")
     parser.add_argument("--only", default="", help="problem numbers and ranges, comma separated: 1-18,93,96")

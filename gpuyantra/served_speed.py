@@ -203,3 +203,59 @@ def lock_warning(what: str, measurement: Mapping[str, Any] | None) -> str | None
         f"{what}: measured without the GPU timing lock{which} (a verification held it for more than "
         f"{float(lock.get('waited_s') or 0.0):.0f} s), so the figures may include that verification's load"
     )
+
+
+# ---------------------------------------------------------------------- paired measurement around one swap
+# Two measurements minutes apart differ by drift (clocks, other work on the host) that neither's own
+# spread shows: an unchanged server read 270.8 and then 295.8 tokens/s. A paired measurement turns
+# one swap off and on again inside one short window, so each round's with/without pair shares its
+# drift, and the spread of the pairs' differences is the noise a drop must exceed.
+PAIRED_FLOOR = 0.01  # the smallest paired drop ever called a slowdown
+PAIRED_ROUNDS = 3
+
+
+def phase_order(rounds: int) -> list[bool]:
+    """Which side each phase measures (True: with the swap), in pairs A B, B A, A B, ...: a drift
+    that grows steadily through the measurement weighs on both sides alike."""
+    order: list[bool] = []
+    for r in range(rounds):
+        order += [True, False] if r % 2 == 0 else [False, True]
+    return order
+
+
+def paired_drops(with_swap: list[float], without: list[float]) -> list[float]:
+    """Each round's relative drop from the model without the swap to the model with it."""
+    return [(off - on) / off for on, off in zip(with_swap, without) if off > 0]
+
+
+def judge_pairs(drops: list[float], floor: float = PAIRED_FLOOR) -> dict[str, Any]:
+    """Roll back when the median paired drop is larger than the range of the drops (and `floor`):
+    the swap must be slower in a way the rounds agree on, not in one unlucky round."""
+    if not drops:
+        return {"decision": "keep", "drop": None, "noise": None}
+    drop = statistics.median(drops)
+    noise = max(floor, max(drops) - min(drops))
+    return {"decision": "rollback" if drop > noise else "keep", "drop": drop, "noise": noise}
+
+
+def judge_paired(answer: Mapping[str, Any] | None, floor: float = PAIRED_FLOOR) -> dict[str, Any]:
+    """`judge_batches` for a paired measurement (/admin/compare): each batch by its own pairs; roll
+    back when any batch dropped beyond its noise."""
+    judged: dict[int, dict[str, Any]] = {}
+    for entry in (answer or {}).get("batches") or []:
+        with_swap = list((entry.get("with") or {}).get("tokens_per_s_samples") or [])
+        without = list((entry.get("without") or {}).get("tokens_per_s_samples") or [])
+        judged[int(entry.get("batch") or 1)] = judge_pairs(paired_drops(with_swap, without), floor)
+    dropped = [batch for batch, judgement in sorted(judged.items()) if judgement["decision"] == "rollback"]
+    return {"decision": "rollback" if dropped else "keep", "dropped": dropped, "batches": judged}
+
+
+def paired_reason(judged: Mapping[str, Any]) -> str:
+    """Why a paired measurement rolled a swap back (or why it kept one the first check doubted)."""
+    parts = [
+        f"batch {batch}: {abs(one['drop']):.1%} {'slower' if one['drop'] > 0 else 'faster'} with the swap "
+        f"(noise {one['noise']:.1%})"
+        for batch, one in sorted(judged["batches"].items())
+        if one.get("drop") is not None
+    ]
+    return "paired measurement, the swap turned off and on in the same window: " + "; ".join(parts)

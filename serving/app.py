@@ -5,8 +5,9 @@ Public: `POST /v1/completions` and `POST /v1/chat/completions` (OpenAI-compatibl
 re-applied, model thread running), `/metrics` (`serving/routes_health.py`).
 
 Admin (bearer token; `serving/routes_admin.py`): `GET /admin/kernels`, `POST /admin/swap`,
-`POST /admin/rollback`, `POST /admin/profile`, `POST /admin/logits`, `POST /admin/benchmark`. Without the
-token (or with a wrong one) they answer 401, before the body is even read; with no token configured they
+`POST /admin/rollback`, `POST /admin/profile`, `POST /admin/logits`, `POST /admin/benchmark`,
+`POST /admin/compare`. Without the token (or with a wrong one) they answer 401, before the body is even
+read; with no token configured they
 are disabled (401 too, saying so) (`serving/auth.py`).
 `/admin/swap` swaps only bytes the verifier accepted: it checks the request's `attestation` against
 the SHA-256 of the bytes it would import and answers 403 otherwise (`--allow-unverified-swaps`

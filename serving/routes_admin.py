@@ -1,5 +1,5 @@
 """The admin API (bearer token; docs/CONTRACTS.md section 5): `GET /admin/kernels`, `POST /admin/swap`,
-`/admin/rollback`, `/admin/profile`, `/admin/logits` and `/admin/benchmark`.
+`/admin/rollback`, `/admin/profile`, `/admin/logits`, `/admin/benchmark` and `/admin/compare`.
 
 `add_routes` puts every route here behind `serving.auth.require_admin`; the token itself is checked by
 `serving.auth.AdminAuthMiddleware` before the body is read. Work on the model runs on the engine's thread
@@ -24,6 +24,7 @@ from serving.admin_schema import (
     INVALID_BODY,
     UNPROCESSABLE,
     BenchmarkBody,
+    CompareBody,
     KernelsAnswer,
     LogitsAnswer,
     LogitsBody,
@@ -200,6 +201,39 @@ async def benchmark(state: State, body: BenchmarkBody | None = None):
         return request_error(422, str(exc))
 
 
+COMPARE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **UNPROCESSABLE,
+    404: {"model": SwapRefusal, "description": "no swap has this id"},
+    409: {"model": SwapRefusal, "description": "the swap is not active (rolled back or superseded)"},
+}
+
+
+async def compare(body: CompareBody, state: State):
+    """Served decode speed with one active swap turned off and on in alternating phases (traffic
+    paused, CUDA graphs re-captured at each turn): per batch, tokens/s with and without it and each
+    round's paired drop. The swap is on again at the end; nothing is rolled back."""
+    engine = state.require_engine()
+    fut = engine.call(
+        lambda: engine.compare_swap(
+            body.swap_id,
+            sorted(set(body.batches)),
+            body.rounds,
+            body.max_tokens,
+            body.prompt_tokens,
+            body.repeats,
+            body.min_repeat_s,
+        ),
+        exclusive=True,
+        name="compare",
+    )
+    try:
+        return await asyncio.wrap_future(fut)
+    except SwapError as exc:
+        return JSONResponse(status_code=exc.http_status, content={"detail": exc.detail()})
+    except RequestError as exc:
+        return request_error(422, str(exc))
+
+
 # ---------------------------------------------------------------------- registration
 def add_routes(app: FastAPI) -> None:
     """The admin routes, each behind the token, in the order the OpenAPI schema lists them."""
@@ -219,3 +253,4 @@ def add_routes(app: FastAPI) -> None:
     admin("POST", "/profile", profile, INVALID_BODY)
     admin("POST", "/logits", logits, {200: {"model": LogitsAnswer}, **UNPROCESSABLE})
     admin("POST", "/benchmark", benchmark, BENCHMARK_RESPONSES)
+    admin("POST", "/compare", compare, COMPARE_RESPONSES)

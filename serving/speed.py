@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpuyantra.served_speed import repeat_spread
+from gpuyantra.served_speed import paired_drops, phase_order, repeat_spread
 from serving.request import RequestError
 from serving.scheduler import Scheduler
 
@@ -96,6 +96,64 @@ class ServedSpeed(Scheduler):
             **self._served_state(),
             "output_ids": results[-1][2][0][:8],
         }
+
+    def compare_swap(
+        self,
+        swap_id: str,
+        batches: list[int],
+        rounds: int = 3,
+        max_tokens: int = 16,
+        prompt_tokens: int = 8,
+        repeats: int = 2,
+        min_repeat_s: float = 0.2,
+    ) -> dict[str, Any]:
+        """Served decode speed with one active swap on and off in turns (`phase_order`: on, off,
+        off, on, ...), CUDA graphs re-captured at each turn, each phase a short `benchmark` at every
+        batch. Rounds measured minutes apart would carry drift; pairs measured seconds apart share
+        it. Needs an idle engine; the swap is always on again at the end."""
+        if self.active_count:
+            raise RuntimeError("compare_swap needs an idle engine (run it through call(..., exclusive=True))")
+        for batch in batches:
+            if not 1 <= batch <= self.max_batch:
+                raise RequestError(f"batch must be between 1 and max_batch ({self.max_batch})")
+        samples: dict[int, dict[bool, list[float]]] = {b: {True: [], False: []} for b in batches}
+        order = phase_order(rounds)
+        started = time.perf_counter()
+        with self.swaps.suspension(swap_id) as use:
+            on = True
+            try:
+                for on in order:
+                    use(on)
+                    self._recapture()
+                    for batch in batches:
+                        answer = self.benchmark(max_tokens, prompt_tokens, batch, repeats, min_repeat_s)
+                        samples[batch][on].append(float(answer["tokens_per_s"]))
+            finally:
+                if not on:  # the graphs must hold the swap again
+                    use(True)
+                    self._recapture()
+        return {
+            "swap_id": swap_id,
+            "measured": "paired",
+            "rounds": rounds,
+            "order": ["with" if side else "without" for side in order],
+            "seconds": time.perf_counter() - started,
+            "batches": [
+                {
+                    "batch": batch,
+                    "with": repeat_spread(samples[batch][True]),
+                    "without": repeat_spread(samples[batch][False]),
+                    "drops": paired_drops(samples[batch][True], samples[batch][False]),
+                }
+                for batch in batches
+            ],
+            **self._served_state(),
+        }
+
+    def _recapture(self) -> None:
+        """Graph mode: capture the decode step again with the forwards bound now."""
+        if self.graphs is not None:
+            self.graphs.capture_all()
 
     def _served_state(self) -> dict[str, Any]:
         """What a speed figure was measured on: decode path, swaps in, device, dtype, model."""

@@ -123,6 +123,7 @@ def test_campaign_bench_smoke(tmp_path):
         assert (out / f"campaign-{label}.json").exists()
         assert "<svg" in (out / f"report-{label}.html").read_text()
     assert result["cold"]["seeded_targets"] == 0 and result["warm"]["seeded_same_op"] == 1  # the skill library
+    assert result["deployments"]["same"] and list(result["deployments"]["by_campaign"]) == ["cold", "warm"]
     rollback = result["warm"]["rollback"]
     assert rollback["active_before"] == [["rms_norm", 5]] and rollback["active_after"] == []
     assert rollback["greedy_equal"]  # the original forward, bit for bit

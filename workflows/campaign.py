@@ -7,7 +7,8 @@ device can give (gpuyantra/rewards.py: +3 on CUDA, +1 on CPU where speed is not 
 max_iterations.
 Served speed is measured at each decode batch the server says matters (its profile's
 `served_batches`: one row and its batched decode), and a swap is rolled back when served tokens/s at
-any of them dropped by more than that batch's spread measured before and after it
+any of them dropped by more than that batch's spread measured before and after it, and the drop held
+when the swap was measured off and on in turns (`compare_swap`)
 (gpuyantra/served_speed.py:judge_batches). Activities are called by name so this module imports
 nothing that imports torch.
 """
@@ -33,15 +34,18 @@ with workflow.unsafe.imports_passed_through():
         benchmark_batches,
         figures,
         judge_batches,
+        judge_paired,
         judge_swap,
         judged_figures,
         lock_warning,
+        paired_reason,
         rollback_reason,
     )
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
     from workflows.types import (
         BenchmarkInput,
         CampaignInput,
+        CompareInput,
         DeployInput,
         LearnInput,
         OutcomeInput,
@@ -445,6 +449,13 @@ class OptimizeCampaign:
             "dropped_batches": judgement["dropped"] if judged else [],
         }
         self._warn(lock_warning(f"served speed after deploying {target.op}", after))
+        paired = None
+        if judged and judgement["decision"] == "rollback" and workflow.patched("paired-served-check"):
+            # `before` may be minutes old: confirm the drop with the swap off and on in one window.
+            paired = await self._paired_check(params, target, swap, after)
+            if paired is not None:
+                summary["served_speed"]["paired"] = paired
+                judgement = paired["judged"]
         if judged and judgement["decision"] == "rollback":
             await self._gpu(
                 "rollback_swap",
@@ -452,8 +463,16 @@ class OptimizeCampaign:
                 timedelta(minutes=5),
                 summary=f"roll back {target.op}",
             )
-            reason = rollback_reason(before, after, judgement, target.regime or "unknown")
+            if paired is not None:
+                reason = f"rolled back: {paired_reason(judgement)}; {target.regime or 'unknown'} regime"
+            else:
+                reason = rollback_reason(before, after, judgement, target.regime or "unknown")
             return {"entry": {**summary, "reason": reason}}
+        if paired is not None:
+            self._warn(f"{target.op} kept: the first check read a drop; {paired_reason(judgement)}")
+            enter(progress, "deployed")
+            self._served = after
+            return {"deployed": True, "entry": summary}
         notes = {
             batch: kept_note(one["noise"]) if judged else f"kept: speed is not judged on a {verdict.device} verdict"
             for batch, one in judgement["batches"].items()
@@ -463,6 +482,38 @@ class OptimizeCampaign:
         self._served = after
         enter(progress, "deployed")
         return {"deployed": True, "entry": summary}
+
+    async def _paired_check(
+        self, params: CampaignInput, target: Target, swap: dict[str, Any], after: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The swap measured off and on in turns (compare_swap) at the batches `after` measured;
+        None when the server cannot (then the first judgement stands)."""
+        batches = sorted(int(b.get("batch") or 1) for b in (after.get("batches") or [after]))
+        try:
+            answer = await self._gpu(
+                "compare_swap",
+                CompareInput(server_url=params.server_url, swap_id=str(swap.get("swap_id")), batches=batches),
+                timedelta(minutes=10),
+                summary=f"paired served speed of {target.op}",
+            )
+        except ActivityError as exc:
+            self._warn(f"paired served speed of {target.op} failed ({root_message(exc)}): the first check decides")
+            return None
+        if answer.get("measured") != "paired":
+            return None
+        self._warn(lock_warning(f"paired served speed of {target.op}", answer))
+        return {
+            "judged": judge_paired(answer),
+            "seconds": answer.get("seconds"),
+            "batches": {
+                str(entry.get("batch")): {
+                    "with": figures(entry.get("with")),
+                    "without": figures(entry.get("without")),
+                    "drops": entry.get("drops"),
+                }
+                for entry in answer.get("batches") or []
+            },
+        }
 
     async def _wait_for_approval(self, op: str, progress: dict[str, Any]) -> bool:
         enter(progress, "awaiting-approval")

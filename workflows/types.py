@@ -148,6 +148,15 @@ class BenchmarkInput:
 
 
 @dataclass
+class CompareInput:
+    """compare_swap's input: one active swap measured on and off in turns at each batch."""
+
+    server_url: str
+    swap_id: str
+    batches: list[int] | None = None
+
+
+@dataclass
 class RetrieveInput:
     target: dict[str, Any]
     hardware: str

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from gpuyantra.candidate import CandidateError, load_candidate
 from gpuyantra.function_sites import site_matches
 from gpuyantra.ops import UnknownOpError, get_op
 from gpuyantra.swap.functions import FunctionSwaps
-from gpuyantra.swap.guards import _CLASS_FORWARD, _set_forward
+from gpuyantra.swap.guards import _CLASS_FORWARD, FUNCTION_GLOBALS, MODULE_FORWARDS, _set_forward
 from gpuyantra.swap.modules import ModuleSwaps
 from gpuyantra.swap.records import (
     CandidateLoadError,
@@ -150,11 +150,7 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
             else:
                 if swap_id is None:
                     raise SwapError("give a swap_id or all")
-                if swap_id not in self._live:
-                    record = next((r for r in self._history if r.swap_id == swap_id), None)
-                    if record is None:
-                        raise UnknownSwapError(f"no swap with id {swap_id!r}")
-                    raise NotActiveError(f"swap {swap_id} is not active (status {record.status})", record)
+                self._require_active(swap_id)
                 ids = [swap_id]
             done: list[SwapRecord] = []
             now = time.time()
@@ -197,6 +193,44 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
         finally:
             for kind, obj, state in current:
                 kind.put(obj, state)
+
+    @contextlib.contextmanager
+    def suspension(self, swap_id: str) -> Iterator[Callable[[bool], None]]:
+        """Turn one active swap off and on again without rolling it back: yields `use(on)`, which
+        puts back what a rollback would (the forwards and functions before any swap) or the swap's
+        own again. Leaving the block always turns it back on. For paired speed measurements: the
+        caller runs with no traffic and re-captures CUDA graphs after each `use`."""
+        with self._op_lock:
+            self._require_active(swap_id)
+            live = self._live[swap_id]
+            bound = [
+                (MODULE_FORWARDS, module, self._originals.get(name, _CLASS_FORWARD))
+                for name, module in live.modules.items()
+                if self._owner.get(name) == swap_id
+            ] + [
+                (FUNCTION_GLOBALS, site, self._fn_originals[dotted])
+                for dotted, site in live.functions.items()
+                if self._fn_owner.get(dotted) == swap_id
+            ]
+            swapped = [kind.get(obj) for kind, obj, _ in bound]
+
+            def use(on: bool) -> None:
+                for (kind, obj, before), mine in zip(bound, swapped):
+                    kind.put(obj, mine if on else before)
+
+            try:
+                yield use
+            finally:
+                use(True)
+
+    def _require_active(self, swap_id: str) -> None:
+        """Raise UnknownSwapError / NotActiveError unless `swap_id` is bound now."""
+        if swap_id in self._live:
+            return
+        record = next((r for r in self._history if r.swap_id == swap_id), None)
+        if record is None:
+            raise UnknownSwapError(f"no swap with id {swap_id!r}")
+        raise NotActiveError(f"swap {swap_id} is not active (status {record.status})", record)
 
     def pending_faults(self) -> bool:
         return bool(self._faults)

@@ -19,6 +19,7 @@ ADMIN_ROUTES = [
     ("post", "/admin/rollback", {"all": True}),
     ("post", "/admin/profile", {}),
     ("post", "/admin/benchmark", {"max_tokens": 2}),
+    ("post", "/admin/compare", {"swap_id": "swap-x"}),
 ]
 
 
@@ -269,6 +270,34 @@ def test_benchmark(client):
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["tokens_per_s"] > 0 and out["batch"] == 2 and out["path"] == "eager"
+
+
+def test_compare_measures_a_swap_off_and_on_in_turns_and_leaves_it_on(client):
+    source = rms_norm_source()
+    r = client.post("/admin/swap", json={"source": source, "attestation": attested(source)}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    swap_id = r.json()["swap_id"]
+    try:
+        body = {"swap_id": swap_id, "batches": [2, 1], "rounds": 2, "max_tokens": 3, "repeats": 1, "min_repeat_s": 0}
+        r = client.post("/admin/compare", json=body, headers=AUTH)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["measured"] == "paired" and out["order"] == ["with", "without", "without", "with"]
+        assert [b["batch"] for b in out["batches"]] == [1, 2]
+        for entry in out["batches"]:
+            assert len(entry["with"]["tokens_per_s_samples"]) == len(entry["without"]["tokens_per_s_samples"]) == 2
+            assert len(entry["drops"]) == 2
+        assert out["active_swaps"] == [swap_id]  # on again, not rolled back
+        assert [a["swap_id"] for a in client.get("/admin/kernels", headers=AUTH).json()["active"]] == [swap_id]
+        r = client.post("/admin/compare", json={**body, "batches": [99]}, headers=AUTH)
+        assert r.status_code == 422 and "max_batch" in r.json()["message"]
+    finally:
+        client.post("/admin/rollback", json={"all": True}, headers=AUTH)
+    r = client.post("/admin/compare", json={"swap_id": swap_id}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["detail"]["status"] == "not_active"
+    assert client.post("/admin/compare", json={"swap_id": "swap-none"}, headers=AUTH).status_code == 404
+    r = client.post("/admin/compare", json={"swap_id": swap_id, "rounds": 1}, headers=AUTH)
+    assert r.status_code == 422 and "rounds" in r.text
 
 
 # ---------------------------------------------------------------------- public routes

@@ -137,6 +137,27 @@ def test_newer_swap_supersedes_and_rollback_restores_original(model, tmp_path):
     assert untouched(model)
 
 
+def test_suspension_turns_a_swap_off_and_on_without_rolling_it_back(model, tmp_path):
+    engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2")
+    first = engine.swap(RMS_NORM_KERNEL)
+    second = engine.swap(source=rms_norm_source())  # supersedes the first: off means the original
+    with engine.suspension(second.swap_id) as use:
+        use(False)
+        assert untouched(model) and engine.active_ids() == [second.swap_id]
+        use(True)
+        assert bound(model) == [second.swap_id] * NORMS
+        use(False)
+    assert bound(model) == [second.swap_id] * NORMS  # on again when the block ends
+    with pytest.raises(RuntimeError, match="boom"), engine.suspension(second.swap_id) as use:
+        use(False)
+        raise RuntimeError("boom")
+    assert bound(model) == [second.swap_id] * NORMS and second.status == "committed"
+    with pytest.raises(NotActiveError), engine.suspension(first.swap_id):
+        pass
+    with pytest.raises(UnknownSwapError), engine.suspension("swap-nope"):
+        pass
+
+
 def test_kernel_raising_while_serving_falls_back_then_rolls_back(model, tmp_path):
     events = []
     engine = SwapEngine(

@@ -20,6 +20,7 @@ from workflows.campaign import OptimizeCampaign, select_targets
 from workflows.types import (
     BenchmarkInput,
     CampaignInput,
+    CompareInput,
     DeployInput,
     LearnInput,
     OutcomeInput,
@@ -57,8 +58,12 @@ class Script:
         model: str | None = None,
         batch8_after: float | None = None,
         batch8_spread: float = 0.0,
+        paired_drops: list[float] | None = None,
     ) -> None:
         self.rewards = rewards
+        # /admin/compare's paired drops per round (every batch alike); None: a server without the route.
+        self.paired_drops = paired_drops
+        self.compared: list[CompareInput] = []
         self.batch8_after = batch8_after
         self.batch8_spread = batch8_spread
         self.benchmarked: list[list[int] | None] = []  # the batches each benchmark_server call asked for
@@ -153,8 +158,26 @@ class Script:
             self.calls.append("rollback")
             return {"rolled_back": [request.swap_id]}
 
+        @activity.defn(name="compare_swap")
+        def compare_swap(request: CompareInput) -> dict:
+            self.compared.append(request)
+            if self.paired_drops is None:
+                return {"measured": "none", "reason": "the server has no /admin/compare"}
+            batches = []
+            for batch in request.batches or [1]:
+                without = [100.0 * batch] * len(self.paired_drops)
+                with_swap = [speed * (1 - drop) for speed, drop in zip(without, self.paired_drops)]
+                batches.append(
+                    {
+                        "batch": batch,
+                        "with": {"tokens_per_s": with_swap[0], "tokens_per_s_samples": with_swap},
+                        "without": {"tokens_per_s": without[0], "tokens_per_s_samples": without},
+                    }
+                )
+            return {"measured": "paired", "seconds": 1.0, "batches": batches}
+
         return (
-            [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap],
+            [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap, compare_swap],
             [retrieve_skills, write_candidate, record_outcome, learn_skill, preflight_campaign],
         )
 
@@ -228,6 +251,32 @@ async def test_swap_that_slows_served_decode_is_rolled_back(env):
     assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
     assert "served decode at batch 1 went from 100.0 to 80.0 tokens/s" in result["rejected"][0]["reason"]
     assert result["rejected"][0]["served_speed"]["drop"] == 0.2 and result["warnings"] == []
+
+
+async def test_a_drop_the_paired_check_confirms_is_rolled_back_with_its_figures(env):
+    script = Script(rewards=[3], slower_after_deploy=True, paired_drops=[0.2, 0.18, 0.21])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
+    assert [(c.swap_id, c.batches) for c in script.compared] == [("s1", [1, 8])]
+    rejected = result["rejected"][0]
+    assert rejected["reason"].startswith("rolled back: paired measurement")
+    assert "batch 1: 20.0% slower with the swap (noise 3.0%)" in rejected["reason"]
+    paired = rejected["served_speed"]["paired"]
+    assert paired["judged"]["dropped"] == [1, 8] and paired["batches"]["8"]["drops"] is None  # fake leaves them out
+
+
+async def test_a_drop_the_paired_check_does_not_confirm_is_kept_and_warned(env):
+    # The first check read 20% slower against a `before` measured earlier; turned off and on in one
+    # window the rounds disagree (one faster, one slower): noise, so the swap stays.
+    script = Script(rewards=[3], slower_after_deploy=True, paired_drops=[0.04, -0.03, 0.01])
+    result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert "rollback" not in script.calls and [d["op"] for d in result["deployed"]] == ["rms_norm"]
+    assert result["warnings"][0] == (
+        "rms_norm kept: the first check read a drop; paired measurement, the swap turned off and on in "
+        "the same window: batch 1: 1.0% slower with the swap (noise 7.0%); "
+        "batch 8: 1.0% slower with the swap (noise 7.0%)"
+    )
+    assert result["deployed"][0]["served_speed"]["paired"]["judged"]["decision"] == "keep"
 
 
 async def test_a_drop_at_batch_eight_rolls_back_though_batch_one_improved(env):

@@ -6,16 +6,21 @@ import pytest
 
 from gpuyantra.served_speed import (
     NOISE_FLOOR,
+    PAIRED_FLOOR,
     batch_figures,
     batch_warnings,
     benchmark_batches,
     figures,
     judge_batches,
+    judge_paired,
+    judge_pairs,
     judge_swap,
     judged_figures,
     lock_warning,
     measurement_of,
+    paired_drops,
     per_batch,
+    phase_order,
     repeat_spread,
     rollback_reason,
     slowdown_warning,
@@ -174,3 +179,41 @@ def test_a_measurement_without_the_timing_lock_is_named():
     missed = {"timing_lock": {"held": False, "waited_s": 180.0, "locks": held}}
     warning = lock_warning("check", missed)
     assert warning is not None and "(not held: quiet)" in warning
+
+
+# ---------------------------------------------------------------------- paired measurement
+def test_phase_order_alternates_pairs_so_a_steady_drift_weighs_on_both_sides():
+    assert phase_order(3) == [True, False, False, True, True, False]
+    on = [i for i, side in enumerate(phase_order(4)) if side]
+    off = [i for i, side in enumerate(phase_order(4)) if not side]
+    assert sum(on) == sum(off)  # a drift linear in time adds the same to both sides over even rounds
+
+
+@pytest.mark.parametrize(
+    "drops, decision",
+    [
+        ([0.05, 0.06, 0.055], "rollback"),  # every round agrees, beyond their range
+        ([0.05, -0.02, 0.03], "keep"),  # the rounds disagree: their range is larger than the median
+        ([0.008, 0.009, 0.0085], "keep"),  # agreeing but below the floor
+        ([], "keep"),
+    ],
+)
+def test_judge_pairs_rolls_back_only_a_drop_the_rounds_agree_on(drops, decision):
+    judged = judge_pairs(drops)
+    assert judged["decision"] == decision
+    if drops:
+        assert judged["noise"] >= PAIRED_FLOOR
+
+
+def test_judge_paired_reads_each_batch_of_a_compare_answer():
+    answer = {
+        "batches": [
+            {"batch": 1, "with": {"tokens_per_s_samples": [95, 96]}, "without": {"tokens_per_s_samples": [100, 100]}},
+            {"batch": 8, "with": {"tokens_per_s_samples": [800, 790]}, "without": {"tokens_per_s_samples": [780, 800]}},
+        ]
+    }
+    assert paired_drops([95, 96], [100, 100]) == pytest.approx([0.05, 0.04])
+    judged = judge_paired(answer)
+    assert judged["decision"] == "rollback" and judged["dropped"] == [1]
+    assert judged["batches"][8]["decision"] == "keep"
+    assert judge_paired(None) == {"decision": "keep", "dropped": [], "batches": {}}
