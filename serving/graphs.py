@@ -168,6 +168,19 @@ class GraphDecoder:
         self.captures += 1
         self.last_capture_s = time.perf_counter() - started
 
+    def captured(self) -> dict[str, Any]:
+        """The graphs captured now (each bucket's graph and output, and their pool), to put back
+        later with `use_captured` without capturing again: a paired measurement keeps one set with
+        a swap and one without, and replays each in turn."""
+        return {"graphs": {b: (st["graph"], st["logits"]) for b, st in self.static.items()}, "pool": self.pool}
+
+    def use_captured(self, captured: dict[str, Any]) -> None:
+        """Replay a set kept by `captured` from now on (the set replaced stays alive only while
+        someone holds it)."""
+        for b, (graph, logits) in captured["graphs"].items():
+            self.static[b]["graph"], self.static[b]["logits"] = graph, logits
+        self.pool = captured["pool"]
+
     # ------------------------------------------------------------------ graph-path parity
     def _probe_inputs(self, b: int) -> tuple[list[int], list[int]]:
         vocab = max(2, self.engine.vocab_size)

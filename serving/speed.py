@@ -108,9 +108,10 @@ class ServedSpeed(Scheduler):
         min_repeat_s: float = 0.2,
     ) -> dict[str, Any]:
         """Served decode speed with one active swap on and off in turns (`phase_order`: on, off,
-        off, on, ...), CUDA graphs re-captured at each turn, each phase a short `benchmark` at every
-        batch. Rounds measured minutes apart would carry drift; pairs measured seconds apart share
-        it. Needs an idle engine; the swap is always on again at the end."""
+        off, on, ...), each phase a short `benchmark` at every batch; with CUDA graphs, each side is
+        captured once and its graphs replayed in its phases. Rounds measured minutes apart would
+        carry drift; pairs measured seconds apart share it. Needs an idle engine; the swap is always
+        on again at the end."""
         if self.active_count:
             raise RuntimeError("compare_swap needs an idle engine (run it through call(..., exclusive=True))")
         for batch in batches:
@@ -119,19 +120,29 @@ class ServedSpeed(Scheduler):
         samples: dict[int, dict[bool, list[float]]] = {b: {True: [], False: []} for b in batches}
         order = phase_order(rounds)
         started = time.perf_counter()
+        graph_sets: dict[bool, dict[str, Any]] = {}
         with self.swaps.suspension(swap_id) as use:
-            on = True
             try:
+                # One capture per side, kept: each phase then replays its side's graphs.
+                for on in (False, True):
+                    use(on)
+                    if self.graphs is not None:
+                        self.graphs.capture_all()
+                        graph_sets[on] = self.graphs.captured()
                 for on in order:
                     use(on)
-                    self._recapture()
+                    if self.graphs is not None:
+                        self.graphs.use_captured(graph_sets[on])
                     for batch in batches:
                         answer = self.benchmark(max_tokens, prompt_tokens, batch, repeats, min_repeat_s)
                         samples[batch][on].append(float(answer["tokens_per_s"]))
             finally:
-                if not on:  # the graphs must hold the swap again
-                    use(True)
-                    self._recapture()
+                use(True)  # the forwards and graphs hold the swap again
+                if self.graphs is not None:
+                    if True in graph_sets:
+                        self.graphs.use_captured(graph_sets[True])
+                    else:
+                        self.graphs.capture_all()
         return {
             "swap_id": swap_id,
             "measured": "paired",
@@ -149,11 +160,6 @@ class ServedSpeed(Scheduler):
             ],
             **self._served_state(),
         }
-
-    def _recapture(self) -> None:
-        """Graph mode: capture the decode step again with the forwards bound now."""
-        if self.graphs is not None:
-            self.graphs.capture_all()
 
     def _served_state(self) -> dict[str, Any]:
         """What a speed figure was measured on: decode path, swaps in, device, dtype, model."""

@@ -167,6 +167,7 @@ class OptimizeCampaign:
         self._target_ops: set[str] = set()  # known once the profile is in; signals naming others get a notice
         self._deploy_lock = asyncio.Lock()  # one swap and its served-speed check at a time
         self._served: dict[str, Any] | None = None  # latest served-speed measurement of what is deployed now
+        self._served_current = True  # False once a swap stayed in without being measured
         self._benchmark: BenchmarkInput | None = None  # the server and the decode batches every check measures
         self._warnings: list[str] = []
         self._sequential = False  # campaigns started before concurrent targets replay one target at a time
@@ -247,7 +248,14 @@ class OptimizeCampaign:
         rejected += [outcome["entry"] for outcome in outcomes if not outcome.get("deployed")]
 
         self._stage("e2e-after")
-        after = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
+        # The last check measured what is deployed now (a swap kept after its check, or the state a
+        # rollback put back): measuring again would cost a benchmark and tell nothing new.
+        after_source = "last check"
+        if self._served_current and self._served is not None and workflow.patched("after-from-last-check"):
+            after = self._served
+        else:
+            after_source = "measured at the end"
+            after = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
         if deployed:
             for warning in batch_warnings("campaign", before, after, f"{len(deployed)} kernel(s) deployed"):
                 self._warn(warning)
@@ -268,6 +276,7 @@ class OptimizeCampaign:
             "served_speed": {
                 "before": figures(before),
                 "after": figures(after),
+                "after_source": after_source,
                 "batches": batch_figures(before, after),
             },
             "profile": profile_digest(profile),
@@ -422,6 +431,7 @@ class OptimizeCampaign:
         summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
         judged = verdict.speed_judged  # the interpreter's speed says nothing about the server's
         if self._sequential and not judged:
+            self._served_current = False
             enter(progress, "deployed")
             return {"deployed": True, "entry": summary}
         # Served speed is the number users see: a kernel fast in isolation can still slow a

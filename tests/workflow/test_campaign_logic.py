@@ -283,7 +283,11 @@ async def test_a_drop_at_batch_eight_rolls_back_though_batch_one_improved(env):
     script = Script(rewards=[3], batch8_after=600.0)
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
-    assert script.benchmarked == [[1, 8], [1, 8], [1, 8]]  # before, the check, after: each at both batches
+    # Before and the check, each at both batches; the campaign's "after" is the measurement of what
+    # the rollback put back (the first one), not a third benchmark.
+    assert script.benchmarked == [[1, 8], [1, 8]]
+    assert result["served_speed"]["after_source"] == "last check"
+    assert result["served_speed"]["after"]["tokens_per_s"] == 100.0
     rejected = result["rejected"][0]
     assert rejected["reason"].startswith(
         "rolled back: served decode at batch 8 went from 800.0 to 600.0 tokens/s (25.0% slower, "
@@ -319,14 +323,8 @@ async def test_two_targets_verify_concurrently_and_deploy_one_at_a_time(env):
         assert order[("verify-start", op)] < order[("verify-end", other)]
     server_side = [name for name, _ in script.events if name.startswith(("deploy", "benchmark"))]
     swap_and_check = ["deploy-start", "deploy-end", "benchmark-start", "benchmark-end"]
-    assert server_side == [
-        "benchmark-start",
-        "benchmark-end",
-        *swap_and_check,
-        *swap_and_check,
-        "benchmark-start",
-        "benchmark-end",
-    ]  # before, two swaps each checked alone, after
+    assert server_side == ["benchmark-start", "benchmark-end", *swap_and_check, *swap_and_check]
+    # before, two swaps each checked alone; the last check measured what is deployed: the "after"
 
 
 async def test_swap_that_speeds_served_decode_is_kept_with_e2e_numbers(env):
