@@ -63,6 +63,36 @@ def test_static_decode_path_matches_eager_and_recaptures_on_swap(tmp_path):
         engine.stop()
 
 
+def test_compare_captures_each_side_once_and_serves_the_swap_after(tmp_path):
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    want = [reference_greedy(engine.model, p, 5) for p in PROMPTS]
+    engine.start()
+    try:
+        record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result()
+        captures = engine.graphs.captures
+        seen = []
+        real_benchmark = engine.benchmark
+
+        def benchmark(*args):  # which forwards each phase measures
+            seen.append(swapped_id(engine.model.model.norm))
+            return real_benchmark(*args)
+
+        engine.benchmark = benchmark
+        answer = engine.call(
+            lambda: engine.compare_swap(record.swap_id, [1, 2], rounds=2, max_tokens=3, repeats=1), exclusive=True
+        ).result()
+        assert engine.graphs.captures == captures + 2  # one per side, not one per phase
+        assert seen == [record.swap_id] * 2 + [None] * 4 + [record.swap_id] * 2  # with, without, without, with
+        assert [len(b["drops"]) for b in answer["batches"]] == [2, 2]
+        assert swapped_id(engine.model.model.norm) == record.swap_id
+        reqs = [engine.submit(GenRequest(p, 5)) for p in PROMPTS]
+        for r in reqs:
+            assert r.done.wait(120)
+        assert [r.output_ids for r in reqs] == want
+    finally:
+        engine.stop()
+
+
 def test_swaps_only_happen_between_forward_passes(tmp_path):
     engine = make_engine(tmp_path)
     norms = [m for m in engine.model.modules() if type(m).__name__ == "Qwen2RMSNorm"]
