@@ -346,6 +346,7 @@ def summarize_result(result: dict[str, Any]) -> dict[str, Any]:
                 for key in (
                     "op",
                     "module_class",
+                    "variant",
                     "modules",
                     "reward",
                     "speedup_vs_eager",
@@ -807,7 +808,11 @@ class CampaignBench:
         """Whether every campaign of this run deployed the same kernels (op, class, swapped modules):
         the served-speed check should keep or roll back the same swaps each time."""
         sets = {
-            label: sorted(f"{d.get('op')}:{d.get('module_class')}x{d.get('modules')}" for d in campaign["deployed"])
+            label: sorted(
+                f"{d.get('op')}:{d.get('module_class')}{'[' + d['variant'] + ']' if d.get('variant') else ''}"
+                f"x{d.get('modules')}"
+                for d in campaign["deployed"]
+            )
             for label in campaign_labels(self.result)
             if isinstance(campaign := self.result.get(label), dict) and "deployed" in campaign
         }

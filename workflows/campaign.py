@@ -611,6 +611,7 @@ def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) 
     return {
         "op": target.op,
         "module_class": target.module_class,
+        **({"variant": target.variant} if target.variant else {}),  # linear: which projection shape
         "modules": target.modules,
         "reward": verdict.reward,
         "speedup_vs_eager": verdict.speedup_vs_eager,
