@@ -1,6 +1,11 @@
 """How long a GPU verdict takes: cold (no cached baselines, no warm child), warm, and six at once.
 
     python3 benchmarks/verify_speed.py --out $OUT/verify_speed.json [--candidate gpuyantra/kernels/rms_norm.py]
+    python3 benchmarks/verify_speed.py --judge-only [--device cpu] --out judge.json
+
+`--judge-only`: the parent's side of a verdict alone (no child, no GPU lock, any machine): the
+outputs of one verification's plan (the module's own math, saved in chunks as the child saves them)
+loaded and judged from one thread, then from `--parallel` threads of this process at once.
 
 As a GPU worker runs it: one process, `keep_warm=True` (the next verification finds its sandbox child
 started), one warm spare per concurrent verification for the round of six (as a worker with six GPU
@@ -18,6 +23,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +45,65 @@ def one(path: str, shapes: list[list[int]], dtype: str) -> dict:
     }
 
 
+def judge_only(device: str, shapes: list[list[int]], dtype: str, seeds: int, parallel: int) -> dict:
+    """Seconds to load and judge one verification's outputs: alone, then `parallel` at once."""
+    import itertools
+    import os
+    import tempfile
+    import threading
+
+    import gpuyantra.verifier.cases as case_plan
+    from gpuyantra.ops import get_op
+    from gpuyantra.verifier.child import OutputSink
+    from gpuyantra.verifier.judge import OutputValues, References
+    from gpuyantra.verifier.sandbox import OutputReader, output_budget
+
+    family = get_op("rms_norm")
+    specs: list[dict[str, Any]] = [
+        {"name": "weight", "kind": "tensor", "shape": ["H"]},
+        {"name": "eps", "kind": "float", "value": 1e-6},
+    ]
+    hidden = [list(s) for s in case_plan.HIDDEN_SHAPES[device] if list(s) not in shapes]
+    cases = case_plan.plan(device, shapes + hidden, [dtype], case_plan.SEEDS[:seeds], recheck=device == "cuda")
+    source = Path(tempfile.mkdtemp(prefix="judge-only-"))
+    sink = OutputSink(str(source), 2**40, chunk_per_group=device == "cuda")
+    for _, group in itertools.groupby(cases, key=lambda c: (c.phase, c.dtype, c.shape)):
+        for case in group:
+            activations, params = case_plan.make_case(family, case, specs, device)
+            sink.add(case.id, [(0, family.reference(*activations, **params))])
+        sink.end_group()
+    sink.flush()
+
+    def judged(rows: list[dict]) -> None:
+        folder = Path(tempfile.mkdtemp(dir=source.parent))
+        for chunk in source.iterdir():
+            os.link(chunk, folder / chunk.name)  # the reader deletes what it has read
+        values = OutputValues(family, cases, References(family, specs, device))
+        reader = OutputReader(folder, output_budget(), values.consume)
+        reader.read_ready()
+        bad = [v.findings for v in values.values.values() if v.findings]
+        assert not bad and not reader.error and len(values.values) == len(cases), (bad[:1], reader.error)
+        rows.append({"load_outputs": round(reader.load_seconds, 3), "judge_outputs": round(reader.consume_seconds, 3)})
+        folder.rmdir()
+
+    mib = sum(f.stat().st_size for f in source.iterdir()) / 2**20
+    report: dict = {"device": device, "cases": len(cases), "chunks": sink.written, "output_mib": round(mib)}
+    for n in (1, parallel):
+        rows: list[dict] = []
+        threads = [threading.Thread(target=judged, args=(rows,)) for _ in range(n)]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        report[f"at_once_{n}"] = {"wall_s": round(time.perf_counter() - started, 2), "verifications": rows}
+        print(n, "at once", report[f"at_once_{n}"], flush=True)
+    for chunk in source.iterdir():
+        chunk.unlink()
+    source.rmdir()
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -48,13 +113,20 @@ def main() -> int:
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=6)
     parser.add_argument("--spare-wait-s", type=float, default=20.0, help="spares starting, as at a worker start")
+    parser.add_argument("--judge-only", action="store_true", help="the parent's loading and judging alone")
+    parser.add_argument("--device", default="cuda", help="--judge-only: where references are computed")
+    parser.add_argument("--judge-seeds", type=int, default=5, help="--judge-only: seeds of the plan (1-5)")
     args = parser.parse_args()
+    shapes = [[int(d) for d in s.split("x")] for s in args.shapes.split(",")]
+    if args.judge_only:
+        judged = judge_only(args.device, shapes, args.dtype, args.judge_seeds, args.parallel)
+        args.out.write_text(json.dumps(judged, indent=1))
+        return 0
     from gpuyantra.config import state_dir
     from gpuyantra.triton_env import prepare
 
     prepare("cuda")
     (state_dir() / "verifier" / "baselines.json").unlink(missing_ok=True)
-    shapes = [[int(d) for d in s.split("x")] for s in args.shapes.split(",")]
     report: dict = {"candidate": args.candidate, "shapes": shapes, "dtype": args.dtype}
 
     def save() -> None:
