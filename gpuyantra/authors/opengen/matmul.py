@@ -116,6 +116,13 @@ class MatmulEmitter(KernelEmitter):
             self.post.lines.append(self._store(store.buffer, self.offset, v, "f"))
         return self._render()
 
+    def loop_loads(self) -> int:
+        """Global loads per step of the K loop. The software pipeline keeps each one's tile in
+        shared memory once per extra stage: a gathered operand (a convolution's window taps read
+        from a concatenation of shifted views) loads many."""
+        lines = [*self.loop.pre, *self.loop.lines, *self.operands]
+        return max(1, sum(line.count("tl.load(") for line in lines))
+
     def _live_tile(self, out_idx: tuple[Val, ...]) -> str | None:
         """When every store is where(mask, ..., constant) with a mask the product does not decide
         (triu/tril of a product): code that is 0 for a tile the masks keep entirely constant, so

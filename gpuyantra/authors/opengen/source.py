@@ -23,7 +23,7 @@ from gpuyantra.authors.opengen.construct import SPLIT_CHUNK, SPLIT_PARTS
 from gpuyantra.authors.opengen.emit import KernelEmitter
 from gpuyantra.authors.opengen.kernel import Buffer, dtype_code
 from gpuyantra.authors.opengen.lower import Lowered, lower
-from gpuyantra.authors.opengen.matmul import make_emitter
+from gpuyantra.authors.opengen.matmul import MatmulEmitter, make_emitter
 from gpuyantra.authors.opengen.ops import HELPERS, LIBDEVICE_HELPERS
 from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
@@ -34,10 +34,16 @@ from gpuyantra.authors.opengen.trace import check_size_generic, trace_spec
 _TEMP_DTYPES = {"f": torch.float32, "i": torch.int64, "b": torch.bool}
 
 # Host helper of files with a matmul kernel: the launch configuration from the run-time sizes.
-MM_PLAN = """def _mm_plan(batch, m, n, k, dtype, interpreted):
+MM_PLAN = """# Shared memory the K loop's pipeline buffers may take (an H100/H200 block has 227 KB; the
+# operands of tl.dot and the epilogue need the rest).
+MM_SMEM_BYTES = 180 * 1024
+
+
+def _mm_plan(batch, m, n, k, dtype, interpreted, loads=2):
     # (gemv, dot kind, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, K slices, K per slice) for a
-    # (batch, m, k) x (batch, k, n) product of `dtype` operands. Triton's CPU interpreter (no GPU)
-    # pays per program and per op, not per element: there, few large tiles and no auto split.
+    # (batch, m, k) x (batch, k, n) product of `dtype` operands, with `loads` global loads per K
+    # step. Triton's CPU interpreter (no GPU) pays per program and per op, not per element: there,
+    # few large tiles and no auto split.
     dot = 1 if dtype == torch.float16 else 2 if dtype == torch.bfloat16 else 0
     p2 = triton.next_power_of_2
     if min(m, n) <= GEMV_MAX:
@@ -60,6 +66,10 @@ MM_PLAN = """def _mm_plan(batch, m, n, k, dtype, interpreted):
         bn = min(bn, max(16, p2(n)))
         bk = min(bk, max(16, p2(k)))
         gemv, warps, stages = False, MM_WARPS or max(1, min(8, bm * bn // 1024)), MM_STAGES
+    # Each extra pipeline stage keeps every load's tile in shared memory: a gathered operand (27
+    # loads of [64, 32] float32 per step) needed 442 KB at 3 stages, past the GPU's 227 KB.
+    tile_bytes = max(bm * bk, bk * bn) * dtype.itemsize
+    stages = max(1, min(stages, 1 + MM_SMEM_BYTES // (loads * tile_bytes)))
     tiles = batch * triton.cdiv(m, bm) * triton.cdiv(n, bn)
     k_blocks = triton.cdiv(k, bk)
     split = MM_SPLIT_K
@@ -262,6 +272,7 @@ class _File:
         """Tile sizes, path (tl.dot or GEMV) and K slices from the run-time sizes (`_mm_plan`); with
         K slices, a partials launch (mode 1) then the epilogue launch (mode 2)."""
         em = self._emit(kp, "matmul", kp.name)
+        loads = em.loop_loads() if isinstance(em, MatmulEmitter) else 2
         dims = [self.size(product(mm.shape[:-2])), self.size(mm.shape[-2]), self.size(mm.shape[-1])]
         dims.append(self.size(mm.a.shape[-1]))
         names = _inputs_read(mm)
@@ -279,7 +290,7 @@ class _File:
         self.launches += [
             f"# {kp.name}: matmul of {_shape_text(mm.a.shape)} by {_shape_text(mm.b.shape)} -> {what}",
             f"_bt, _mm_m, _mm_n, _mm_k = {', '.join(dims)}",
-            f"_plan = _mm_plan(_bt, _mm_m, _mm_n, _mm_k, {dtype}, _dev.type != 'cuda')",
+            f"_plan = _mm_plan(_bt, _mm_m, _mm_n, _mm_k, {dtype}, _dev.type != 'cuda', {loads})",
             "_gemv, _dot, _bm, _bn, _bk, _mw, _stages, _split, _kps = _plan",
             "_total = _bt * _mm_m * _mm_n",
             "_part = torch.empty((_split * _total if _split > 1 else 1,), dtype=torch.float32, device=_dev)",
