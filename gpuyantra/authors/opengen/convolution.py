@@ -1,8 +1,8 @@
 """Convolutions (1-D, 2-D, 3-D, any groups; transposed without groups) as ops the author writes.
 
 A convolution is a matrix product whose K runs over (input channel of the group, window position):
-each window position is a gather of the input (pooling.py's `_Window`: index clamped, padding
-masked to 0), the positions are stacked next to the channels, and one einsum contracts them with
+the window positions are gathered at once, next to the channels (window.py's `Window.read_all`:
+index clamped, padding masked to 0; a single load in the kernel), and one einsum contracts them with
 the weight viewed as [out channels, in channels per group, positions]. The author writes that
 einsum as a tiled `tl.dot` product whose operand is gathered in its prologue, with float32 sums.
 A transposed convolution gathers the other way: output position o reads input position
@@ -48,18 +48,18 @@ def convolution(
         window = TransposedWindow(x, n, kernel, stride, padding, dilation, output_padding)
     else:
         window = Window(x, n, kernel, stride, padding, dilation, False)
-    cols = [window.read(offset, 0.0)[0] for offset in window.offsets()]
-    stacked = torch.stack(cols, dim=2)  # [N, C, positions, *out]
+    stacked = window.read_all(0.0)  # [N, C, positions, *out]: one gather, not one per position
+    positions = stacked.shape[2]
     batch = x.shape[0]
     # Input channels per group come from the weight (fixed), so the input's channel dim is tied to it.
     per_group = weight.shape[0] // groups if transposed else weight.shape[1]
-    grouped = stacked.reshape(batch, groups, per_group, len(cols), *window.out)
+    grouped = stacked.reshape(batch, groups, per_group, positions, *window.out)
     if transposed:  # weight [C_in, C_out / groups, *kernel]: out channel o of group g reads w[g, c, o]
         out_per_group = weight.shape[1]
-        w = weight.reshape(groups, per_group, out_per_group, len(cols)).permute(0, 2, 1, 3)
+        w = weight.reshape(groups, per_group, out_per_group, positions).permute(0, 2, 1, 3)
     else:  # weight [C_out, C_in / groups, *kernel]
         out_per_group = weight.shape[0] // groups
-        w = weight.reshape(groups, out_per_group, per_group, len(cols))
+        w = weight.reshape(groups, out_per_group, per_group, positions)
     out = torch.einsum("ngck...,gock->ngo...", grouped, w)
     out = out.reshape(batch, groups * out_per_group, *window.out)
     if bias is not None:

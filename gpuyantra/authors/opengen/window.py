@@ -108,6 +108,33 @@ class Window:
         values = self.x[where]
         return torch.where(valid, values, fill), flat
 
+    def read_all(self, fill: float) -> torch.Tensor:
+        """Every window offset at once: values [..., offsets, *out] (offsets in `offsets()` order),
+        padding reading `fill`. One gather whose index has an offsets axis, where a stack of
+        `read`s would become one load per offset in a kernel."""
+        count = 1
+        for k in self.kernel:
+            count *= k
+        flat = torch.ops.prims.iota(
+            count, start=0, step=1, dtype=torch.int64, device=self.x.device, requires_grad=False
+        )
+        index: list[torch.Tensor] = []
+        valid: torch.Tensor | None = None
+        below = count
+        for dim, k in enumerate(self.kernel):
+            below //= k
+            j = (flat // below % k).reshape(-1, 1)  # this dim's offset of each flat offset, [offsets, 1]
+            pos, inside = self.position(dim, j)  # [offsets, out]
+            shape = [count] + [1] * self.n
+            shape[1 + dim] = -1
+            index.append(pos.clamp(0, self.sizes[dim] - 1).reshape(shape))
+            inside = inside.reshape(shape)
+            valid = inside if valid is None else valid & inside
+        assert valid is not None
+        where: tuple[Any, ...] = (Ellipsis, *index)
+        values = self.x[where]
+        return torch.where(valid, values, fill)
+
     def divisor(self, count_include_pad: bool) -> torch.Tensor:
         """ATen's divide_factor per output position (float), without divisor_override."""
         total: torch.Tensor | None = None
