@@ -134,3 +134,48 @@ def test_campaign_bench_smoke(tmp_path):
     assert [k["op"] for k in result["after"]["kernels"]["active"]] == ["rms_norm"]
     assert "greedy_equal" in result["after"]
     assert "warm" in proc.stdout and "first_deploy_s" in proc.stdout  # the table
+
+
+RMS_PROBLEM = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        v = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+
+
+def get_inputs():
+    return [torch.randn(64, 1536)]
+
+
+def get_init_inputs():
+    return [1536]
+"""
+
+
+def test_kernel_resources_compiles_the_launches_for_a_gpu_without_one(tmp_path):
+    """benchmarks/kernel_resources.py: the rms_norm template's launches, recorded by the interpreter
+    on CPU tensors and compiled for sm_90 by Triton's compiler; a limit below what they need fails."""
+    problem = tmp_path / "1_RMSNorm.py"
+    problem.write_text(RMS_PROBLEM)
+    candidate = tmp_path / "rms_norm.py"
+    candidate.write_text((REPO / "gpuyantra" / "kernels" / "rms_norm.py").read_text())
+    argv = [sys.executable, str(REPO / "benchmarks" / "kernel_resources.py"), str(candidate), "--problem", str(problem)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([*argv, "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [launch] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert launch["kernel"] == "_rms_norm_rows" and launch["constexprs"]["H"] == 1536
+    assert launch["shared_bytes"] > 0 and "num_warps" in launch["options"]  # the row sum's partials
+    proc = subprocess.run([*argv, "--limit", "-1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "1 over the -1 B limit" in proc.stdout
+    proc = subprocess.run([*argv, "--set", "nonsense"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "expected KERNEL:NAME=VALUE" in proc.stderr
