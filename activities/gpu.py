@@ -60,7 +60,7 @@ def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TI
 
 
 # A paired check: three rounds of a swap off and on, two short repeats per phase and batch (about
-# 2 x 3 x 2 x 0.2 s per batch plus a graph capture per phase).
+# 2 x 3 x 2 x 0.2 s per batch, plus one graph capture per side).
 COMPARE = {"rounds": 3, "repeats": 2, "min_repeat_s": 0.2, "max_tokens": 16, "prompt_tokens": 8}
 
 

@@ -135,7 +135,9 @@ class LogitsBody(BaseModel):
     prompt: str | list[StrictInt] = Field(..., min_length=1)
 
 
-class BenchmarkBody(BaseModel):
+class GenerationBody(BaseModel):
+    """The generations a served-speed measurement times (/admin/benchmark, /admin/compare)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     max_tokens: int = Field(
@@ -145,6 +147,9 @@ class BenchmarkBody(BaseModel):
         description="tokens generated per generation; prompt_tokens + max_tokens must fit the context",
     )
     prompt_tokens: int = Field(default=8, ge=1, le=32768, description="prompt length of each generation")
+
+
+class BenchmarkBody(GenerationBody):
     batch: int = Field(default=1, ge=1, le=1024, description="rows decoded together, at most the server's max_batch")
     repeats: int = Field(
         default=5,
@@ -177,9 +182,7 @@ class BenchmarkBody(BaseModel):
     )
 
 
-class CompareBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class CompareBody(GenerationBody):
     swap_id: str = Field(..., min_length=1, description="the active swap to turn off and on again")
     batches: list[StrictInt] = Field(
         default=[1], min_length=1, max_length=8, description="decode batches measured in each phase"
@@ -191,16 +194,14 @@ class CompareBody(BaseModel):
         description="pairs of phases (with and without the swap, order alternating); their paired "
         "differences are the answer's `drops`",
     )
-    max_tokens: int = Field(default=16, ge=1, le=4096, description="tokens generated per generation")
-    prompt_tokens: int = Field(default=8, ge=1, le=32768, description="prompt length of each generation")
     repeats: int = Field(default=2, ge=1, le=20, description="timed repeats per phase and batch")
     min_repeat_s: float = Field(
         default=0.2,
         ge=0.0,
         le=5.0,
         description="each repeat generates again until it has run this long; the server serves "
-        "nothing else for about 2 x rounds x len(batches) x repeats x min_repeat_s, plus a CUDA-graph "
-        "capture per phase",
+        "nothing else for about 2 x rounds x len(batches) x repeats x min_repeat_s, plus one CUDA-graph "
+        "capture per side",
     )
 
 

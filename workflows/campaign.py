@@ -480,15 +480,13 @@ class OptimizeCampaign:
             return {"entry": {**summary, "reason": reason}}
         if paired is not None:
             self._warn(f"{target.op} kept: the first check read a drop; {paired_reason(judgement)}")
-            enter(progress, "deployed")
-            self._served = after
-            return {"deployed": True, "entry": summary}
-        notes = {
-            batch: kept_note(one["noise"]) if judged else f"kept: speed is not judged on a {verdict.device} verdict"
-            for batch, one in judgement["batches"].items()
-        }
-        for warning in batch_warnings(f"{target.op} deployed", before, after, notes):
-            self._warn(warning)
+        else:
+            notes = {
+                batch: kept_note(one["noise"]) if judged else f"kept: speed is not judged on a {verdict.device} verdict"
+                for batch, one in judgement["batches"].items()
+            }
+            for warning in batch_warnings(f"{target.op} deployed", before, after, notes):
+                self._warn(warning)
         self._served = after
         enter(progress, "deployed")
         return {"deployed": True, "entry": summary}

@@ -199,7 +199,7 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
         """Turn one active swap off and on again without rolling it back: yields `use(on)`, which
         puts back what a rollback would (the forwards and functions before any swap) or the swap's
         own again. Leaving the block always turns it back on. For paired speed measurements: the
-        caller runs with no traffic and re-captures CUDA graphs after each `use`."""
+        caller runs with no traffic and keeps CUDA graphs in step with each `use`."""
         with self._op_lock:
             self._require_active(swap_id)
             live = self._live[swap_id]

@@ -118,8 +118,8 @@ class MatmulEmitter(KernelEmitter):
 
     def loop_loads(self) -> int:
         """Global loads per step of the K loop. The software pipeline keeps each one's tile in
-        shared memory once per extra stage: a gathered operand (a convolution's window taps read
-        from a concatenation of shifted views) loads many."""
+        shared memory once per extra stage: an operand built from many reads (a concatenation,
+        a piecewise gather) loads many."""
         lines = [*self.loop.pre, *self.loop.lines, *self.operands]
         return max(1, sum(line.count("tl.load(") for line in lines))
 

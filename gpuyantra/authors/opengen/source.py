@@ -272,7 +272,8 @@ class _File:
         """Tile sizes, path (tl.dot or GEMV) and K slices from the run-time sizes (`_mm_plan`); with
         K slices, a partials launch (mode 1) then the epilogue launch (mode 2)."""
         em = self._emit(kp, "matmul", kp.name)
-        loads = em.loop_loads() if isinstance(em, MatmulEmitter) else 2
+        assert isinstance(em, MatmulEmitter)  # a matmul domain's emitter
+        loads = em.loop_loads()
         dims = [self.size(product(mm.shape[:-2])), self.size(mm.shape[-2]), self.size(mm.shape[-1])]
         dims.append(self.size(mm.a.shape[-1]))
         names = _inputs_read(mm)

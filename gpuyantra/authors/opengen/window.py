@@ -7,6 +7,7 @@ transposed convolution's strided positions). Sizes stay symbolic.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,46 +95,42 @@ class Window:
 
     def read(self, offset: Sequence[int], fill: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(values, flat index over the pooled dims) at one window offset; padding reads `fill`."""
-        index: list[torch.Tensor] = []
-        valid: torch.Tensor | None = None
-        flat: torch.Tensor | None = None
-        for dim, j in enumerate(offset):
-            pos, inside = self.position(dim, j)
-            pos = pos.clamp(0, self.sizes[dim] - 1)
-            index.append(_axis(pos, dim, self.n))
-            valid = _axis(inside, dim, self.n) if valid is None else valid & _axis(inside, dim, self.n)
-            flat = index[-1] if flat is None else flat * self.sizes[dim] + index[-1]
-        assert valid is not None and flat is not None
-        where: tuple[Any, ...] = (Ellipsis, *index)
-        values = self.x[where]
-        return torch.where(valid, values, fill), flat
+        reads = [tuple(_axis(t, dim, self.n) for t in self.position(dim, j)) for dim, j in enumerate(offset)]
+        values, index = self._gather(reads, fill)
+        flat = index[0]
+        for dim in range(1, self.n):
+            flat = flat * self.sizes[dim] + index[dim]
+        return values, flat
 
     def read_all(self, fill: float) -> torch.Tensor:
         """Every window offset at once: values [..., offsets, *out] (offsets in `offsets()` order),
         padding reading `fill`. One gather whose index has an offsets axis, where a stack of
         `read`s would become one load per offset in a kernel."""
-        count = 1
-        for k in self.kernel:
-            count *= k
+        count = math.prod(self.kernel)
         flat = torch.ops.prims.iota(
             count, start=0, step=1, dtype=torch.int64, device=self.x.device, requires_grad=False
         )
-        index: list[torch.Tensor] = []
-        valid: torch.Tensor | None = None
+        reads = []
         below = count
         for dim, k in enumerate(self.kernel):
             below //= k
             j = (flat // below % k).reshape(-1, 1)  # this dim's offset of each flat offset, [offsets, 1]
-            pos, inside = self.position(dim, j)  # [offsets, out]
             shape = [count] + [1] * self.n
             shape[1 + dim] = -1
-            index.append(pos.clamp(0, self.sizes[dim] - 1).reshape(shape))
-            inside = inside.reshape(shape)
-            valid = inside if valid is None else valid & inside
-        assert valid is not None
+            reads.append(tuple(t.reshape(shape) for t in self.position(dim, j)))  # [offsets, out] placed
+        return self._gather(reads, fill)[0]
+
+    def _gather(
+        self, reads: Sequence[tuple[torch.Tensor, ...]], fill: float
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(values, clamped index per dim) of one gather: `reads` holds per window dim its
+        (position, inside) already shaped to broadcast; outside the input reads `fill`."""
+        index = [pos.clamp(0, self.sizes[dim] - 1) for dim, (pos, _) in enumerate(reads)]
+        valid = reads[0][1]
+        for _, inside in reads[1:]:
+            valid = valid & inside
         where: tuple[Any, ...] = (Ellipsis, *index)
-        values = self.x[where]
-        return torch.where(valid, values, fill)
+        return torch.where(valid, self.x[where], fill), index
 
     def divisor(self, count_include_pad: bool) -> torch.Tensor:
         """ATen's divide_factor per output position (float), without divisor_override."""
