@@ -113,6 +113,9 @@ def main() -> int:
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=6)
     parser.add_argument("--spare-wait-s", type=float, default=20.0, help="spares starting, as at a worker start")
+    parser.add_argument(
+        "--between-s", type=float, default=0.0, help="pause before each warm run (its spare child starting)"
+    )
     parser.add_argument("--judge-only", action="store_true", help="the parent's loading and judging alone")
     parser.add_argument("--device", default="cuda", help="--judge-only: where references are computed")
     parser.add_argument("--judge-seeds", type=int, default=5, help="--judge-only: seeds of the plan (1-5)")
@@ -137,6 +140,7 @@ def main() -> int:
     save()
     report["warm"] = []
     for _ in range(args.warm_runs):
+        time.sleep(args.between_s)
         report["warm"].append(one(args.candidate, shapes, args.dtype))
         print("warm", report["warm"][-1], flush=True)
         save()

@@ -32,7 +32,10 @@ WARMUP_MS = 25.0
 MAX_WARMUP = 50  # warm-up calls at most: clocks are up already (spin-up), caches warm in a few calls
 REP_MS = 20.0  # per round
 ROUNDS = 3  # candidate and baselines interleaved, median of the round medians
-MIN_REPS, MAX_REPS = 10, 200  # a median of 200 flushed runs is steady to a fraction of a percent
+# A median of 100 flushed runs is steady to a fraction of a percent (three rounds: 300 per side).
+# Each run costs a flush and a queued spin besides the kernel, and verifications on one GPU time
+# one at a time: 200 runs per round made a short kernel's timing phase 0.8 s of a 2.9 s verdict.
+MIN_REPS, MAX_REPS = 10, 100
 # The GPU is kept busy before each timed call for AHEAD_FACTOR x the call's host issue time, plus a pad.
 AHEAD_FACTOR, AHEAD_PAD_US, MAX_AHEAD_US = 2.0, 20.0, 5000.0
 LAUNCH_SAMPLES = 5

@@ -9,6 +9,7 @@ only the findings; `judge` reads them with the child's records once the child is
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from gpuyantra.verifier.cases import (
     make_case,
     native_reference,
 )
+from gpuyantra.verifier.reference_cache import ReferenceCache, budget_bytes
 from gpuyantra.verifier.sandbox import SandboxOutcome
 from gpuyantra.verifier.verdict import Failure, speedups
 
@@ -114,6 +116,114 @@ class References:
         if key not in self._expected:
             self._expected[key] = expected_outputs(self.family, activations, params)
         return self._expected[key]
+
+    def judged(self, case: Case) -> CaseReference:
+        """The case's references and allowances: kept per process (`reference_cache`), since they
+        depend on the op, the case and the parameters' specs alone, never on the candidate."""
+        device = torch.device(self.device)
+        key = (
+            _Identity(self.family),
+            str(device),
+            json.dumps(self.param_specs, sort_keys=True, default=repr),
+            (case.dtype, case.shape, case.seed, case.scale, case.dist, case.draw_scalars, case.stress),
+        )
+        return _reference_cache(device.type).get(key, lambda: self._compute_judged(case))
+
+    def _compute_judged(self, case: Case) -> CaseReference:
+        activations, params, reference = self.get(case)
+        is_tuple, expected = self.expected(case, activations, params)
+        float32_ref = self.float32(activations, params)
+        native_ref = self.native(activations, params)
+        outputs = []
+        for index, (dtype, _shape) in enumerate(expected):
+            if index >= len(reference):
+                break
+            slack = _larger(
+                _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None,
+                _eager_slack(native_ref[index], reference[index]) if native_ref is not None else None,
+            )
+            bound = self.error_bound(activations, params, dtype) if index == 0 else None
+            outputs.append(OutputAllowance.of(reference[index], dtype, slack, bound))
+        judged = CaseReference(
+            _drawn_scalars(case, params, self.param_specs), is_tuple, tuple(expected), tuple(outputs)
+        )
+        if torch.device(self.device).type == "cuda":
+            # Judgings on other streams read it once it is kept: it must be complete by then.
+            torch.cuda.current_stream().synchronize()
+        return judged
+
+
+@dataclass(frozen=True)
+class OutputAllowance:
+    """One output's float64 reference and, per element, what an honest kernel may add to the
+    family's tolerance around it; computed without the candidate's output."""
+
+    want: torch.Tensor
+    representable: torch.Tensor  # where the output dtype can hold the true value: judged there only
+    extra: torch.Tensor | None  # conditioning or eager slack plus the accumulation bound, if any
+    slack: bool
+    bound: bool
+
+    @classmethod
+    def of(
+        cls,
+        want: torch.Tensor,
+        dtype: torch.dtype,
+        slack: torch.Tensor | None = None,
+        bound: torch.Tensor | None = None,
+    ) -> OutputAllowance:
+        # Elements whose true value the output dtype cannot hold (past its largest finite value) are
+        # not judged: an honest kernel overflows there exactly as the module does.
+        representable = _finite(want.to(dtype)) if dtype != torch.float64 else _finite(want)
+        extra = slack
+        if bound is not None:  # the family's per-element accumulation allowance (linear: float32 over K)
+            bound = bound.to(device=want.device, dtype=want.dtype)
+            extra = bound if extra is None else extra + bound
+        return cls(want, representable, extra, slack is not None, bound is not None)
+
+    def nbytes(self) -> int:
+        tensors = (self.want, self.representable, self.extra)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+@dataclass(frozen=True)
+class CaseReference:
+    """What a case's outputs are judged against (`OutputAllowance` each), and how it is described."""
+
+    drawn: str  # the bound scalars the case drew, for messages
+    is_tuple: bool
+    expected: tuple[tuple[torch.dtype, tuple[int, ...]], ...]  # each output's dtype and shape
+    outputs: tuple[OutputAllowance, ...]
+
+    def nbytes(self) -> int:
+        return sum(o.nbytes() for o in self.outputs)
+
+
+class _Identity:
+    """A key part equal only to the very same object (a family; a test's family of the same name
+    is another), which it keeps alive so its id is never another's."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+_CACHES: dict[str, ReferenceCache[CaseReference]] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def _reference_cache(device_type: str) -> ReferenceCache[CaseReference]:
+    with _CACHES_LOCK:
+        if device_type not in _CACHES:
+            _CACHES[device_type] = ReferenceCache(budget_bytes(device_type))
+        return _CACHES[device_type]
 
 
 @dataclass
@@ -247,13 +357,10 @@ def judging_stream(device: str | torch.device) -> Iterator[None]:
 
 def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: References) -> CaseValues:
     """Judge one call's saved outputs (index -> tensor) against the float64 reference of its inputs."""
-    activations, params, reference = references.get(case)
-    where = _where(case) + _drawn_scalars(case, params, references.param_specs)
-    is_tuple, expected = references.expected(case, activations, params)
-    float32_ref = references.float32(activations, params)
-    native_ref = references.native(activations, params)
+    judged = references.judged(case)
+    where = _where(case) + judged.drawn
     findings: list[OutputFinding] = []
-    for index, (dtype, shape) in enumerate(expected):
+    for index, (dtype, shape) in enumerate(judged.expected):
         got = outs.get(index)
         if not isinstance(got, torch.Tensor):
             missing = f"output {index} missing from the harness's record on {where}"
@@ -275,18 +382,14 @@ def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: Re
                 )
             )
             break
-        slack = _larger(
-            _conditioning_slack(float32_ref[index], reference[index]) if float32_ref is not None else None,
-            _eager_slack(native_ref[index], reference[index]) if native_ref is not None else None,
-        )
-        bound = references.error_bound(activations, params, dtype) if index == 0 else None
+        allowance = judged.outputs[index]
         # Not blocking: a copy from (pageable) host memory returns once the driver has staged the
-        # bytes, without first waiting for the work queued before it; `compare_values` waits once.
-        got = got.to(reference[index].device, non_blocking=True)
-        finding = compare_values(got, reference[index], family.tolerance(dtype), index, where, slack, bound)
+        # bytes, without first waiting for the work queued before it; `compare_judged` waits once.
+        got = got.to(allowance.want.device, non_blocking=True)
+        finding = compare_judged(got, allowance, family.tolerance(dtype), index, where)
         if finding is not None:
             findings.append(finding)
-    return CaseValues(where, is_tuple, len(expected), tuple(findings))
+    return CaseValues(where, is_tuple=judged.is_tuple, expected=len(judged.expected), findings=tuple(findings))
 
 
 class OutputValues:
@@ -533,30 +636,6 @@ def _conditioning_slack(float32_ref: torch.Tensor | None, want: torch.Tensor) ->
     return err.square_().mean(dim=-1, keepdim=True).sqrt_().mul_(CONDITIONING_SLACK)
 
 
-def _violations(
-    got: torch.Tensor,
-    want: torch.Tensor,
-    tol: tuple[float, float],
-    slack: torch.Tensor | None = None,
-    bound: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(NaN/Inf where the reference is finite, values out of tolerance, |got - want| judged): masks
-    and errors, computed without waiting for the device."""
-    atol, rtol = tol
-    # Elements whose true value the output dtype cannot hold (past its largest finite value) are
-    # not judged: an honest kernel overflows there exactly as the module does.
-    representable = _finite(want.to(got.dtype)) if got.dtype != torch.float64 else _finite(want)
-    bad_nonfinite = representable & ~_finite(got)
-    allowed = want.abs().mul(rtol).add_(atol)
-    if slack is not None:
-        allowed = _add(allowed, slack)
-    if bound is not None:  # the family's per-element accumulation allowance (linear: float32 over K)
-        allowed = _add(allowed, bound.to(device=allowed.device, dtype=allowed.dtype))
-    err = torch.where(representable, _abs_diff(got, want), 0.0)
-    wrong = (err <= allowed).logical_not_()
-    return bad_nonfinite, wrong, err
-
-
 def compare_values(
     got: torch.Tensor,
     want: torch.Tensor,
@@ -567,10 +646,23 @@ def compare_values(
     bound: torch.Tensor | None = None,
 ) -> OutputFinding | None:
     """None when every judged element is within tolerance; otherwise the first kind of failure
-    (NaN/Inf where the reference is finite, then values out of tolerance). Both are counted before
-    the one wait for the device that reads them."""
+    (NaN/Inf where the reference is finite, then values out of tolerance)."""
+    return compare_judged(got, OutputAllowance.of(want, got.dtype, slack, bound), tol, index, where)
+
+
+def compare_judged(
+    got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float], index: int, where: str
+) -> OutputFinding | None:
+    """`compare_values` against a prepared allowance. Both kinds of failure are counted before the
+    one wait for the device that reads them."""
     atol, rtol = tol
-    bad_nonfinite, wrong, err = _violations(got, want, tol, slack, bound)
+    want, representable = allowance.want, allowance.representable
+    bad_nonfinite = representable & ~_finite(got)
+    allowed = want.abs().mul_(rtol).add_(atol)
+    if allowance.extra is not None:
+        allowed = _add(allowed, allowance.extra)
+    err = torch.where(representable, _abs_diff(got, want), 0.0)
+    wrong = (err <= allowed).logical_not_()
     n_nonfinite, n_wrong = torch.stack((bad_nonfinite.sum(), wrong.sum())).tolist()
     if n_nonfinite:
         first = _index(bad_nonfinite)
@@ -581,8 +673,8 @@ def compare_values(
         )
     if n_wrong:
         first = _index(wrong)
-        extra = f" plus {CONDITIONING_SLACK:g}x float32's own error on such inputs" if slack is not None else ""
-        extra += " plus the float32-accumulation bound" if bound is not None else ""
+        extra = f" plus {CONDITIONING_SLACK:g}x float32's own error on such inputs" if allowance.slack else ""
+        extra += " plus the float32-accumulation bound" if allowance.bound else ""
         return OutputFinding(
             f"output {index}: {n_wrong} of {got.numel()} elements outside atol={atol:g} "
             f"rtol={rtol:g}{extra} of the float64 reference (max abs err {float(err.max()):.3g}, first at "

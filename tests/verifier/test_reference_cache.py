@@ -1,0 +1,137 @@
+"""References and allowances kept per process: the same question is computed once, a judging that
+asks while another computes waits for it, the budget holds, and a cached reference judges exactly as
+a fresh one (a wrong output is still caught on a hit)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import gpuyantra.verifier.judge as judge_module
+from gpuyantra.ops import get_op
+from gpuyantra.verifier.cases import make_case, plan
+from gpuyantra.verifier.judge import OutputValues, References
+from gpuyantra.verifier.reference_cache import BUDGET_ENV, ReferenceCache, budget_bytes
+
+SPECS = [{"name": "weight", "kind": "tensor", "shape": ["H"]}, {"name": "eps", "kind": "float", "value": 1e-6}]
+
+
+class _Blob:
+    def __init__(self, size: int, name: str = "") -> None:
+        self.size, self.name = size, name
+
+    def nbytes(self) -> int:
+        return self.size
+
+
+def test_least_recently_used_values_leave_first_and_oversized_ones_are_not_kept():
+    cache: ReferenceCache[_Blob] = ReferenceCache(budget=100)
+    for key in "abcd":
+        cache.get(key, lambda: _Blob(25))
+    cache.get("a", lambda: pytest.fail("a is kept"))  # a is now the most recently used
+    cache.get("e", lambda: _Blob(25))  # 125 > 100: b leaves, not a
+    assert cache.nbytes == 100 and len(cache) == 4
+    assert cache.get("a", lambda: _Blob(1, "again")).name == ""
+    assert cache.get("b", lambda: _Blob(1, "again")).name == "again"
+    cache.get("huge", lambda: _Blob(30))  # past a quarter of the budget: computed, not kept
+    assert cache.get("huge", lambda: _Blob(30, "recomputed")).name == "recomputed"
+    assert (cache.hits, cache.misses) == (2, 8)
+
+
+def test_a_key_asked_for_at_once_is_computed_once():
+    cache: ReferenceCache[_Blob] = ReferenceCache(budget=1000)
+    calls: list[int] = []
+    started = threading.Event()
+
+    def compute() -> _Blob:
+        calls.append(1)
+        started.set()
+        time.sleep(0.2)  # the others ask meanwhile
+        return _Blob(10)
+
+    got: list[_Blob] = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get("k", compute))) for _ in range(4)]
+    threads[0].start()
+    assert started.wait(10)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
+
+
+def test_a_failed_computation_is_not_kept_and_the_next_asker_computes_again():
+    cache: ReferenceCache[_Blob] = ReferenceCache(budget=1000)
+
+    def broken() -> _Blob:
+        raise RuntimeError("reference failed")
+
+    with pytest.raises(RuntimeError):
+        cache.get("k", broken)
+    assert cache.get("k", lambda: _Blob(5, "ok")).name == "ok"
+
+
+def test_zero_budget_turns_the_cache_off_and_a_malformed_one_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(BUDGET_ENV, "0")
+    assert budget_bytes("cuda") == 0
+    cache: ReferenceCache[_Blob] = ReferenceCache(budget_bytes("cpu"))
+    cache.get("k", lambda: _Blob(1))
+    assert len(cache) == 0
+    monkeypatch.setenv(BUDGET_ENV, "lots")
+    with pytest.raises(ValueError, match=BUDGET_ENV):
+        budget_bytes("cpu")
+
+
+def _outputs(family, cases, wrong_case_id: int | None = None) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    chunk = {}
+    for case in cases:
+        activations, params = make_case(family, case, SPECS)
+        out = family.reference(*activations, **params)
+        if case.id == wrong_case_id:
+            out = out.clone()
+            out.view(-1)[3] += 0.5  # one element off: a kernel that is wrong in one place
+        chunk[f"{case.id}:0"] = out
+    return chunk
+
+
+def test_a_cached_reference_judges_as_a_fresh_one_and_still_catches_a_wrong_output(monkeypatch):
+    monkeypatch.setattr(judge_module, "_CACHES", {})
+    family = get_op("rms_norm")
+    cases = plan("cpu", [[3, 32]], ["float32"], (0, 1))
+    wrong = cases[1].id
+
+    def judged(references: References) -> dict[int, tuple[str, ...]]:
+        values = OutputValues(family, cases, references)
+        values.consume(_outputs(family, cases, wrong))
+        return {c.id: tuple(f.message for f in values.of(c).findings) for c in cases}
+
+    first = judged(References(family, SPECS, "cpu"))
+    cache = judge_module._reference_cache("cpu")
+    assert cache.misses == len(cases) and cache.hits == 0
+    second = judged(References(family, SPECS, "cpu"))  # another verification of the same op
+    assert cache.hits == len(cases) and cache.misses == len(cases)
+    assert second == first
+    assert first[wrong] and "elements outside" in first[wrong][0]
+    assert all(not first[c.id] for c in cases if c.id != wrong)
+    monkeypatch.setenv(BUDGET_ENV, "0")
+    monkeypatch.setattr(judge_module, "_CACHES", {})
+    assert judged(References(family, SPECS, "cpu")) == first  # computed fresh: the same findings
+
+
+def test_other_specs_or_another_family_object_of_the_same_name_are_other_questions(monkeypatch):
+    monkeypatch.setattr(judge_module, "_CACHES", {})
+    family = get_op("rms_norm")
+    case = plan("cpu", [[2, 16]], ["float32"], (0,))[0]
+    kept = References(family, SPECS, "cpu").judged(case)
+    assert References(family, SPECS, "cpu").judged(case) is kept
+    other_eps = [SPECS[0], {"name": "eps", "kind": "float", "value": 1e-3}]
+    assert References(family, other_eps, "cpu").judged(case) is not kept
+
+    class Renamed:  # same name, another object: a test's or a reloaded family
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(family, name)
+
+    assert References(Renamed(), SPECS, "cpu").judged(case) is not kept
