@@ -43,6 +43,8 @@ FLOOR_SLACK = 0.8
 # float32 roundings, to the dtype's tolerance).
 CONDITIONING_SLACK = 16.0
 EAGER_SLACK = 2.0  # x eager's per-element error, for families that round in their dtype
+# Outputs of a chunk held on the device until their counts are read in one wait, at most this much.
+SETTLE_BYTES = 2**30
 
 
 class _Collector:
@@ -357,17 +359,46 @@ def judging_stream(device: str | torch.device) -> Iterator[None]:
 
 def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: References) -> CaseValues:
     """Judge one call's saved outputs (index -> tensor) against the float64 reference of its inputs."""
+    return settle([prepare_case(case, outs, family, references)])[0]
+
+
+@dataclass
+class _Comparison:
+    """One output compared on the device, its counts of violations not read back yet."""
+
+    index: int
+    got: torch.Tensor
+    allowance: OutputAllowance
+    tol: tuple[float, float]
+    counts: torch.Tensor  # (NaN/Inf where the reference is finite, values out of tolerance)
+
+
+@dataclass
+class PendingCase:
+    """A call's findings in output order: settled ones, and comparisons whose counts are queued."""
+
+    where: str
+    is_tuple: bool
+    expected: int
+    slots: list[OutputFinding | _Comparison]
+
+    def nbytes(self) -> int:
+        return sum(s.got.numel() * s.got.element_size() for s in self.slots if isinstance(s, _Comparison))
+
+
+def prepare_case(case: Case, outs: Mapping[int, Any], family: Any, references: References) -> PendingCase:
+    """Check each output's type, dtype and shape, and queue its comparison on the device (no wait)."""
     judged = references.judged(case)
     where = _where(case) + judged.drawn
-    findings: list[OutputFinding] = []
+    slots: list[OutputFinding | _Comparison] = []
     for index, (dtype, shape) in enumerate(judged.expected):
         got = outs.get(index)
         if not isinstance(got, torch.Tensor):
             missing = f"output {index} missing from the harness's record on {where}"
-            findings.append(OutputFinding(missing, "output-type"))
+            slots.append(OutputFinding(missing, "output-type"))
             break
         if got.dtype != dtype:
-            findings.append(
+            slots.append(
                 OutputFinding(
                     f"output {index} is {str(got.dtype).replace('torch.', '')}, "
                     f"expected {str(dtype).replace('torch.', '')} on {where}",
@@ -376,20 +407,39 @@ def case_values(case: Case, outs: Mapping[int, Any], family: Any, references: Re
             )
             break
         if tuple(got.shape) != tuple(shape):
-            findings.append(
+            slots.append(
                 OutputFinding(
                     f"output {index} has shape {list(got.shape)}, expected {list(shape)} on {where}", "output-shape"
                 )
             )
             break
         allowance = judged.outputs[index]
+        tol = family.tolerance(dtype)
         # Not blocking: a copy from (pageable) host memory returns once the driver has staged the
-        # bytes, without first waiting for the work queued before it; `compare_judged` waits once.
+        # bytes, without first waiting for the work queued before it; `settle` waits once.
         got = got.to(allowance.want.device, non_blocking=True)
-        finding = compare_judged(got, allowance, family.tolerance(dtype), index, where)
-        if finding is not None:
-            findings.append(finding)
-    return CaseValues(where, is_tuple=judged.is_tuple, expected=len(judged.expected), findings=tuple(findings))
+        slots.append(_Comparison(index, got, allowance, tol, violation_counts(got, allowance, tol)))
+    return PendingCase(where, judged.is_tuple, len(judged.expected), slots)
+
+
+def settle(pending: Sequence[PendingCase]) -> list[CaseValues]:
+    """Read every queued comparison's counts in one wait for the device; an output with violations
+    is compared again for its message (the same computation, kept only for failing outputs)."""
+    comparisons = [s for p in pending for s in p.slots if isinstance(s, _Comparison)]
+    counts = torch.stack([c.counts for c in comparisons]).tolist() if comparisons else []
+    failing = {id(c) for c, (nonfinite, wrong) in zip(comparisons, counts) if nonfinite or wrong}
+    values = []
+    for p in pending:
+        findings = []
+        for slot in p.slots:
+            if isinstance(slot, OutputFinding):
+                findings.append(slot)
+            elif id(slot) in failing:
+                finding = compare_judged(slot.got, slot.allowance, slot.tol, slot.index, p.where)
+                if finding is not None:
+                    findings.append(finding)
+        values.append(CaseValues(p.where, p.is_tuple, p.expected, tuple(findings)))
+    return values
 
 
 class OutputValues:
@@ -411,10 +461,21 @@ class OutputValues:
             if call.isdigit() and index.isdigit():
                 by_case.setdefault(int(call), {})[int(index)] = value
         with judging_stream(self.references.device):
+            # One wait for the device per chunk, not per output: on a GPU shared with the children
+            # (contexts taking turns), each wait was a turn of theirs.
+            pending: list[tuple[int, PendingCase]] = []
             for case_id, outs in by_case.items():
                 case = self.cases.get(case_id)
                 if case is not None and case_id not in self.values:
-                    self.values[case_id] = case_values(case, outs, self.family, self.references)
+                    pending.append((case_id, prepare_case(case, outs, self.family, self.references)))
+                    if sum(p.nbytes() for _, p in pending) > SETTLE_BYTES:  # outputs held on the device
+                        self._settle(pending)
+            self._settle(pending)
+
+    def _settle(self, pending: list[tuple[int, PendingCase]]) -> None:
+        for (case_id, _), values in zip(pending, settle([p for _, p in pending])):
+            self.values[case_id] = values
+        pending.clear()
 
     def of(self, case: Case) -> CaseValues:
         """The call's values; a call whose outputs never arrived is judged on none (each missing)."""
@@ -650,11 +711,11 @@ def compare_values(
     return compare_judged(got, OutputAllowance.of(want, got.dtype, slack, bound), tol, index, where)
 
 
-def compare_judged(
-    got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float], index: int, where: str
-) -> OutputFinding | None:
-    """`compare_values` against a prepared allowance. Both kinds of failure are counted before the
-    one wait for the device that reads them."""
+def _violations(
+    got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(NaN/Inf where the reference is finite, values out of tolerance, |got - want| judged): masks
+    and errors, computed without waiting for the device."""
     atol, rtol = tol
     want, representable = allowance.want, allowance.representable
     bad_nonfinite = representable & ~_finite(got)
@@ -663,6 +724,23 @@ def compare_judged(
         allowed = _add(allowed, allowance.extra)
     err = torch.where(representable, _abs_diff(got, want), 0.0)
     wrong = (err <= allowed).logical_not_()
+    return bad_nonfinite, wrong, err
+
+
+def violation_counts(got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float]) -> torch.Tensor:
+    """The two counts of `_violations` as one device tensor, not read back."""
+    bad_nonfinite, wrong, _ = _violations(got, allowance, tol)
+    return torch.stack((bad_nonfinite.sum(), wrong.sum()))
+
+
+def compare_judged(
+    got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float], index: int, where: str
+) -> OutputFinding | None:
+    """`compare_values` against a prepared allowance. Both kinds of failure are counted before the
+    one wait for the device that reads them."""
+    atol, rtol = tol
+    want = allowance.want
+    bad_nonfinite, wrong, err = _violations(got, allowance, tol)
     n_nonfinite, n_wrong = torch.stack((bad_nonfinite.sum(), wrong.sum())).tolist()
     if n_nonfinite:
         first = _index(bad_nonfinite)

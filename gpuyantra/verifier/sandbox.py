@@ -374,7 +374,8 @@ class OutputReader(threading.Thread):
             if size > 2 * self.budget + 2**20:
                 raise ValueError(f"{path.name} holds {size} bytes, past the output budget of {self.budget}")
             loading = time.monotonic()
-            chunk = torch.load(path, map_location="cpu", weights_only=True)
+            # Mapped, not read: the copy to the judging device reads the pages (one pass, not two).
+            chunk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             self.load_seconds += time.monotonic() - loading
             if not isinstance(chunk, dict):
                 raise ValueError(f"{path.name} holds a {type(chunk).__name__}, not a dict of outputs")

@@ -192,3 +192,40 @@ def test_concurrent_judgings_get_streams_of_their_own_and_give_them_back(monkeyp
     assert sorted(map(id, judge_module._FREE_STREAMS[torch.device("cuda", 0)])) == sorted((id(first), id(second)))
     with judging_stream("cpu"):
         assert current == []  # the CPU has no streams: nothing changes
+
+
+def test_a_chunk_is_read_back_from_the_device_once_and_a_failing_output_again_for_its_message(monkeypatch):
+    # Before: one wait per output; on a GPU shared with the children each wait was a turn of theirs.
+    family = get_op("rms_norm")
+    cases = plan("cpu", [[3, 32]], ["float32"], (0, 1))
+    reads: list[int] = []
+    tolist = torch.Tensor.tolist
+
+    def counted(self):  # noqa: ANN001, ANN202
+        reads.append(self.numel())
+        return tolist(self)
+
+    def chunk(wrong: int | None) -> dict[str, torch.Tensor]:
+        out = {}
+        for case in cases:
+            activations, params = make_case(family, case, SPECS)
+            value = family.reference(*activations, **params)
+            if case.id == wrong:
+                value = value.clone()
+                value.view(-1)[5] = float("nan")
+            out[f"{case.id}:0"] = value
+        return out
+
+    passing, failing = chunk(None), chunk(cases[2].id)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    values = OutputValues(family, cases, References(family, SPECS, "cpu"))
+    values.consume(passing)
+    assert len(cases) >= 3 and reads == [2 * len(cases)]  # every output's two counts, in one read
+    assert all(not values.of(c).findings for c in cases)
+    reads.clear()
+    values = OutputValues(family, cases, References(family, SPECS, "cpu"))
+    values.consume(failing)
+    assert reads == [2 * len(cases), 2]  # the chunk once, the failing output again for its message
+    finding = values.of(cases[2]).findings[0]
+    assert finding.nonfinite and "1 of 96 elements are NaN/Inf" in finding.message
+    assert all(not values.of(c).findings for c in cases if c.id != cases[2].id)
