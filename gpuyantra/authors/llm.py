@@ -210,6 +210,14 @@ def build_prompt(request: WriteRequest) -> str:
     family = get_op(request.op)
     adapter_json = json.dumps(request.adapter)
     outputs = "a tensor" if family.n_outputs == 1 else f"a tuple of {family.n_outputs} tensors"
+    passed = [p.name for p in family.params if p.name not in family.adapter_params]
+    keywords = "  Every keyword parameter of `entry` appears in ADAPTER and nothing else does."
+    if passed:
+        keywords = (
+            f"  Every keyword parameter of `entry` appears in ADAPTER except {', '.join(passed)}: numbers the "
+            "forward takes as arguments, which its caller passes (the verifier draws a float one at other "
+            "values: never bake it)."
+        )
     parts = [
         f"Write a Triton candidate file for the op family `{request.op}`, replacing instances of "
         f"`{request.module_class}` in a served model.",
@@ -220,7 +228,7 @@ def build_prompt(request: WriteRequest) -> str:
         f"keyword-only. It allocates the output, launches the kernel(s) and returns {outputs}.",
         f"- `ADAPTER` must be exactly this list (kernel parameter <- attribute of `{request.module_class}`):",
         f"  {adapter_json}",
-        "  Every keyword parameter of `entry` appears in ADAPTER and nothing else does.",
+        keywords,
         f"- Output dtype: the dtype `{request.op}`'s reference returns (see below).",
         "",
         "## Reference semantics (the exact math; your output must match it)",

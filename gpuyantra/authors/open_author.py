@@ -106,6 +106,7 @@ def spec_from_target(target: Any) -> OpenSpec:
         updated_buffers=tuple(getattr(target, "updated_buffers", ())),
         variable_dims=tuple(tuple(int(d) for d in dims) for dims in variable) if variable is not None else None,
         calls=tuple(getattr(target, "calls", ())),
+        arguments=tuple((p.kernel_param, p.argument, p.value) for p in getattr(target, "arguments", ())),
     )
 
 

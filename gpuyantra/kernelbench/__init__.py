@@ -14,8 +14,10 @@ For each problem file this module:
    `model(*inputs)` on (a) a float64 copy with the model's own parameters and the problem's
    inputs, (b) a float64 copy with freshly randomized parameters (never weight = 1) and a second,
    differently scaled input draw, (c) the model as is, at its dtype, within the family's tolerance
-   and with the same output dtype. No family agrees -> "unsupported", which is the honest answer
-   for most KernelBench problems (matmuls, convolutions, fused graphs...).
+   and with the same output dtype. No family agrees -> the Model itself becomes an open target
+   (`gpuyantra.ops.open`; numbers its forward takes besides tensors, `forward(self, A, s: float)`,
+   are keyword parameters of the kernel's entry), or "unsupported" with the reason the open author
+   gives where it cannot write one.
 3. runs the optimize loop: the configured author writes `OUT/<problem>/candidate_<i>.py`, the
    verifier judges it; the loop stops at the device's ceiling reward (+3 on CUDA, +1 on CPU where
    speed is not judged), when the author repeats itself, or after `max_iterations`.

@@ -47,16 +47,25 @@ def model_new_source(
     updated_buffers: Sequence[str] = (),
     buffer_steps: Sequence[tuple[str, int]] = (),
     forward_returns_tuple: bool = False,
+    arguments: Sequence[tuple[int, str]] = (),
 ) -> str:
     """ModelNew.py: the problem's source verbatim, then ModelNew(Model) calling the kernel's entry.
     `updated_buffers` are the module attrs of the floating buffers the forward writes new values into,
     whose values the entry returns after the forward's outputs; `buffer_steps` the integer buffers
-    the forward advances by a fixed step: ModelNew writes both into its own buffers, as Model does."""
+    the forward advances by a fixed step: ModelNew writes both into its own buffers, as Model does.
+    `arguments`: (position, kernel param) of the numbers the forward takes (`forward(self, A, s)`),
+    which ModelNew passes to entry by keyword, the tensors positionally."""
     candidate_source = candidate_file.read_bytes()
     digest = hashlib.sha256(candidate_source).hexdigest()[:16]
     args = ", ".join(forward_args) if forward_args else "*inputs"
-    call_args = ", ".join(forward_args) if forward_args else "*inputs"
-    kwargs = "".join(f", {b['kernel_param']}=self.{b['module_attr']}" for b in adapter)
+    at = dict(arguments)
+    names = list(forward_args) if forward_args else []
+    if forward_args:
+        call_args = ", ".join(n for i, n in enumerate(names) if i not in at)
+    else:
+        call_args = f"*[v for i, v in enumerate(inputs) if i not in {sorted(at)}]" if at else "*inputs"
+    kwargs = "".join(f", {kp}={names[i] if names else f'inputs[{i}]'}" for i, kp in sorted(at.items()))
+    kwargs += "".join(f", {b['kernel_param']}=self.{b['module_attr']}" for b in adapter)
     adapter_text = ", ".join(f"{b['kernel_param']} <- self.{b['module_attr']}" for b in adapter) or "none"
     header = (
         f"# ModelNew for the KernelBench problem {problem_path.name}, written by `gpuyantra kernelbench`.\n"

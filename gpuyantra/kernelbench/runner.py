@@ -144,7 +144,7 @@ def _run_problem(
     folder.mkdir(parents=True, exist_ok=True)
     for stale in [*folder.glob("candidate_*.py"), folder / "ModelNew.py"]:
         stale.unlink(missing_ok=True)  # files of an earlier run of this problem
-    shapes, dtype, n_inputs = [list(inputs[0].shape)], inputs[0].dtype, len(inputs)
+    shapes, dtype, n_inputs = [list(tensors[0].shape)], tensors[0].dtype, len(inputs)
     # The verifier's sandbox draws its own inputs: give the device memory back before it runs
     # (KernelBench inputs reach several GB each).
     del inputs, probe
@@ -193,7 +193,7 @@ def _run_problem(
             adapter,
             _forward_params(module.Model, n_inputs),
             best.reward,
-            **_state_updates(family),
+            **_open_target_call(family),
         )
     )
     result.model_new = str(model_new_path)
@@ -351,13 +351,19 @@ def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:
     return run_result
 
 
-def _state_updates(family: Any) -> dict[str, Any]:
-    """model_new_source's arguments for the buffers an open target's forward updates (none else)."""
+def _open_target_call(family: Any) -> dict[str, Any]:
+    """model_new_source's arguments for an open target's forward: the numbers it takes as
+    arguments, the buffers it updates (none for a registered family)."""
     target = getattr(family, "open_target", None)
-    if target is None or not target.updates_state:
-        return {}
-    return {
-        "updated_buffers": target.updated_attrs,
-        "buffer_steps": target.buffer_steps,
-        "forward_returns_tuple": target.forward_returns_tuple,
-    }
+    out: dict[str, Any] = {}
+    if target is None:
+        return out
+    if target.arguments:
+        out["arguments"] = [(p.argument, p.kernel_param) for p in target.arguments]
+    if target.updates_state:
+        out.update(
+            updated_buffers=target.updated_attrs,
+            buffer_steps=target.buffer_steps,
+            forward_returns_tuple=target.forward_returns_tuple,
+        )
+    return out

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from gpuyantra.ops.base import numel
-from gpuyantra.ops.open.spec import halve
+from gpuyantra.ops.open.spec import halve, with_arguments
 
 # On CPU, kernels run in Triton's interpreter: inputs above this many elements are reduced (the
 # same problem with its variable dims halved down to REDUCED_ELEMENTS per input), or skipped.
@@ -33,11 +33,12 @@ def plan_reduced_sizes(
 
     try:
         with torch.device("meta"):
-            meta_inputs = list(module.get_inputs())
+            meta_inputs, arguments = _split(list(module.get_inputs()))
     except Exception as exc:  # noqa: BLE001
         return None, f"get_inputs() cannot run on the meta device to read its shapes ({type(exc).__name__})"
-    if not meta_inputs or not all(isinstance(t, torch.Tensor) for t in meta_inputs):
-        return None, "the problem has non-tensor inputs"
+    if not meta_inputs:
+        return None, "the problem has no tensor inputs, or inputs other than tensors and numbers"
+    model = with_arguments(model, arguments)  # the sizes are the tensors' (numbers kept at their values)
     specs = [OpenInput(f"x{i}", tuple(t.shape), str(t.dtype).replace("torch.", "")) for i, t in enumerate(meta_inputs)]
     links = dim_links(model, specs)
     live = [s.shape for s in specs]
@@ -162,11 +163,11 @@ def plan_reduced_model(module: ModuleType, cap: int) -> tuple[ModelReduction | N
     try:
         init = list(module.get_init_inputs())
         with torch.device("meta"):
-            meta_inputs = list(module.get_inputs())
+            meta_inputs, arguments = _split(list(module.get_inputs()))
     except Exception as exc:  # noqa: BLE001
         return None, f"get_inputs() / get_init_inputs() cannot run to read the sizes ({type(exc).__name__})"
-    if not meta_inputs or not all(isinstance(t, torch.Tensor) for t in meta_inputs):
-        return None, "the problem has non-tensor inputs"
+    if not meta_inputs:
+        return None, "the problem has no tensor inputs, or inputs other than tensors and numbers"
     live_params = _meta_parameter_shapes(module, init)
     if live_params is None:
         return None, "its Model cannot be built on the meta device"
@@ -184,7 +185,7 @@ def plan_reduced_model(module: ModuleType, cap: int) -> tuple[ModelReduction | N
             break
         small_init = substitute(init, mapping)
         shapes = [tuple(mapping.get(d, d) for d in s) for s in live]
-        checked = _check_reduced(module, small_init, shapes, dtypes)
+        checked = _check_reduced(module, small_init, shapes, dtypes, arguments)
         if isinstance(checked, str):
             tried.append(f"{_changed(init, small_init)}: {checked}")
             candidates.append(_Candidate(shift, small_init, shapes))
@@ -277,6 +278,17 @@ def _changed(init: Sequence[Any], small: Sequence[Any]) -> str:
     return f"[{', '.join(repr(a) for a, _ in pairs)}] -> [{', '.join(repr(b) for _, b in pairs)}]"
 
 
+def _split(inputs: list[Any]) -> tuple[list[torch.Tensor], list[tuple[int, Any]]]:
+    """(the tensors of get_inputs(), (position, value) of its numbers); no tensors when it holds
+    anything else."""
+    from gpuyantra.ops.open import OpenTargetError, split_arguments
+
+    try:
+        return split_arguments(inputs)
+    except OpenTargetError:
+        return [], []
+
+
 def _meta_model(module: ModuleType, init: Sequence[Any]) -> torch.nn.Module | None:
     try:
         with torch.device("meta"):
@@ -293,13 +305,19 @@ def _meta_parameter_shapes(module: ModuleType, init: Sequence[Any]) -> list[tupl
 
 
 def _check_reduced(
-    module: ModuleType, init: Sequence[Any], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype]
+    module: ModuleType,
+    init: Sequence[Any],
+    shapes: Sequence[tuple[int, ...]],
+    dtypes: Sequence[torch.dtype],
+    arguments: Sequence[tuple[int, Any]] = (),
 ) -> tuple[int, torch.nn.Module] | str:
     """(parameter elements, the meta Model) when the Model builds from `init` and its forward runs
-    on meta inputs of `shapes`; else why not."""
-    model = _meta_model(module, init)
-    if model is None:
+    on meta inputs of `shapes` (and the number `arguments` at their positions); else why not. The
+    Model returned takes the tensors alone."""
+    built = _meta_model(module, init)
+    if built is None:
         return "the Model does not build"
+    model = with_arguments(built, arguments)
     args = [torch.empty(s, dtype=dt, device="meta") for s, dt in zip(shapes, dtypes)]
     try:
         with torch.no_grad():

@@ -120,6 +120,13 @@ class OpFamily:
             return self.param_cost(shape, dtype, param_shapes)
         return self.bytes_moved(shape, dtype), self.flops(shape)
 
+    @property
+    def adapter_params(self) -> tuple[str, ...]:
+        """The params an ADAPTER binds to module attributes: every one but the numbers an open
+        target's forward takes as arguments, which its caller passes to entry."""
+        passed = set(getattr(self.open_target, "argument_names", ()))
+        return tuple(p.name for p in self.params if p.name not in passed)
+
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         """(atol, rtol) for outputs of `dtype`, measured against a float64 reference."""
         return self.tolerances.get(dtype, (1e-2, 1e-2))

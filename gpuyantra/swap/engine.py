@@ -97,7 +97,7 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
                 if _reapply_record is None:
                     kept.unlink(missing_ok=True)
                 raise CandidateLoadError(str(exc)) from exc
-            wanted = sorted(p.name for p in family.params)
+            wanted = sorted(family.adapter_params)
             bound = sorted(b["kernel_param"] for b in candidate.adapter)
             if bound != wanted:
                 if _reapply_record is None:

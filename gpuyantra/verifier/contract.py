@@ -67,12 +67,18 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
             result.fail("adapter-invalid", str(exc))
     if adapter is not None:
         result.adapter = adapter
-        wanted = [p.name for p in family.params]
+        wanted = list(family.adapter_params)
         bound = [b["kernel_param"] for b in adapter]
         for name in sorted({n for n in bound if bound.count(n) > 1}):
             result.fail("adapter-params", f"kernel parameter {name!r} is bound more than once")
+        passed = [p.name for p in family.params if p.name not in wanted]
         for name in bound:
-            if name not in wanted:
+            if name in passed:
+                result.fail(
+                    "adapter-params",
+                    f"{name!r} is an argument of {family.name}'s forward, passed by its caller: no ADAPTER binds it",
+                )
+            elif name not in wanted:
                 result.fail(
                     "adapter-params",
                     f"{name!r} is not a parameter of {family.name} (its parameters: {wanted or 'none'})",
@@ -156,7 +162,7 @@ def _check_open_attrs(family: OpFamily, adapter: list[dict[str, str]], result: C
     result.param_specs = [
         {"name": p.kernel_param, "kind": "tensor", "shape": list(p.shape), "positive": p.positive}
         if p.kind == "tensor"
-        else {"name": p.kernel_param, "kind": p.kind, "value": float(p.value)}
+        else {"name": p.kernel_param, "kind": p.kind, "value": float(p.value) if p.kind == "float" else p.value}
         for p in target.params
     ]
 

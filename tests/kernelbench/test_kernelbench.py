@@ -319,6 +319,51 @@ def test_small_inputs_with_a_huge_output_run_at_reduced_sizes_on_cpu(tmp_path):
     assert rows < 8192 and rows * cols <= kb.REDUCED_OUTPUT_ELEMENTS  # the output, not only the inputs, bounded
 
 
+SCALE_BY_ARGUMENT = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, A: torch.Tensor, s: float) -> torch.Tensor:
+        return A * s
+
+
+def get_inputs():
+    return [torch.rand(16, 32), 3.14]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@needs_verifier
+def test_a_float_forward_argument_is_a_run_time_argument_of_the_kernel(tmp_path):
+    from gpuyantra.verifier import run_verification
+
+    write(tmp_path, "scale_by_argument.py", SCALE_BY_ARGUMENT)
+    result = kb.run(tmp_path / "scale_by_argument.py", device="cpu", out=tmp_path / "out", max_iterations=1)
+    (problem,) = result.problems
+    assert problem.status == "optimized" and problem.correct, problem.reason
+    assert problem.op.startswith("open.") and problem.adapter == [] and result.fast_0 == 1.0
+    folder = tmp_path / "out" / "scale_by_argument"
+    kernel = (folder / "candidate_1.py").read_text()
+    assert "def entry(A, *, s):" in kernel and "float(s)" in kernel  # s reaches the kernel at run time
+    assert "return _gy_kernel.entry(A, s=s)" in (folder / "ModelNew.py").read_text()
+    # ModelNew computes A * s for values of s the problem never draws.
+    model_new = import_file(folder / "ModelNew.py", "test_kb_modelnew_scale_by_argument").ModelNew()
+    A = torch.rand(5, 7)
+    for s in (-2.5, 0.0, 1e3):
+        torch.testing.assert_close(model_new(A, s), A * s)
+    # The verifier draws s around 3.14 on its seeds but the first: the kernel with 3.14 written in fails there.
+    cheat = tmp_path / "cheat.py"
+    cheat.write_text(kernel.replace("float(s)", "3.14"))
+    verdict = run_verification(cheat, device="cpu", seeds=(0, 1), dtypes=["float32"])
+    assert not verdict.accepted
+    assert {f.rule for f in verdict.failures} == {"hardcoded-constant"}
+
+
 def test_a_file_without_model_is_reported_not_crashed(tmp_path):
     write(tmp_path, "helper.py", "X = 1\n")
     (problem,) = kb.run(tmp_path, device="cpu", out=tmp_path / "out").problems

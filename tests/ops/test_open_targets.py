@@ -199,3 +199,44 @@ def test_convolution_channels_stay_fixed_dims(module):
     links = dim_links(module, [OpenInput("x0", shape, "float32")])
     variable = [own for own, _ in links[0]]
     assert 1 not in variable and 0 in variable and len(shape) - 1 in variable
+
+
+class ScaleShift(nn.Module):
+    def forward(self, x: torch.Tensor, scale: float, shift: int, relu: bool) -> torch.Tensor:
+        y = x * scale + shift
+        return torch.relu(y) if relu else y
+
+
+def test_number_arguments_are_keywords_of_entry_that_the_caller_passes(tmp_path):
+    from gpuyantra.authors.open_author import spec_from_target
+    from gpuyantra.authors.opengen import write_open_source
+    from gpuyantra.candidate import import_file
+    from gpuyantra.ops.open import OpenTargetError
+
+    x = torch.randn(6, 8)
+    target = build_open_target(ScaleShift(), [x, 0.5, 2, True], name_hint="scale_shift")
+    assert [(p.kernel_param, p.kind, p.value, p.argument) for p in target.params] == [
+        ("scale", "float", 0.5, 1),
+        ("shift", "int", 2, 2),
+        ("relu", "bool", True, 3),
+    ]
+    assert target.input_names == ("x",) and target.forward_names == ("x", "scale", "shift", "relu")
+    assert target.adapter == []  # passed by the caller, not read from the module
+    x64 = x.double()
+    torch.testing.assert_close(target.reference(x64), torch.relu(x64 * 0.5 + 2))  # live values
+    torch.testing.assert_close(target.reference(x64, scale=-1.5, shift=2, relu=False), x64 * -1.5 + 2)
+    with pytest.raises(OpenTargetError, match="forward argument 1 is a str"):
+        build_open_target(ScaleShift(), [x, "0.5", 2, True])
+
+    # The open author: the float is a run-time kernel argument, the int and the bool are written in
+    # at their live values and entry refuses any other.
+    source = write_open_source(spec_from_target(target))
+    assert "def entry(x, *, scale, shift, relu):" in source and "float(scale)" in source
+    path = tmp_path / "scale_shift.py"
+    path.write_text(source)
+    entry = import_file(path, "test_open_scale_shift_candidate").entry
+    torch.testing.assert_close(entry(x, scale=-3.0, shift=2, relu=True), torch.relu(x * -3.0 + 2))
+    with pytest.raises(ValueError, match="shift=3"):
+        entry(x, scale=0.5, shift=3, relu=True)
+    with pytest.raises(ValueError, match="relu=False"):
+        entry(x, scale=0.5, shift=2, relu=False)

@@ -166,7 +166,7 @@ RESERVED = frozenset({"torch", "triton", "tl", "math", "entry", "OP", "ADAPTER"}
 
 def write_open_source(spec: OpenSpec, strategy: dict[str, Any] | None = None) -> str:
     """A candidate file computing the spec's module (see the package docstring). Raises Unsupported."""
-    names_used = list(spec.input_names) + [kp for kp, _ in spec.tensor_params + spec.float_params]
+    names_used = list(spec.input_names) + spec.keywords
     for name in names_used:
         if not name.isidentifier() or name in RESERVED or name.startswith("_"):
             raise Unsupported(f"entry parameter name {name!r} would shadow the file's own names")
@@ -315,10 +315,17 @@ class _File:
     def _entry(self) -> list[str]:
         spec = self.spec
         positional = ", ".join(spec.input_names)
-        keywords = [kp for kp, _ in spec.tensor_params] + [kp for kp, _ in spec.float_params]
+        keywords = spec.keywords
         sig = positional + (", *, " + ", ".join(keywords) if keywords else "")
         lines = [f"def entry({sig}):"]
         body: list[str] = []
+        for name, _, live in spec.arguments:
+            if not isinstance(live, float):
+                # An int or bool argument selects behaviour: the kernels are written for its live value.
+                body += [
+                    f"if {name} != {live!r}:",
+                    f"    raise ValueError(f'{name}={{{name}!r}}: this kernel is written for {name}={live!r}')",
+                ]
         for sym, var in sorted(self.names.items(), key=lambda kv: kv[1]):
             if sym in self.lowered.symbols:
                 name, dim = self.lowered.symbols[sym]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,6 +34,16 @@ class OpenSpec:
     variable_dims: tuple[tuple[int, ...], ...] | None = None
     # Every input's shapes in each live call: the kernel must compute each of them.
     calls: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    # (kernel_param, position in the forward, live value) of each number the forward takes as an
+    # argument besides its tensors: entry takes it as a keyword the caller passes (not in ADAPTER).
+    # A float is a run-time kernel argument; an int or a bool is written in at its live value, and
+    # entry refuses any other.
+    arguments: tuple[tuple[str, int, Any], ...] = ()
+
+    @property
+    def keywords(self) -> list[str]:
+        """entry's keyword-only parameters: tensor params, float params, then the number arguments."""
+        return [kp for kp, _ in self.tensor_params + self.float_params] + [kp for kp, _, _ in self.arguments]
 
     @property
     def adapter(self) -> list[dict[str, str]]:

@@ -35,6 +35,7 @@ from gpuyantra.authors.opengen.convolution import DECOMPOSITIONS as CONVOLUTION_
 from gpuyantra.authors.opengen.pooling import DECOMPOSITIONS as POOLING_DECOMPOSITIONS
 from gpuyantra.authors.opengen.pooling import CompositePooling
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
+from gpuyantra.ops.open.spec import WithArguments
 
 # Ops left undecomposed: scans and matrix products the author writes natively, and ops it refuses
 # with a named reason.
@@ -78,7 +79,8 @@ class Traced:
     param_names: dict[str, str] = field(default_factory=dict)  # get_attr target -> kernel param
     unused_floats: tuple[str, ...] = ()  # float params the graph does not depend on
     follows_input_dtype: tuple[bool, ...] = ()  # per flat output: floating outputs in the inputs' dtype
-    module: torch.nn.Module | None = None  # the traced copy (float attributes at their sentinels)
+    # The traced copy (float attributes and arguments at their sentinels), called on the tensors alone.
+    module: torch.nn.Module | None = None
 
 
 def trace_spec(spec: OpenSpec) -> Traced:
@@ -91,18 +93,21 @@ def trace_spec(spec: OpenSpec) -> Traced:
         if t.is_complex():
             raise Unsupported("complex inputs")
     module = copy.deepcopy(spec.module).to("cpu")  # its training flag is the reference's
+    call = _with_arguments(module, spec)
     floats = [(kp, *_owner(module, path)) for kp, path in spec.float_params]
+    if isinstance(call, WithArguments):  # float arguments are traced at sentinels as float attributes are
+        floats += [(kp, call.values, kp) for kp, _, live in spec.arguments if isinstance(live, float)]
     originals = {kp: _float_value(owner, attr, kp) for kp, owner, attr in floats}
     for kp, owner, attr in floats:
         setattr(owner, attr, _sentinel(originals[kp], 0))
-    gm = _trace(module, spec.example_inputs)
-    traced = Traced(gm=gm, module=module)
+    gm = _trace(call, spec.example_inputs)
+    traced = Traced(gm=gm, module=call)
     unused = []
     for kp, owner, attr in floats:
         variants = []
         for k in (1, 2):
             setattr(owner, attr, _sentinel(originals[kp], k))
-            variants.append(_trace(module, spec.example_inputs))
+            variants.append(_trace(call, spec.example_inputs))
         setattr(owner, attr, _sentinel(originals[kp], 0))
         sites = _locate(kp, originals[kp], gm, variants)
         if not sites:
@@ -115,8 +120,13 @@ def trace_spec(spec: OpenSpec) -> Traced:
             traced.float_sites[site] = found
     traced.unused_floats = tuple(unused)
     traced.param_names = _param_names(gm, module, spec)
-    traced.follows_input_dtype = _dtype_rules(spec.module, spec.example_inputs, gm)
+    traced.follows_input_dtype = _dtype_rules(_with_arguments(spec.module, spec), spec.example_inputs, gm)
     return traced
+
+
+def _with_arguments(module: torch.nn.Module, spec: OpenSpec) -> torch.nn.Module:
+    """`module` called on the example tensors alone, its number arguments at their live values."""
+    return WithArguments(module, spec.arguments) if spec.arguments else module
 
 
 def check_size_generic(spec: OpenSpec, traced: Traced) -> None:

@@ -10,7 +10,11 @@ the inputs it was called with:
   was seen with (any real value, positive, in [0, 1], rows on the simplex, integer class ids);
 - its **parameters** are the module's floating parameters and buffers (named by their dotted path,
   `ln.weight`, bound by the ADAPTER like a family's) and the float attributes that change its output
-  (`eps`, `margin`, a scaling factor): integer attributes (`dim`) are structure, not values.
+  (`eps`, `margin`, a scaling factor): integer attributes (`dim`) are structure, not values;
+- the **numbers** the forward takes as arguments besides its tensors (`forward(self, A, s: float)`)
+  are parameters too, which entry takes by keyword and the caller passes (no ADAPTER binds them): a
+  float is a value of each call, which the verifier draws around the live one; an int or a bool
+  selects behaviour and stays at its live value (see `ARGUMENT_KINDS`).
 
 Which input sizes may change is found by asking the module: a dim is *variable* when the forward
 still runs after that dim grows (checked on the meta device, nothing allocated). The verifier draws
@@ -33,6 +37,7 @@ from gpuyantra.ops.open.registry import (
     targets_dir,
 )
 from gpuyantra.ops.open.spec import (
+    ARGUMENT_KINDS,
     CPU_CASE_ELEMENTS,
     CUDA_CASE_ELEMENTS,
     DOMAINS,
@@ -41,15 +46,21 @@ from gpuyantra.ops.open.spec import (
     OpenInput,
     OpenParam,
     OpenTargetError,
+    WithArguments,
+    argument_kind,
     draw_input,
     follow_shapes,
+    forward_args,
     is_open,
     reduced_shapes,
     shrink,
+    split_arguments,
+    with_arguments,
 )
 from gpuyantra.ops.open.target import OpenTarget
 
 __all__ = [
+    "ARGUMENT_KINDS",
     "CPU_CASE_ELEMENTS",
     "CUDA_CASE_ELEMENTS",
     "DOMAINS",
@@ -60,6 +71,8 @@ __all__ = [
     "OpenTargetError",
     "STRESS_SIZE",
     "ShrinkFactories",
+    "WithArguments",
+    "argument_kind",
     "build_open_target",
     "describe_reference",
     "dim_links",
@@ -67,6 +80,7 @@ __all__ = [
     "ensure_open_target",
     "find_open_family",
     "follow_shapes",
+    "forward_args",
     "is_open",
     "leading_rows",
     "load_open_target",
@@ -75,5 +89,7 @@ __all__ = [
     "reduced_shapes",
     "register_open",
     "shrink",
+    "split_arguments",
     "targets_dir",
+    "with_arguments",
 ]

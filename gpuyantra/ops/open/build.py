@@ -26,7 +26,10 @@ from gpuyantra.ops.open.spec import (
     _dtype,
     _owner,
     _tensors,
+    argument_kind,
     follow_shapes,
+    split_arguments,
+    with_arguments,
 )
 from gpuyantra.ops.open.target import OpenTarget
 
@@ -43,20 +46,28 @@ def build_open_target(
     """An open target for `module` called as `module(*inputs)`. `calls`: every input's shapes in
     the other live calls seen (prefill, decode at each batch), the evidence of which sizes change
     and which follow each other. Raises OpenTargetError."""
-    if not inputs or not all(isinstance(i, Tensor) for i in inputs):
-        raise OpenTargetError("an open target needs tensor inputs only (non-tensor forward arguments are not bound)")
+    tensors, arguments = split_arguments(inputs)
+    if not tensors:
+        raise OpenTargetError("an open target needs tensor inputs")
     module = _cpu_copy(module)
     names = _input_names(module, len(inputs))
-    specs = tuple(_input_spec(name, t) for name, t in zip(names, inputs))
+    specs = tuple(_input_spec(name, t) for name, t in zip(names, inputs) if isinstance(t, Tensor))
     if specs[0].domain in ("int", "bool") or not specs[0].shape:
         raise OpenTargetError("the first input must be a floating tensor with at least one dim")
     seen = _live_calls(specs, calls)
-    probe_inputs = tuple(t.detach().to("cpu") for t in rows_the_forward_accepts(module, inputs, 1 << 20))
-    specs = _link_index_ranges(specs, module, probe_inputs)
+    # The probes call the forward with its number arguments at their live values: `call` takes the
+    # tensors alone (the module itself when there are no numbers).
+    call = with_arguments(module, arguments)
+    probe = [
+        t.detach().to("cpu") if isinstance(t, Tensor) else t for t in rows_the_forward_accepts(module, inputs, 1 << 20)
+    ]
+    probe_tensors = tuple(t for t in probe if isinstance(t, Tensor))
+    specs = _link_index_ranges(specs, call, probe_tensors)
     tensor_params = _tensor_params(module)
-    updated, steps, returns_tuple = buffer_updates(module, probe_inputs, tensor_params)
-    params = tensor_params + _float_params(module, probe_inputs)
-    links = dim_links(module, specs, seen)
+    updated, steps, returns_tuple = buffer_updates(module, probe, tensor_params)
+    params = tensor_params + _float_params(module, probe)
+    params += _argument_params(names, arguments, {p.kernel_param for p in params} | {s.name for s in specs})
+    links = dim_links(call, specs, seen)
     free = free_dims(specs, links, seen)
     cls = type(module)
     dotted = f"{cls.__module__}.{cls.__qualname__}"
@@ -234,6 +245,19 @@ def _refuses_values_past(module: torch.nn.Module, probe: Sequence[Tensor], index
     return False
 
 
+def _argument_params(
+    names: Sequence[str], arguments: Sequence[tuple[int, Any]], taken: set[str]
+) -> tuple[OpenParam, ...]:
+    """A parameter for each number the forward takes as an argument, named after it (see OpenParam.argument)."""
+    params = []
+    for position, value in arguments:
+        kind = str(argument_kind(value))
+        live = float(value) if kind == "float" else value  # a numpy float as a plain one
+        name = names[position]
+        params.append(OpenParam(_kernel_name(name, taken), name, kind, value=live, argument=position))
+    return tuple(params)
+
+
 def _kernel_name(path: str, taken: set[str]) -> str:
     name = re.sub(r"\W", "_", path)
     name = name if name.isidentifier() else f"p_{name}"
@@ -276,7 +300,7 @@ def _float_attributes(module: torch.nn.Module) -> list[tuple[str, float]]:
     return found
 
 
-def _float_params(module: torch.nn.Module, inputs: tuple[Tensor, ...]) -> tuple[OpenParam, ...]:
+def _float_params(module: torch.nn.Module, inputs: Sequence[Any]) -> tuple[OpenParam, ...]:
     """Float attributes whose value changes the output or the buffers the forward updates on the
     probe inputs (dropout's p in eval mode, momentum in eval mode: no effect, not bound; momentum
     in training mode moves the running statistics: bound)."""
@@ -494,6 +518,9 @@ def _digest(
         parts.append(updates)  # only then: the names of targets without updated buffers stay as they were
     if dims is not None:
         parts.append(["dims", dims])
+    arguments = [(p.argument, p.kind) for p in params if p.argument >= 0]
+    if arguments:  # only then: the names of targets without number arguments stay as they were
+        parts.append(["arguments", arguments])
     text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, numel
-from gpuyantra.ops.open.spec import CaseKey, _dtype, shrink
+from gpuyantra.ops.open.spec import CaseKey, _dtype, forward_args, shrink
 from gpuyantra.ops.open.target import OpenTarget
 
 # Largest input or output of a swap's parity check on a live call's shapes (bigger calls are
@@ -48,13 +48,14 @@ def open_family(target: OpenTarget) -> OpFamily:
 
     def replacement_forward(module: torch.nn.Module, entry: Callable[..., Any], adapter: list[dict[str, str]]) -> Any:
         def forward(_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            # Inputs passed by keyword (`norm(hidden_states=x)`) take their place in forward order.
-            named = tuple(kwargs[n] for n in target.input_names[len(args) :] if n in kwargs)
-            inputs = (*args, *named)
+            # Inputs passed by keyword (`norm(hidden_states=x)`) take their place in forward order;
+            # the forward's number arguments go to entry by keyword.
+            named = tuple(kwargs[n] for n in target.forward_names[len(args) :] if n in kwargs)
+            inputs, numbers = target.split_call((*args, *named))
             # A call of a shape the kernel was not verified for raises (the swap serves it with the
             # original forward) instead of computing it wrongly.
             target.check_call([getattr(a, "shape", ()) for a in inputs])
-            out = entry(*inputs, **adapter_kwargs(module, adapter))
+            out = entry(*inputs, **adapter_kwargs(module, adapter), **numbers)
             if not target.updates_state:
                 return out
             # The entry also returns the new values of the buffers the forward updates (a
@@ -85,7 +86,7 @@ def open_family(target: OpenTarget) -> OpFamily:
         default_module=target.module_class,
         reference=target.reference,
         make_activations=make_activations,
-        module_call=lambda module, *acts: module(*acts),
+        module_call=lambda module, *acts: module(*forward_args(acts, target.live_arguments())),
         replacement_forward=replacement_forward,
         module_activations=module_activations,
         module_reference=module_reference,
@@ -121,8 +122,18 @@ def describe_reference(target: OpenTarget) -> str:
             parts.append(f"# source of {cls.__module__}.{cls.__qualname__} is not available")
     parts.append("# the module as served:\n# " + repr(target.module).replace("\n", "\n# "))
     for p in target.params:
-        if p.kind == "float":
+        if p.kind == "float" and p.argument < 0:
             parts.append(f"# {p.module_attr} = {p.value!r}  (live value; passed as keyword {p.kernel_param!r})")
+    for p in target.arguments:
+        how = (
+            "a value of each call: the kernel takes it at run time, never baked"
+            if p.kind == "float"
+            else "it selects behaviour: a kernel written for the live value must raise for any other"
+        )
+        parts.append(
+            f"# forward argument {p.argument}, {p.module_attr} ({p.kind}, live value {p.value!r}): passed to "
+            f"entry as keyword {p.kernel_param!r} (not in ADAPTER); {how}"
+        )
     if target.updated_buffers:
         steps = ", ".join(path for path, _ in target.buffer_steps)
         parts.append(

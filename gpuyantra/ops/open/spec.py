@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,12 +59,83 @@ class OpenInput:
 @dataclass(frozen=True)
 class OpenParam:
     kernel_param: str
-    module_attr: str  # dotted path on the module: "weight", "ln.weight"
-    kind: str  # "tensor" | "float"
+    # Dotted path on the module ("weight", "ln.weight"); for a forward argument, its name in the forward.
+    module_attr: str
+    kind: str  # "tensor" | "float"; a forward argument: "float" | "int" | "bool" (see ARGUMENT_KINDS)
     shape: tuple[int, ...] = ()
     dtype: str = ""
-    value: float = 0.0
+    value: float = 0.0  # a forward argument's live value keeps its type (an int, a bool)
     positive: bool = False  # every live value >= 0 (running variances, scales): drawn positive
+    # A number the forward takes as its positional argument at this index (`forward(self, A, s)`:
+    # s at 1), which every call passes and entry takes as a keyword; -1: read from the module.
+    argument: int = -1
+
+
+# Kinds of the numbers a forward may take as positional arguments besides its tensors. A float is
+# a value of each call: the verifier draws it around the live one, so a kernel that bakes it fails.
+# An int or a bool selects behaviour (a dim, a flag), as an integer attribute does: the verifier
+# keeps it live, and a kernel written for the live value must refuse any other.
+ARGUMENT_KINDS = ("float", "int", "bool")
+
+
+def argument_kind(value: Any) -> str | None:
+    """The kind of a number forward argument (see ARGUMENT_KINDS), None for anything else."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return None
+
+
+def split_arguments(inputs: Sequence[Any]) -> tuple[list[Tensor], list[tuple[int, Any]]]:
+    """(the tensors among a forward's positional arguments, (position, value) of each number
+    among them). Raises OpenTargetError for any other kind of argument."""
+    tensors: list[Tensor] = []
+    arguments: list[tuple[int, Any]] = []
+    for position, value in enumerate(inputs):
+        if isinstance(value, Tensor):
+            tensors.append(value)
+        elif argument_kind(value) is not None:
+            arguments.append((position, value))
+        else:
+            raise OpenTargetError(
+                f"forward argument {position} is a {type(value).__name__}: an open target takes tensors "
+                "and numbers (float, int, bool)"
+            )
+    return tensors, arguments
+
+
+def forward_args(tensors: Sequence[Any], arguments: Sequence[tuple[int, Any]]) -> list[Any]:
+    """The forward's positional arguments: `tensors` in order, each (position, value) of
+    `arguments` at its position."""
+    args = list(tensors)
+    for position, value in sorted(arguments, key=lambda item: item[0]):
+        args.insert(position, value)
+    return args
+
+
+class WithArguments(torch.nn.Module):
+    """`module` called with its number forward arguments filled in: its forward takes the tensors
+    only. `arguments`: (name, position in the forward, value); each value is the attribute `name`
+    of `self.values`, which a caller may set (the open author traces a float at other values)."""
+
+    def __init__(self, module: torch.nn.Module, arguments: Sequence[tuple[str, int, Any]]):
+        super().__init__()
+        self.inner = module
+        self.positions = tuple((name, int(position)) for name, position, _ in arguments)
+        self.values = types.SimpleNamespace(**{name: value for name, _, value in arguments})
+
+    def forward(self, *tensors: Any) -> Any:
+        return self.inner(*forward_args(tensors, [(p, getattr(self.values, n)) for n, p in self.positions]))
+
+
+def with_arguments(module: torch.nn.Module, arguments: Sequence[tuple[int, Any]]) -> torch.nn.Module:
+    """`module` itself when its forward takes tensors only, else a WithArguments of the live values."""
+    if not arguments:
+        return module
+    return WithArguments(module, [(f"arg{position}", position, value) for position, value in arguments])
 
 
 def draw_input(

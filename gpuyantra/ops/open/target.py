@@ -27,6 +27,7 @@ from gpuyantra.ops.open.spec import (
     _tensors,
     draw_input,
     follow_shapes,
+    forward_args,
     halve,
     shrink,
     trace_sizes,
@@ -74,7 +75,35 @@ class OpenTarget:
 
     @property
     def float_params(self) -> tuple[tuple[str, str], ...]:
-        return tuple((p.kernel_param, p.module_attr) for p in self.params if p.kind == "float")
+        """(kernel param, module attr) of the float attributes (not the forward's number arguments)."""
+        return tuple((p.kernel_param, p.module_attr) for p in self.params if p.kind == "float" and p.argument < 0)
+
+    @property
+    def arguments(self) -> tuple[OpenParam, ...]:
+        """The numbers the forward takes as arguments (OpenParam.argument), in forward order."""
+        return tuple(sorted((p for p in self.params if p.argument >= 0), key=lambda p: p.argument))
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        """Kernel params of the forward's number arguments: entry takes them as keywords, the caller
+        passes them (an ADAPTER binds the module's attributes only)."""
+        return tuple(p.kernel_param for p in self.arguments)
+
+    @property
+    def forward_names(self) -> tuple[str, ...]:
+        """Every positional argument of the forward by name, tensors and numbers, in order."""
+        return tuple(forward_args(self.input_names, [(p.argument, p.module_attr) for p in self.arguments]))
+
+    def live_arguments(self, values: dict[str, Any] | None = None) -> list[tuple[int, Any]]:
+        """(position, value) of each number argument: its value in `values` (by kernel param), else the live one."""
+        values = values or {}
+        return [(p.argument, values.get(p.kernel_param, p.value)) for p in self.arguments]
+
+    def split_call(self, args: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """(the tensor inputs, {kernel param: value} of the number arguments) of a forward's
+        positional arguments: what entry takes positionally and by keyword."""
+        at = {p.argument: p.kernel_param for p in self.arguments}
+        return [a for i, a in enumerate(args) if i not in at], {at[i]: a for i, a in enumerate(args) if i in at}
 
     @property
     def variable_dims(self) -> tuple[tuple[int, ...], ...]:
@@ -164,7 +193,8 @@ class OpenTarget:
 
     @property
     def adapter(self) -> list[dict[str, str]]:
-        return [{"kernel_param": p.kernel_param, "module_attr": p.module_attr} for p in self.params]
+        """The module attributes entry's keywords are bound to (the forward's number arguments are not)."""
+        return [{"kernel_param": p.kernel_param, "module_attr": p.module_attr} for p in self.params if p.argument < 0]
 
     def example_inputs(
         self, shapes: Sequence[Sequence[int]] | None = None, dtype: torch.dtype | None = None, seed: int = 0
@@ -210,7 +240,7 @@ class OpenTarget:
         module = self.copy_for(dtype, device)
         tensors: dict[str, Tensor] = {}
         for spec in self.params:
-            if spec.kernel_param not in params:
+            if spec.kernel_param not in params or spec.argument >= 0:
                 continue
             value = params[spec.kernel_param]
             if spec.kind == "float":
@@ -218,14 +248,15 @@ class OpenTarget:
                 setattr(owner, attr, value)
             else:
                 tensors[spec.module_attr] = value
+        args = forward_args(activations, self.live_arguments(params))  # number arguments at the values given
         if self.updates_state:
-            return self._reference_with_updates(module, tensors, activations)
+            return self._reference_with_updates(module, tensors, args)
         if not tensors:
-            return module(*activations)
-        return torch.func.functional_call(module, tensors, tuple(activations))
+            return module(*args)
+        return torch.func.functional_call(module, tensors, tuple(args))
 
     def _reference_with_updates(
-        self, module: torch.nn.Module, tensors: dict[str, Tensor], activations: Sequence[Tensor]
+        self, module: torch.nn.Module, tensors: dict[str, Tensor], activations: Sequence[Any]
     ) -> tuple[Tensor, ...]:
         """The forward on private copies of the buffers it updates (neither the caller's tensors nor
         the module copy change), returning its outputs, then the updated buffers' new values."""
@@ -358,7 +389,7 @@ class OpenTarget:
             args = [torch.empty(s, dtype=_dtype(i.dtype), device="meta") for s, i in zip(shapes, self.inputs)]
             try:
                 with torch.no_grad():
-                    outs = _tensors(self.copy_for(torch.float32, "meta")(*args))
+                    outs = _tensors(self.copy_for(torch.float32, "meta")(*forward_args(args, self.live_arguments())))
                 cache[first] = [(tuple(o.shape), o.is_floating_point()) for o in outs]
                 shapes_of = {p.kernel_param: tuple(p.shape) for p in self.params}
                 cache[first] += [(shapes_of[kp], True) for kp in self.updated_buffers]
