@@ -27,18 +27,28 @@ class _Blob:
         return self.size
 
 
-def test_least_recently_used_values_leave_first_and_oversized_ones_are_not_kept():
+def test_a_plan_larger_than_the_budget_keeps_its_first_keys_instead_of_pushing_out_each_one():
+    # Plain least-recently-used order keeps nothing of a plan judged in the same order each time.
     cache: ReferenceCache[_Blob] = ReferenceCache(budget=100)
-    for key in "abcd":
-        cache.get(key, lambda: _Blob(25))
-    cache.get("a", lambda: pytest.fail("a is kept"))  # a is now the most recently used
-    cache.get("e", lambda: _Blob(25))  # 125 > 100: b leaves, not a
+    for _ in range(3):  # three verifications of one plan of six 25-byte cases
+        for key in "abcdef":
+            cache.get("plan", key, lambda: _Blob(25))
     assert cache.nbytes == 100 and len(cache) == 4
-    assert cache.get("a", lambda: _Blob(1, "again")).name == ""
-    assert cache.get("b", lambda: _Blob(1, "again")).name == "again"
-    cache.get("huge", lambda: _Blob(30))  # past a quarter of the budget: computed, not kept
-    assert cache.get("huge", lambda: _Blob(30, "recomputed")).name == "recomputed"
-    assert (cache.hits, cache.misses) == (2, 8)
+    assert (cache.hits, cache.misses) == (8, 10)  # a-d hit on the second and third verification
+
+
+def test_another_plan_pushes_out_the_least_recently_used_plan_whole():
+    cache: ReferenceCache[_Blob] = ReferenceCache(budget=100)
+    for key in "ab":
+        cache.get("old", key, lambda: _Blob(25))
+    for key in "ab":
+        cache.get("recent", key, lambda: _Blob(25))
+    cache.get("old", "a", lambda: pytest.fail("kept"))  # "old" is now the most recently used
+    cache.get("new", "a", lambda: _Blob(25))  # 125 > 100: "recent" leaves, whole
+    assert cache.get("recent", "b", lambda: _Blob(1, "again")).name == "again"
+    assert cache.get("old", "b", lambda: _Blob(1, "again")).name == ""
+    cache.get("huge", "a", lambda: _Blob(30))  # past a quarter of the budget: computed, not kept
+    assert cache.get("huge", "a", lambda: _Blob(30, "recomputed")).name == "recomputed"
 
 
 def test_a_key_asked_for_at_once_is_computed_once():
@@ -53,7 +63,7 @@ def test_a_key_asked_for_at_once_is_computed_once():
         return _Blob(10)
 
     got: list[_Blob] = []
-    threads = [threading.Thread(target=lambda: got.append(cache.get("k", compute))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: got.append(cache.get("plan", "k", compute))) for _ in range(4)]
     threads[0].start()
     assert started.wait(10)
     for thread in threads[1:]:
@@ -70,15 +80,15 @@ def test_a_failed_computation_is_not_kept_and_the_next_asker_computes_again():
         raise RuntimeError("reference failed")
 
     with pytest.raises(RuntimeError):
-        cache.get("k", broken)
-    assert cache.get("k", lambda: _Blob(5, "ok")).name == "ok"
+        cache.get("plan", "k", broken)
+    assert cache.get("plan", "k", lambda: _Blob(5, "ok")).name == "ok"
 
 
 def test_zero_budget_turns_the_cache_off_and_a_malformed_one_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(BUDGET_ENV, "0")
     assert budget_bytes("cuda") == 0
     cache: ReferenceCache[_Blob] = ReferenceCache(budget_bytes("cpu"))
-    cache.get("k", lambda: _Blob(1))
+    cache.get("plan", "k", lambda: _Blob(1))
     assert len(cache) == 0
     monkeypatch.setenv(BUDGET_ENV, "lots")
     with pytest.raises(ValueError, match=BUDGET_ENV):
