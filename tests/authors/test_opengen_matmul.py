@@ -335,7 +335,7 @@ def test_pipeline_stages_fit_shared_memory(tmp_path: Path) -> None:
     plain = _mm_source(Model(torch.matmul), [torch.randn(40, 72), torch.randn(72, 24)])
     conv = write_open_source(_auto_spec(nn.ConvTranspose2d(4, 6, 5, stride=2, padding=1), [torch.randn(2, 4, 7, 7)]))
     for source in (plain, conv):
-        assert int(re.search(r"_mm_plan\(.*, (\d+)\)", source).group(1)) == 2
+        assert int(re.search(r"_mm_plan\(.*, (\d+), (True|False)\)", source).group(1)) == 2
     plan = _load(plain, tmp_path)._mm_plan
     assert plan(1, 4096, 4096, 4096, torch.float32, False, 2)[6] == 3
     assert plan(1, 4096, 4096, 4096, torch.float16, False, 2)[6] == 3  # 128x128x32 16-bit tiles
@@ -386,3 +386,29 @@ def test_what_stays_unsupported(module: nn.Module, inputs: list[torch.Tensor], r
     with pytest.raises(Unsupported, match=reason) as info:
         _mm_source(module, inputs)
     assert "\n" not in str(info.value)
+
+
+def test_a_k_loop_gathering_its_operand_runs_unpipelined_on_the_gpu(tmp_path: Path) -> None:
+    """A convolution's K index gives channel and tap by division and remainder: such K loops computed
+    wrong values on an H200 whenever they were software-pipelined (70-99 % of elements), right with
+    one stage. A plain product keeps its pipeline."""
+    plain = _mm_source(Model(torch.matmul), [torch.randn(40, 72), torch.randn(72, 24)])
+    conv = write_open_source(_auto_spec(nn.Conv2d(4, 6, 3, padding=1), [torch.randn(2, 4, 9, 9)]))
+    assert re.search(r"_mm_plan\(.*, \d+, True\)", plain) and "ka //" not in plain
+    assert re.search(r"_mm_plan\(.*, \d+, False\)", conv) and "ka //" in conv
+    plan = _load(conv, tmp_path)._mm_plan
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 2, True)[6] == 3
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 2, False)[6] == 1
+
+
+def test_float32_products_on_tensor_cores_are_a_knob_of_the_gpu_plan(tmp_path: Path) -> None:
+    """MM_F32_TC=1: float32 operands as three TF32 tensor-core products (DOT 3), on a GPU only (the
+    interpreter has no tensor cores); off by default, IEEE products on the FMA units (DOT 0)."""
+    source = _mm_source(Model(torch.matmul), [torch.randn(40, 72), torch.randn(72, 24)])
+    assert "MM_F32_TC = 0" in source and 'input_precision="tf32x3"' in source
+    candidate = _load(source, tmp_path)
+    assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, False)[1] == 0
+    candidate.MM_F32_TC = 1
+    assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, False)[1] == 3
+    assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, True)[1] == 0  # the interpreter
+    assert candidate._mm_plan(1, 4096, 4096, 4096, torch.bfloat16, False)[1] == 2

@@ -21,6 +21,7 @@ operand a is [BLOCK_M, BLOCK_K] (rm, ka), operand b [BLOCK_K, BLOCK_N] (kb, rn),
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import sympy
@@ -30,6 +31,9 @@ from gpuyantra.authors.opengen.emit import KernelEmitter
 from gpuyantra.authors.opengen.kernel import ZERO, Buffer, Domain, Store, Val
 from gpuyantra.authors.opengen.spec import Unsupported
 from gpuyantra.authors.opengen.symbolic import product, same_shape
+
+# The K index divided or reduced on a line of the K loop: `i10 = ka // 9`, `i11 = kb % 9`.
+_K_GATHER = re.compile(r"\bk[ab]\b\s*(//|%)")
 
 # Per phase: the mask and the tile shape of each index category.
 _MASKS = {
@@ -123,6 +127,12 @@ class MatmulEmitter(KernelEmitter):
         lines = [*self.loop.pre, *self.loop.lines, *self.operands]
         return max(1, sum(line.count("tl.load(") for line in lines))
 
+    def gathers_along_k(self) -> bool:
+        """Whether an operand's addresses divide or reduce the K index (a convolution's window,
+        channel and tap from one K index), rather than step along it. Such K loops computed wrong
+        values on an H200 when software-pipelined (`_mm_plan`'s `pipelined`)."""
+        return any(_K_GATHER.search(line) for line in [*self.loop.pre, *self.loop.lines])
+
     def _live_tile(self, out_idx: tuple[Val, ...]) -> str | None:
         """When every store is where(mask, ..., constant) with a mask the product does not decide
         (triu/tril of a product): code that is 0 for a tile the masks keep entirely constant, so
@@ -205,8 +215,10 @@ class MatmulEmitter(KernelEmitter):
             f"        a_tile = {a_code}",
             f"        b_tile = {b_code}",
             "        if USE_DOT:",
-            "            if DOT == 0:  # float32: IEEE products (TF32 would not be float32 accuracy)",
+            "            if DOT == 0:  # float32: IEEE products on the FMA units (TF32 alone is not float32 accuracy)",
             '                acc = tl.dot(a_tile, b_tile, acc, input_precision="ieee")',
+            "            elif DOT == 3:  # float32 on tensor cores: operands split in two TF32 parts, three products",
+            '                acc = tl.dot(a_tile, b_tile, acc, input_precision="tf32x3")',
             "            elif DOT == 1:",
             "                acc = tl.dot(a_tile.to(tl.float16), b_tile.to(tl.float16), acc)",
             "            else:",

@@ -39,12 +39,14 @@ MM_PLAN = """# Shared memory the K loop's pipeline buffers may take (an H100/H20
 MM_SMEM_BYTES = 180 * 1024
 
 
-def _mm_plan(batch, m, n, k, dtype, interpreted, loads=2):
+def _mm_plan(batch, m, n, k, dtype, interpreted, loads=2, pipelined=True):
     # (gemv, dot kind, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, K slices, K per slice) for a
     # (batch, m, k) x (batch, k, n) product of `dtype` operands, with `loads` global loads per K
     # step. Triton's CPU interpreter (no GPU) pays per program and per op, not per element: there,
     # few large tiles and no auto split.
     dot = 1 if dtype == torch.float16 else 2 if dtype == torch.bfloat16 else 0
+    if dot == 0 and MM_F32_TC and not interpreted:
+        dot = 3  # float32 operands: three TF32 tensor-core products per pair (see MM_F32_TC)
     p2 = triton.next_power_of_2
     if min(m, n) <= GEMV_MAX:
         # a few rows or columns (matrix-vector): bandwidth-bound, broadcast products in registers
@@ -70,6 +72,11 @@ def _mm_plan(batch, m, n, k, dtype, interpreted, loads=2):
     # loads of [64, 32] float32 per step) needed 442 KB at 3 stages, past the GPU's 227 KB.
     tile_bytes = max(bm * bk, bk * bn) * dtype.itemsize
     stages = max(1, min(stages, 1 + MM_SMEM_BYTES // (loads * tile_bytes)))
+    if not pipelined:
+        # An operand gathered along K (a convolution's window: channel and tap from one K index)
+        # came out wrong on 70-99 % of elements on an H200 with a software-pipelined K loop, and
+        # right with one stage at every size tried.
+        stages = 1
     tiles = batch * triton.cdiv(m, bm) * triton.cdiv(n, bn)
     k_blocks = triton.cdiv(k, bk)
     split = MM_SPLIT_K
@@ -274,6 +281,7 @@ class _File:
         em = self._emit(kp, "matmul", kp.name)
         assert isinstance(em, MatmulEmitter)  # a matmul domain's emitter
         loads = em.loop_loads()
+        pipelined = not em.gathers_along_k()
         dims = [self.size(product(mm.shape[:-2])), self.size(mm.shape[-2]), self.size(mm.shape[-1])]
         dims.append(self.size(mm.a.shape[-1]))
         names = _inputs_read(mm)
@@ -291,7 +299,7 @@ class _File:
         self.launches += [
             f"# {kp.name}: matmul of {_shape_text(mm.a.shape)} by {_shape_text(mm.b.shape)} -> {what}",
             f"_bt, _mm_m, _mm_n, _mm_k = {', '.join(dims)}",
-            f"_plan = _mm_plan(_bt, _mm_m, _mm_n, _mm_k, {dtype}, _dev.type != 'cuda', {loads})",
+            f"_plan = _mm_plan(_bt, _mm_m, _mm_n, _mm_k, {dtype}, _dev.type != 'cuda', {loads}, {pipelined})",
             "_gemv, _dot, _bm, _bn, _bk, _mw, _stages, _split, _kps = _plan",
             "_total = _bt * _mm_m * _mm_n",
             "_part = torch.empty((_split * _total if _split > 1 else 1,), dtype=torch.float32, device=_dev)",

@@ -20,6 +20,9 @@ DEFAULT: dict[str, Any] = {
     "MM_GROUP_M": 8,  # row tiles per swizzle group
     "MM_WARPS": 0,  # 0: from the tile (8 for 128x128, 4 for 64x64)
     "MM_STAGES": 3,  # software pipelining depth of the K loop
+    # float32 products as three TF32 tensor-core products (1) or IEEE products on the FMA units (0):
+    # off until measured on a GPU (speed, and accuracy against the verifier's float32 tolerances)
+    "MM_F32_TC": 0,
     "MM_SPLIT_K": 0,  # K slices (0: auto, when the tiles alone leave the GPU idle)
     "MM_PROGRAMS": 264,  # auto split-K: programs to aim for (2 per SM on a 132-SM H100/H200)
     "GEMV_MAX": 4,  # products with at most this many rows or columns take the GEMV path
@@ -43,6 +46,10 @@ COMMENTS = {
     "MM_GROUP_M": "matmul: row tiles per swizzle group (neighbouring programs share operand tiles in L2)",
     "MM_WARPS": "matmul: num_warps (0: from the tile, 8 for 128x128, 4 for 64x64)",
     "MM_STAGES": "matmul: software pipelining depth of the K loop",
+    "MM_F32_TC": (
+        "matmul: float32 operands on tensor cores, each split into a TF32 high and low part and three "
+        "products summed in float32 (the low parts' product dropped); 0: IEEE products on the FMA units"
+    ),
     "MM_SPLIT_K": "matmul: K slices summed by a second launch (0: auto, when the tiles leave the GPU idle)",
     "MM_PROGRAMS": "matmul: programs the auto split-K aims for (2 per SM on a 132-SM H100/H200)",
     "GEMV_MAX": "matmul: at most this many rows or columns take the GEMV path (bandwidth-bound)",
@@ -64,6 +71,7 @@ KNOBS: dict[str, list[int]] = {
     "MM_GROUP_M": [1, 4, 8, 16],
     "MM_WARPS": [0, 2, 4, 8],
     "MM_STAGES": [1, 2, 3, 4, 5],
+    "MM_F32_TC": [0, 1],
     "MM_SPLIT_K": [0, 1, 2, 4, 8, 16, 32],
     "MM_PROGRAMS": [132, 264, 528],
     "GEMV_MAX": [0, 1, 2, 4, 8, 16],
@@ -71,7 +79,7 @@ KNOBS: dict[str, list[int]] = {
     "GEMV_TILE": [2048, 4096, 8192, 16384],
 }
 # Knobs whose value must be one of KNOBS' (counts, not tile sizes); the others are powers of 2.
-_CHOICES = frozenset({"NUM_WARPS", "MM_WARPS", "MM_STAGES", "MM_SPLIT_K", "MM_PROGRAMS", "GEMV_MAX"})
+_CHOICES = frozenset({"NUM_WARPS", "MM_WARPS", "MM_STAGES", "MM_F32_TC", "MM_SPLIT_K", "MM_PROGRAMS", "GEMV_MAX"})
 MAX_POINTS = 8
 
 
