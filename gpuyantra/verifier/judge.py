@@ -460,12 +460,15 @@ class OutputValues:
             # One wait for the device per chunk, not per output: on a GPU shared with the children
             # (contexts taking turns), each wait was a turn of theirs.
             pending: list[tuple[int, PendingCase]] = []
+            held = 0  # bytes of outputs the pending comparisons keep on the device
             for case_id, outs in by_case.items():
                 case = self.cases.get(case_id)
                 if case is not None and case_id not in self.values:
                     pending.append((case_id, prepare_case(case, outs, self.family, self.references)))
-                    if sum(p.nbytes() for _, p in pending) > SETTLE_BYTES:  # outputs held on the device
+                    held += pending[-1][1].nbytes()
+                    if held > SETTLE_BYTES:
                         self._settle(pending)
+                        held = 0
             self._settle(pending)
 
     def _settle(self, pending: list[tuple[int, PendingCase]]) -> None:
@@ -726,6 +729,10 @@ def _violations(
 def violation_counts(got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float]) -> torch.Tensor:
     """The two counts of `_violations` as one device tensor, not read back."""
     bad_nonfinite, wrong, _ = _violations(got, allowance, tol)
+    return _counts(bad_nonfinite, wrong)
+
+
+def _counts(bad_nonfinite: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
     return torch.stack((bad_nonfinite.sum(), wrong.sum()))
 
 
@@ -737,7 +744,7 @@ def compare_judged(
     atol, rtol = tol
     want = allowance.want
     bad_nonfinite, wrong, err = _violations(got, allowance, tol)
-    n_nonfinite, n_wrong = torch.stack((bad_nonfinite.sum(), wrong.sum())).tolist()
+    n_nonfinite, n_wrong = _counts(bad_nonfinite, wrong).tolist()
     if n_nonfinite:
         first = _index(bad_nonfinite)
         return OutputFinding(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -70,3 +72,24 @@ def can_take(path: Path | str, operation: int = fcntl.LOCK_EX) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def module_outputs(
+    family: Any,
+    cases: Sequence[Any],
+    specs: list[dict[str, Any]],
+    spoil: dict[int, Callable[[Any], None]] | None = None,
+) -> dict[str, Any]:
+    """A chunk of outputs ({"case_id:0": tensor}) as the module itself computes them, on the cases'
+    own inputs; `spoil[case_id]` changes that case's output in place (a kernel wrong in one place)."""
+    from gpuyantra.verifier.cases import make_case
+
+    chunk = {}
+    for case in cases:
+        activations, params = make_case(family, case, specs)
+        out = family.reference(*activations, **params)
+        if spoil and case.id in spoil:
+            out = out.clone()
+            spoil[case.id](out)
+        chunk[f"{case.id}:0"] = out
+    return chunk

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpuyantra.verifier.judge as judge_module
 from gpuyantra.ops import get_op
-from gpuyantra.verifier.cases import make_case, plan
+from gpuyantra.verifier.cases import plan
 from gpuyantra.verifier.judge import (
     CONDITIONING_SLACK,
     OutputValues,
@@ -28,6 +28,7 @@ from gpuyantra.verifier.judge import (
     compare_values,
     judging_stream,
 )
+from tests.verifier.conftest import module_outputs
 
 SPECS = [{"name": "weight", "kind": "tensor", "shape": ["H"]}, {"name": "eps", "kind": "float", "value": 1e-6}]
 SPECIALS = [float("nan"), float("inf"), -float("inf"), 1e6, -7e4, 3.5e38]  # past bf16/f16/f32 ranges too
@@ -152,11 +153,7 @@ def test_each_chunk_and_each_missing_call_is_judged_inside_a_judging_stream(monk
 
     monkeypatch.setattr(judge_module, "judging_stream", stream)
     values = OutputValues(family, cases, References(family, SPECS, "cpu"))
-    chunk = {}
-    for case in cases[:-1]:
-        activations, params = make_case(family, case, SPECS)
-        chunk[f"{case.id}:0"] = family.reference(*activations, **params)
-    values.consume(chunk)
+    values.consume(module_outputs(family, cases[:-1], SPECS))
     assert entered == ["cpu"] and all(not values.of(c).findings for c in cases[:-1])
     assert values.of(cases[-1]).findings[0].rule == "output-type"  # never arrived: judged missing
     assert entered == ["cpu", "cpu"]
@@ -205,18 +202,10 @@ def test_a_chunk_is_read_back_from_the_device_once_and_a_failing_output_again_fo
         reads.append(self.numel())
         return tolist(self)
 
-    def chunk(wrong: int | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for case in cases:
-            activations, params = make_case(family, case, SPECS)
-            value = family.reference(*activations, **params)
-            if case.id == wrong:
-                value = value.clone()
-                value.view(-1)[5] = float("nan")
-            out[f"{case.id}:0"] = value
-        return out
+    def poison(out: torch.Tensor) -> None:
+        out.view(-1)[5] = float("nan")
 
-    passing, failing = chunk(None), chunk(cases[2].id)
+    passing, failing = module_outputs(family, cases, SPECS), module_outputs(family, cases, SPECS, {cases[2].id: poison})
     monkeypatch.setattr(torch.Tensor, "tolist", counted)
     values = OutputValues(family, cases, References(family, SPECS, "cpu"))
     values.consume(passing)

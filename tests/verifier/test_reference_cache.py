@@ -12,9 +12,10 @@ import torch
 
 import gpuyantra.verifier.judge as judge_module
 from gpuyantra.ops import get_op
-from gpuyantra.verifier.cases import make_case, plan
+from gpuyantra.verifier.cases import plan
 from gpuyantra.verifier.judge import OutputValues, References
 from gpuyantra.verifier.reference_cache import BUDGET_ENV, ReferenceCache, budget_bytes
+from tests.verifier.conftest import module_outputs
 
 SPECS = [{"name": "weight", "kind": "tensor", "shape": ["H"]}, {"name": "eps", "kind": "float", "value": 1e-6}]
 
@@ -95,16 +96,8 @@ def test_zero_budget_turns_the_cache_off_and_a_malformed_one_is_a_clear_error(mo
         budget_bytes("cpu")
 
 
-def _outputs(family, cases, wrong_case_id: int | None = None) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    chunk = {}
-    for case in cases:
-        activations, params = make_case(family, case, SPECS)
-        out = family.reference(*activations, **params)
-        if case.id == wrong_case_id:
-            out = out.clone()
-            out.view(-1)[3] += 0.5  # one element off: a kernel that is wrong in one place
-        chunk[f"{case.id}:0"] = out
-    return chunk
+def _one_element_off(out: torch.Tensor) -> None:
+    out.view(-1)[3] += 0.5  # a kernel that is wrong in one place
 
 
 def test_a_cached_reference_judges_as_a_fresh_one_and_still_catches_a_wrong_output(monkeypatch):
@@ -115,7 +108,7 @@ def test_a_cached_reference_judges_as_a_fresh_one_and_still_catches_a_wrong_outp
 
     def judged(references: References) -> dict[int, tuple[str, ...]]:
         values = OutputValues(family, cases, references)
-        values.consume(_outputs(family, cases, wrong))
+        values.consume(module_outputs(family, cases, SPECS, {wrong: _one_element_off}))
         return {c.id: tuple(f.message for f in values.of(c).findings) for c in cases}
 
     first = judged(References(family, SPECS, "cpu"))
