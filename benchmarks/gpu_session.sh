@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
-#   on demand: verify-speed kb-conv cand-profile (.kb/cands/PROBLEM.py) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
+#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
@@ -31,6 +31,11 @@ for part in $parts; do
     kb-l2) run kb_l2 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_l2" --only 9,12,14,18,22,28,29,30,33,37,39,40,41,45,51,53,55,56,59,62,63,64,66,68,70,75,76,80,81,84,86,88,94,95,97,98,99 ;;
     kb-conv) run kb_conv_l1 260 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 240 --out "$OUT/kb_conv_l1" --only 54,57,63,67,77,82,87
              run kb_conv_l2 220 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 1 --deadline-s 200 --out "$OUT/kb_conv_l2" --only 10,11,13 ;;
+    kb-f32) # float32 matmuls and convolutions of both levels (the MM_F32_TC knob's problems)
+             run kb_f32_l1 340 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 320 --out /tmp/kb_f32_l1 --only 1-18,54,57,63,67,77,82,87
+             cp /tmp/kb_f32_l1/results.json "$OUT/kb_f32_l1.json"
+             run kb_f32_l2 190 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 1 --deadline-s 170 --out /tmp/kb_f32_l2 --only 10,11,12,13,14,18
+             cp /tmp/kb_f32_l2/results.json "$OUT/kb_f32_l2.json" ;;
     cand-profile) for c in .kb/cands/*.py; do n=$(basename "$c" .py); prob=$(ls .kb/level1/"$n".py .kb/level2/"$n".py 2>/dev/null | head -1)
              run "profile_$n" 120 python3 benchmarks/candidate_profile.py "$c" --problem "$prob" --json "$OUT/profile_$n.json"; done ;;
     kb-l2-all) run kb_l2_all 575 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 4 --max-iterations 1 --deadline-s 545 --order number --out "$OUT/kb_l2_all" ;;

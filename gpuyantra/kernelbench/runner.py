@@ -9,7 +9,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,6 +39,24 @@ from gpuyantra.kernelbench.sizes import (
     plan_reduced_model,
     plan_reduced_sizes,
 )
+
+
+@contextlib.contextmanager
+def on_gpu(device: str, timing: bool) -> Iterator[None]:
+    """This process's GPU work under the verifier's GPU locks, as its sandbox children's: Model
+    against ModelNew timed alone on the GPU (`time_alone`), other GPU work (running the Model,
+    checking ModelNew) shared but never during anyone's timing (`share_gpu`). Without them a run's
+    shards timed Model and ModelNew while other shards ran float64 references: Model's own time
+    moved by 2x between runs. Only on CUDA; never around a verification (its child takes the
+    locks itself)."""
+    if device != "cuda":
+        yield
+        return
+    from gpuyantra.verifier import baselines
+    from gpuyantra.verifier.gpu_locks import share_gpu, time_alone
+
+    with time_alone(baselines.timing_lock()) if timing else share_gpu(baselines.timing_lock()):
+        yield
 
 
 def run_problem(
@@ -116,7 +134,7 @@ def _run_problem(
     result.shapes = [list(t.shape) for t in tensors]
     result.dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else None
     try:
-        with torch.no_grad():
+        with torch.no_grad(), on_gpu(device, timing=False):
             model(*inputs)
     except Exception as exc:  # noqa: BLE001
         if result.reduced:  # a size the meta device let through and the real op refuses
@@ -130,7 +148,7 @@ def _run_problem(
         return
 
     # 2. bind by computation: a registered family first, else an open target (the Model itself)
-    with result.phase("bind"):
+    with result.phase("bind"), on_gpu(device, timing=False):
         probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
         bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
     if bound is None:
@@ -198,7 +216,7 @@ def _run_problem(
     )
     result.model_new = str(model_new_path)
     try:
-        with result.phase("check_model_new"):
+        with result.phase("check_model_new"), on_gpu(device, timing=False):
             correct, why, worst, (model, model_new) = check_model_new(
                 module, model_new_path, family, device, sizes=sizes, init=init
             )
@@ -218,7 +236,7 @@ def _run_problem(
         result.reason += "; speed not measured on CPU"
         return
     try:
-        with result.phase("time_model_new"):
+        with result.phase("time_model_new"), on_gpu(device, timing=True):
             timing_inputs = make_inputs(module, device, SEED)
             result.model_us = time_cuda_us(lambda: model(*timing_inputs))
             result.model_new_us = time_cuda_us(lambda: model_new(*timing_inputs))

@@ -311,12 +311,15 @@ def test_transposed_operands_are_read_through_strides(tmp_path: Path) -> None:
 
 
 def test_launch_plan_follows_the_sizes_and_dtype(tmp_path: Path) -> None:
-    """`_mm_plan` on a GPU: 64x64 float32 IEEE tiles, 128x128 / 8 warps for 16-bit operands, the GEMV
-    path for one column or a few rows, split-K for few tiles over a long K; on the interpreter, no
-    auto split."""
+    """`_mm_plan` on a GPU: 128x128 / 8 warps for 16-bit operands and float32 on tensor cores, 64x64
+    float32 IEEE tiles, the GEMV path for one column or a few rows, split-K for few tiles over a
+    long K; on the interpreter, no auto split."""
     candidate = _load(_mm_source(Model(torch.matmul), [torch.randn(40, 72), torch.randn(72, 24)]), tmp_path)
     plan = candidate._mm_plan
+    assert plan(1, 4096, 4096, 4096, torch.float32, False) == (False, 3, 128, 128, 32, 8, 3, 1, 4096)
+    candidate.MM_F32_TC = 0
     assert plan(1, 4096, 4096, 4096, torch.float32, False) == (False, 0, 64, 64, 32, 4, 3, 1, 4096)
+    candidate.MM_F32_TC = 1
     assert plan(1, 4096, 4096, 4096, torch.float16, False) == (False, 1, 128, 128, 32, 8, 3, 1, 4096)
     assert plan(1, 4096, 4096, 4096, torch.bfloat16, False)[:2] == (False, 2)
     gemv, _, bm, bn, *_, split, _ = plan(1, 2048, 1, 1 << 20, torch.float32, False)
@@ -336,9 +339,12 @@ def test_pipeline_stages_fit_shared_memory(tmp_path: Path) -> None:
     conv = write_open_source(_auto_spec(nn.ConvTranspose2d(4, 6, 5, stride=2, padding=1), [torch.randn(2, 4, 7, 7)]))
     for source in (plain, conv):
         assert int(re.search(r"_mm_plan\(.*, (\d+), (True|False)\)", source).group(1)) == 2
-    plan = _load(plain, tmp_path)._mm_plan
-    assert plan(1, 4096, 4096, 4096, torch.float32, False, 2)[6] == 3
+    candidate = _load(plain, tmp_path)
+    plan = candidate._mm_plan
     assert plan(1, 4096, 4096, 4096, torch.float16, False, 2)[6] == 3  # 128x128x32 16-bit tiles
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 2)[6] == 3  # float32 on tensor cores: 16 KB tiles
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 6)[6] == 2  # 6 x 16 KB per extra stage
+    candidate.MM_F32_TC = 0  # IEEE products: half-size tiles, 8 KB
     assert plan(1, 4096, 4096, 4096, torch.float32, False, 12)[6] == 2  # 12 x 8 KB per extra stage
     assert plan(1, 4096, 4096, 4096, torch.float32, False, 27)[6] == 1
 
@@ -403,12 +409,13 @@ def test_a_k_loop_gathering_its_operand_runs_unpipelined_on_the_gpu(tmp_path: Pa
 
 def test_float32_products_on_tensor_cores_are_a_knob_of_the_gpu_plan(tmp_path: Path) -> None:
     """MM_F32_TC=1: float32 operands as three TF32 tensor-core products (DOT 3), on a GPU only (the
-    interpreter has no tensor cores); off by default, IEEE products on the FMA units (DOT 0)."""
+    interpreter has no tensor cores), on by default; 0: IEEE products on the FMA units (DOT 0)."""
     source = _mm_source(Model(torch.matmul), [torch.randn(40, 72), torch.randn(72, 24)])
-    assert "MM_F32_TC = 0" in source and 'input_precision="tf32x3"' in source
+    assert "MM_F32_TC = 1" in source and 'input_precision="tf32x3"' in source
     candidate = _load(source, tmp_path)
+    assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, False)[1] == 3
+    candidate.MM_F32_TC = 0
     assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, False)[1] == 0
     candidate.MM_F32_TC = 1
-    assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, False)[1] == 3
     assert candidate._mm_plan(1, 4096, 4096, 4096, torch.float32, True)[1] == 0  # the interpreter
     assert candidate._mm_plan(1, 4096, 4096, 4096, torch.bfloat16, False)[1] == 2

@@ -301,3 +301,29 @@ def test_a_cpu_child_takes_no_gpu_lock(locks, monkeypatch):
     assert [phase for phase, *_ in seen] == ["main"]  # no timing, no recheck on CPU
     assert opened == []
     assert not any(key.endswith("lock_wait") for key in timings)
+
+
+def test_kernelbench_times_model_against_model_new_alone_and_checks_it_sharing(locks, monkeypatch, holders):
+    """`gpuyantra kernelbench` on CUDA: Model against ModelNew is timed under the same locks as a
+    verdict (other shards' float64 checks had doubled Model's own time), its GPU checks share."""
+    from gpuyantra.kernelbench import runner
+    from gpuyantra.verifier import baselines
+
+    monkeypatch.setattr(baselines, "timing_lock", lambda: locks.timing)
+    order: list[str] = []
+    checking = Holder("check ModelNew", lambda: runner.on_gpu("cuda", timing=False), order)
+    start(holders, checking)
+    until(checking.inside.is_set, "one shard checks its ModelNew")
+    with runner.on_gpu("cuda", timing=False):  # another shard's check shares the GPU with it
+        assert not can_take(locks.quiet, fcntl.LOCK_EX)
+    timer = Holder("time Model, ModelNew", lambda: runner.on_gpu("cuda", timing=True), order)
+    start(holders, timer)
+    until(lambda: not can_take(locks.timing, fcntl.LOCK_SH), "the timer holds T and waits for Q")
+    assert order == ["check ModelNew"]
+    checking.release.set()
+    until(timer.inside.is_set, "the timer has the GPU alone")
+    assert not can_take(locks.quiet, fcntl.LOCK_SH)
+    timer.release.set()
+    timer.join(LIMIT_S)
+    with runner.on_gpu("cpu", timing=True):  # no GPU: no lock at all
+        assert can_take(locks.timing, fcntl.LOCK_EX) and can_take(locks.quiet, fcntl.LOCK_EX)
