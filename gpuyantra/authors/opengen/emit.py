@@ -114,7 +114,7 @@ class KernelEmitter(ValueEmitter, FoldEmitter):
 
 
 KernelEmitter._HANDLERS = {
-    ir.Input: KernelEmitter._load_input,
+    ir.Input: lambda em, node, idx, lin: em._load_input(node, idx, lin),  # subclasses note their inputs
     ir.Scalar: KernelEmitter._scalar,
     ir.FloatParam: KernelEmitter._float_param,
     ir.SizeValue: KernelEmitter._size_value,

@@ -74,6 +74,8 @@ class MatmulEmitter(KernelEmitter):
         self.operands: tuple[str, str] = ("", "")
         self.offset: Val = ZERO
         self.live: str | None = None  # tiles the output masks keep constant skip their K loop
+        # Inputs operand b reads directly along K: {input name: its dim indexed by kb}
+        self.b_k_dims: dict[str, int] = {}
 
     def _mask(self, cat: str) -> str | None:
         return None if cat == "s" else _MASKS[self.phase][cat]
@@ -119,6 +121,13 @@ class MatmulEmitter(KernelEmitter):
             v = self.value(node, idx)
             self.post.lines.append(self._store(store.buffer, self.offset, v, "f"))
         return self._render()
+
+    def _load_input(self, node: ir.Input, idx: tuple[Val, ...], lin: Val | None) -> Val:
+        if self.phase == "b":
+            k_dims = [d for d, i in enumerate(idx) if i.code == "kb" and node.shape[d] != 1]
+            if len(k_dims) == 1:
+                self.b_k_dims.setdefault(node.name, k_dims[0])
+        return super()._load_input(node, idx, lin)
 
     def loop_loads(self) -> int:
         """Global loads per step of the K loop. The software pipeline keeps each one's tile in
