@@ -27,7 +27,8 @@ for part in $parts; do
     # KernelBench parts need the problems carried too: carry [".whl", ".kb"] (.kb/level1, .kb/level2).
     kb-matmul) run kb_matmul 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_matmul" --only 1-18,93,96,98,100 ;;
     kb-pool) run kb_pool 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 2 --max-iterations 2 --deadline-s 280 --out "$OUT/kb_pool" --only 41-46 ;;
-    kb-l1) run kb_l1 570 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 540 --out "$OUT/kb_l1" ;;
+    kb-l1) run kb_l1 570 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 540 --out /tmp/kb_l1
+             cp /tmp/kb_l1/results.json "$OUT/kb_l1.json" ;;
     kb-l2) run kb_l2 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_l2" --only 9,12,14,18,22,28,29,30,33,37,39,40,41,45,51,53,55,56,59,62,63,64,66,68,70,75,76,80,81,84,86,88,94,95,97,98,99 ;;
     kb-conv) run kb_conv_l1 260 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 240 --out "$OUT/kb_conv_l1" --only 54,57,63,67,77,82,87
              run kb_conv_l2 220 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 1 --deadline-s 200 --out "$OUT/kb_conv_l2" --only 10,11,13 ;;
