@@ -148,7 +148,7 @@ def _run_problem(
         return
 
     # 2. bind by computation: a registered family first, else an open target (the Model itself)
-    with result.phase("bind"), on_gpu(device, timing=False):
+    with result.phase("bind"):  # small probe inputs; tracing is host work: no GPU lock held through it
         probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
         bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
     if bound is None:

@@ -344,9 +344,11 @@ def test_pipeline_stages_fit_shared_memory(tmp_path: Path) -> None:
     plan = candidate._mm_plan
     assert plan(1, 4096, 4096, 4096, torch.float16, False, 2)[6] == 3  # 128x128x32 16-bit tiles
     assert plan(1, 4096, 4096, 4096, torch.float32, False, 2)[6] == 3  # float32 on tensor cores: 16 KB tiles
-    assert plan(1, 4096, 4096, 4096, torch.float32, False, 6)[6] == 2  # 6 x 16 KB per extra stage
-    candidate.MM_F32_TC = 0  # IEEE products: half-size tiles, 8 KB
-    assert plan(1, 4096, 4096, 4096, torch.float32, False, 12)[6] == 2  # 12 x 8 KB per extra stage
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 4)[6] == 2  # 4 x 16 KB per stage, 180 KB in all
+    candidate.MM_BLOCK_K = 64  # 128x64 float32 tiles: 256 KB at 3 stages did not fit an H200 block
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 2)[6] == 2
+    candidate.MM_BLOCK_K, candidate.MM_F32_TC = 32, 0  # IEEE products: half-size tiles, 8 KB
+    assert plan(1, 4096, 4096, 4096, torch.float32, False, 8)[6] == 2  # 8 x 8 KB per stage
     assert plan(1, 4096, 4096, 4096, torch.float32, False, 27)[6] == 1
 
 
@@ -425,9 +427,9 @@ def test_float32_products_on_tensor_cores_are_a_knob_of_the_gpu_plan(tmp_path: P
 @pytest.mark.parametrize(
     ("fn", "shapes", "copied"),
     [
-        (torch.matmul, [(300, 72), (72, 24)], True),  # row-major B: N-major, copied K-major
-        (torch.bmm, [(2, 260, 40), (2, 40, 24)], True),
-        (lambda a, w: a @ w.t(), [(300, 72), (24, 72)], False),  # a Linear's weight is K-major already
+        (torch.matmul, [(600, 72), (72, 24)], True),  # row-major B: N-major, copied K-major
+        (torch.bmm, [(2, 520, 40), (2, 40, 24)], True),
+        (lambda a, w: a @ w.t(), [(600, 72), (24, 72)], False),  # a Linear's weight is K-major already
     ],
 )
 def test_float32_tensor_core_products_read_operand_b_k_major(tmp_path: Path, fn, shapes, copied) -> None:

@@ -69,10 +69,12 @@ def _mm_plan(batch, m, n, k, dtype, interpreted, loads=2, pipelined=True):
         bn = min(bn, max(16, p2(n)))
         bk = min(bk, max(16, p2(k)))
         gemv, warps, stages = False, MM_WARPS or max(1, min(8, bm * bn // 1024)), MM_STAGES
-    # Each extra pipeline stage keeps every load's tile in shared memory: a gathered operand (27
-    # loads of [64, 32] float32 per step) needed 442 KB at 3 stages, past the GPU's 227 KB.
+    # Each pipeline stage keeps every load's tile in shared memory: a gathered operand (27 loads of
+    # [64, 32] float32 per step) needed 442 KB at 3 stages, past the GPU's 227 KB, and float32
+    # 128x64 tiles on tensor cores 256 KB at 3 stages (two loads of 32 KB per stage, and tf32x3's
+    # split operands).
     tile_bytes = max(bm * bk, bk * bn) * dtype.itemsize
-    stages = max(1, min(stages, 1 + MM_SMEM_BYTES // (loads * tile_bytes)))
+    stages = max(1, min(stages, MM_SMEM_BYTES // (loads * tile_bytes)))
     if not pipelined:
         # An operand gathered along K (a convolution's window: channel and tap from one K index)
         # came out wrong on 70-99 % of elements on an H200 with a software-pipelined K loop, and
@@ -95,8 +97,9 @@ def _mm_plan(batch, m, n, k, dtype, interpreted, loads=2, pipelined=True):
 def _k_major(t, d):
     # Operand b K-major (dim d of t contiguous) for float32 products on tensor cores (DOT 3): on an
     # H200 a 4096^3 float32 product took 2.1 ms with b K-major and 4.3 ms with b N-major (the
-    # row-major B of A @ B). The copy moves K x N elements once: about 2 % of the product's time at
-    # 4096 rows, hence only from 256 rows up.
+    # row-major B of A @ B). The copy reads and writes K x N elements once, a transpose at 0.5-1
+    # TB/s: it paid at 512 rows (batched 512x1024x2048: 8.7 -> 6.7 ms) and not at 256 (256 x 2^19
+    # x 256: 2.3 -> 4.6 ms), hence only from 512 rows up.
     if t.dim() < 2 or t.stride(d) == 1 or 0 in t.stride():  # a broadcast view would grow
         return t
     return t.movedim(d, -1).contiguous().movedim(-1, d)
@@ -309,7 +312,7 @@ class _File:
         ]  # fmt: skip
         # Operand b's inputs K-major for float32 tensor-core products (see K_MAJOR): the launch reads
         # a copy where the input is not, same values, its own strides.
-        k_major = [f"_km_{name} = _k_major({name}, {d}) if _dot == 3 and _mm_m >= 256 else {name}"
+        k_major = [f"_km_{name} = _k_major({name}, {d}) if _dot == 3 and _mm_m >= 512 else {name}"
                    for name, d in sorted(em.b_k_dims.items())]  # fmt: skip
         for name in sorted(em.b_k_dims):
             args = [re.sub(rf"\b{name}\b", f"_km_{name}", a) for a in args]
