@@ -312,7 +312,7 @@ class _File:
         ]  # fmt: skip
         # Operand b's inputs K-major for float32 tensor-core products (see K_MAJOR): the launch reads
         # a copy where the input is not, same values, its own strides.
-        k_major = [f"_km_{name} = _k_major({name}, {d}) if _dot == 3 and _mm_m >= 512 else {name}"
+        k_major = [f"_km_{name} = _k_major({name}, {d}) if _dot == 3 and not _gemv and _mm_m >= 512 else {name}"
                    for name, d in sorted(em.b_k_dims.items())]  # fmt: skip
         for name in sorted(em.b_k_dims):
             args = [re.sub(rf"\b{name}\b", f"_km_{name}", a) for a in args]
