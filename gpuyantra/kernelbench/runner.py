@@ -342,13 +342,24 @@ def run(
     out = Path(out).resolve() if out is not None else default_out()
     out.mkdir(parents=True, exist_ok=True)
     results: list[ProblemResult] = []
-    for name, file in problems:
-        log(f"[{len(results) + 1}/{len(problems)}] {name}")
-        result = run_problem(name, file, device, out, max_iterations, max_elements, log)
-        results.append(result)
-        on_result(result)
-        _summary(results, device, out)  # after every problem: an interrupted run keeps what it did
+    try:
+        for name, file in problems:
+            log(f"[{len(results) + 1}/{len(problems)}] {name}")
+            result = run_problem(name, file, device, out, max_iterations, max_elements, log)
+            results.append(result)
+            on_result(result)
+            _summary(results, device, out)  # after every problem: an interrupted run keeps what it did
+    finally:
+        _close_spares()  # the warm child kept for a next verification (CUDA) has none
     return _summary(results, device, out)
+
+
+def _close_spares() -> None:
+    try:
+        from gpuyantra.verifier.sandbox import close_spares
+    except ImportError:  # no verifier, no spares
+        return
+    close_spares()
 
 
 def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:

@@ -594,3 +594,27 @@ def test_default_out_is_the_state_folder_not_the_working_directory(tmp_path):
     assert report["out"] == str((state / "kernelbench").resolve())
     assert (state / "kernelbench" / "kernelbench.json").is_file()
     assert list(work.iterdir()) == []  # nothing written into the working directory
+
+
+def test_a_gpu_run_keeps_a_warm_verifier_child_and_closes_it_at_the_end(monkeypatch, tmp_path):
+    """On CUDA each verification starts the next one's sandbox child while it runs (10-12 s of
+    imports and CUDA context per problem otherwise); on CPU it does not take a core for that. The
+    run stops the spare it kept when it ends."""
+    import importlib
+
+    from gpuyantra.verifier import core, sandbox
+
+    optimize = importlib.import_module("gpuyantra.kernelbench.optimize")  # the module, not its function
+    runner = importlib.import_module("gpuyantra.kernelbench.runner")
+
+    warm: list[bool] = []
+    monkeypatch.setattr(core, "run_verification", lambda path, **kw: warm.append(kw["keep_warm"]))
+    optimize._verifier("cuda")("candidate.py", device="cuda")
+    optimize._verifier("cpu")("candidate.py", device="cpu")
+    assert warm == [True, False]
+
+    closed: list[bool] = []
+    monkeypatch.setattr(sandbox, "close_spares", lambda: closed.append(True))
+    (tmp_path / "broken.py").write_text("class Model(:\n")
+    result = runner.run(tmp_path / "broken.py", device="cpu", out=tmp_path / "out")
+    assert result.problems[0].status != "optimized" and closed == [True]
