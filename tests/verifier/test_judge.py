@@ -199,3 +199,15 @@ def test_verdict_json_shape_is_stable():
     assert data["failures"] == [{"layer": "static", "rule": "torch-compute", "message": "line 3: torch.rsqrt"}]
     assert data["kernel_us"] is None  # NaN is not JSON
     json.loads(json.dumps(data, allow_nan=False))
+
+
+def test_a_baseline_timed_below_the_physical_floor_leaves_the_speedups():
+    """torch.compile (or eager) faster than the bytes over copy bandwidth did not do the work: it is
+    kept in the row as implausible and compared against by no speedup; the candidate is not at fault."""
+    j = Judgement()
+    results = bench_results(kernel_us=5.0)  # 8 MiB at 4 TB/s: the floor is ~2.1 us
+    row = results["bench"][0]
+    row["compile_us"], row["compile_ro_us"] = 0.5, None
+    _judge_bench(results, j)
+    assert j.failures == [] and j.speedup_vs_eager == pytest.approx(2.0)
+    assert j.speedup_vs_compile is None and row["implausible_baselines"] == {"compile_us": 0.5}
