@@ -425,6 +425,42 @@ def test_candidate_computes_the_module(case: Case, tmp_path: Path) -> None:
             _assert_close(case, got, cast, inputs, dtype)
 
 
+class _LongRowStats(nn.Module):
+    """Reductions over dims a parameter fixes (known row lengths): sum, max and a LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(8, 32, 16) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * self.w
+        return y.sum(dim=(1, 2, 3)), y.amax(dim=(1, 2, 3)), F.layer_norm(x, (8, 32, 16))
+
+
+def test_few_long_rows_are_split_over_programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reductions of rows known to be long (ROW_SPLIT_MIN; lowered here to test at small sizes):
+    partials over `_parts` programs per row, then a fold per row, right at any batch size and on
+    rows far from zero; rows of a served model's width stay one program each."""
+    from gpuyantra.authors.opengen import construct
+
+    monkeypatch.setattr(construct, "ROW_SPLIT_MIN", 1 << 12)
+    module = _LongRowStats().eval()
+    spec = _auto_spec(module, [torch.randn(3, 8, 32, 16)])
+    source = write_open_source(spec, {"SPLIT_CHUNK": 256, "SPLIT_PARTS": 32})
+    assert "_parts" in source and "over [s" in source
+    candidate = _load(source, tmp_path)
+    for batch in (3, 1, 5):
+        x = torch.randn(batch, 8, 32, 16) + 2000.0 * (batch == 5)
+        got = candidate.entry(x, **_kwargs(spec, module))
+        want = copy.deepcopy(module).double()(x.double())
+        for g, w, w32 in zip(got, want, module(x)):
+            # float32 itself errs on rows at 2000: the verifier's allowance, 16x eager's own error
+            allowed = 1e-4 + 1e-4 * w.abs() + 16 * (w32.double() - w).abs().max()
+            assert ((g.double() - w).abs() <= allowed).all()
+    served = _auto_spec(nn.LayerNorm(1536), [torch.randn(4, 1536)])
+    assert "_parts" not in write_open_source(served)
+
+
 def test_non_contiguous_inputs_are_read_through_strides(tmp_path: Path) -> None:
     module = Model(lambda x, y: torch.softmax(x, 0) + y.sum(1, keepdim=True))
     spec = _auto_spec(module, [torch.randn(6, 5), torch.randn(6, 4)])

@@ -26,6 +26,11 @@ from gpuyantra.authors.opengen.symbolic import contiguous_strides, literal, prod
 
 # Full reductions over more than this many elements (when known) are split across programs.
 SPLIT_LITERAL_MIN = 1 << 16
+# Partial reductions whose rows hold at least this many elements (known when written) are split per
+# row: an H200 ran a LayerNorm over 16 rows of 4 M elements 17x slower than torch.compile with one
+# program per row (or two). Never rows of a served model's norms (hidden sizes, vocabularies):
+# there the split's extra launch would cost decode steps more than it gives.
+ROW_SPLIT_MIN = 1 << 20
 SPLIT_PARTS = sympy.Symbol("SPLIT_PARTS", integer=True, positive=True)  # strategy constants of the file
 SPLIT_CHUNK = sympy.Symbol("SPLIT_CHUNK", integer=True, positive=True)
 SPLITS: ContextVar[list[tuple[sympy.Symbol, sympy.Expr]] | None] = ContextVar("SPLITS", default=None)
@@ -113,11 +118,39 @@ def make_reduce(op: str, src: ir.Node, dims: tuple[int, ...], dtype: torch.dtype
     if op == "sum" and src.kind == "b":
         src = cast_to(src, "i", torch.int64)
         kind = "i"
-    if len(dims) == src.rank and op in ("sum", "prod", "max", "min") and src.kind != "b":
-        split = _split_reduce(op, src, kind, dtype)
+    if op in ("sum", "prod", "max", "min") and src.kind != "b":
+        full = len(dims) == src.rank
+        split = _split_reduce(op, src, kind, dtype) if full else _split_rows(op, src, dims, kind, dtype)
         if split is not None:
             return split
     return ir.Reduce(shape, kind, dtype, op, src, dims)
+
+
+def _pad(op: str, kind: str) -> float | int:
+    """The fold's identity: what positions past a split's end hold."""
+    if kind != "f" and op in ("max", "min"):
+        return -(2**63) if op == "max" else 2**63 - 1
+    return {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}[op]
+
+
+def _split_rows(op: str, src: ir.Node, dims: tuple[int, ...], kind: str, dtype: torch.dtype) -> ir.Node | None:
+    """A reduction over `dims` whose rows are known to be long (ROW_SPLIT_MIN): each row as partials
+    over `parts` programs, then a fold per row. `parts` is a run-time size entry computes: about
+    SPLIT_PARTS programs in all, at least SPLIT_CHUNK elements each (1 part when rows are many)."""
+    registry = SPLITS.get()
+    n = product([src.shape[d] for d in dims])
+    known = literal(n)
+    if registry is None or known is None or known < ROW_SPLIT_MIN:
+        return None
+    kept_shape = tuple(s for d, s in enumerate(src.shape) if d not in dims)
+    rows = sympy.Max(1, product(kept_shape))
+    parts = sympy.Symbol(f"_parts{len(registry)}", integer=True, positive=True)
+    registry.append((parts, sympy.Max(1, sympy.Min(sf_ceildiv(SPLIT_PARTS, rows), sf_ceildiv(n, SPLIT_CHUNK)))))
+    k = len(kept_shape)
+    chunk = sf_ceildiv(n, parts)
+    view = ir.Split((*kept_shape, parts, chunk), src.kind, src.dtype, src, _pad(op, kind), tuple(sorted(dims)))
+    partial = ir.Reduce((*kept_shape, parts), kind, dtype, op, view, (k + 1,))
+    return ir.Reduce(kept_shape, kind, dtype, op, partial, (k,))
 
 
 def _split_reduce(op: str, src: ir.Node, kind: str, dtype: torch.dtype) -> ir.Node | None:
@@ -131,11 +164,7 @@ def _split_reduce(op: str, src: ir.Node, kind: str, dtype: torch.dtype) -> ir.No
         return None
     parts = sympy.Symbol(f"_parts{len(registry)}", integer=True, positive=True)
     registry.append((parts, sympy.Max(1, sympy.Min(SPLIT_PARTS, sf_ceildiv(n, SPLIT_CHUNK)))))
-    chunk = sf_ceildiv(n, parts)
-    pad: float | int = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}[op]
-    if kind != "f" and op in ("max", "min"):
-        pad = -(2**63) if op == "max" else 2**63 - 1
-    view = ir.Split((parts, chunk), src.kind, src.dtype, src, pad)
+    view = ir.Split((parts, sf_ceildiv(n, parts)), src.kind, src.dtype, src, _pad(op, kind))
     partial = ir.Reduce((parts,), kind, dtype, op, view, (1,))
     return ir.Reduce((), kind, dtype, op, partial, (0,))
 

@@ -81,13 +81,21 @@ class ValueEmitter(TileEmitter):
         return self.value(node.src, self.unravel(flat, node.src.shape, bounded=False), flat)
 
     def _split(self, node: ir.Split, idx: tuple[Val, ...], lin: Val | None) -> Val:
-        """Element p * chunk + c of src's row-major order, or the pad past its end."""
-        part, col = idx
-        flat = self.ix_add(self.ix_mul(part, self.size(node.shape[1])), col)
-        inside = self.emit(f"({flat.code} < {self.size(product(node.src.shape)).code})", flat.cat, "b", [flat])
+        """Element p * chunk + c of src's row-major order (with `dims`: of the split dims' order, at
+        the kept dims' index), or the pad past its end."""
+        *kept, part, col = idx
+        split_dims = node.dims or tuple(range(node.src.rank))
+        split_shape = [node.src.shape[d] for d in split_dims]
+        flat = self.ix_add(self.ix_mul(part, self.size(node.shape[-1])), col)
+        inside = self.emit(f"({flat.code} < {self.size(product(split_shape)).code})", flat.cat, "b", [flat])
         self.guards.append(inside)
         try:
-            v = self.value(node.src, self.unravel(flat, node.src.shape), flat)
+            if node.dims:
+                inner, outer = iter(self.unravel(flat, split_shape)), iter(kept)
+                full = [next(inner) if d in node.dims else next(outer) for d in range(node.src.rank)]
+                v = self.value(node.src, full)
+            else:
+                v = self.value(node.src, self.unravel(flat, node.src.shape), flat)
         finally:
             self.guards.pop()
         code, _ = pointwise(

@@ -134,10 +134,13 @@ class AsStrided(Node):
 @dataclass(eq=False)
 class Split(Node):
     """src's elements in row-major order as `parts` rows of `chunk` (shape (parts, chunk)): a
-    full reduction spread over many programs. Positions past src's end hold `pad`."""
+    full reduction spread over many programs. Positions past src's end hold `pad`. With `dims`,
+    only those dims of src are split, per index of the others (shape (*kept, parts, chunk)): a
+    reduction of a few very long rows spread over many programs."""
 
     src: Node
     pad: float | int
+    dims: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)
