@@ -310,7 +310,7 @@ class _File:
             "MODE=_mode", "USE_DOT=not _gemv", "DOT=_dot", "BLOCK_M=_bm", "BLOCK_N=_bn", "BLOCK_K=_bk",
             "GROUP_M=MM_GROUP_M", "I64=_wide", "num_warps=_mw", "num_stages=_stages", "**_exact_mm",
         ]  # fmt: skip
-        # Operand b's inputs K-major for float32 tensor-core products (see K_MAJOR): the launch reads
+        # Operand b's inputs K-major for float32 tensor-core products (`_k_major`): the launch reads
         # a copy where the input is not, same values, its own strides.
         k_major = [f"_km_{name} = _k_major({name}, {d}) if _dot == 3 and not _gemv and _mm_m >= 512 else {name}"
                    for name, d in sorted(em.b_k_dims.items())]  # fmt: skip
