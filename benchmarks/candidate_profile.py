@@ -41,6 +41,23 @@ def kernel_table(run: Any) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: -r["device_us"])
 
 
+def problem_on_cuda(problem: Path) -> tuple[Any, list[Any]]:
+    """The problem's Model (seed 0, eval) and its inputs at their own sizes, on CUDA."""
+    import torch
+
+    from gpuyantra.kernelbench.problems import load_module
+
+    module = load_module(problem)
+    torch.manual_seed(0)
+    model = module.Model(*module.get_init_inputs()).cuda().eval()
+    return model, [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+
+
+def bound_params(cand: Any, model: Any) -> dict[str, Any]:
+    """The candidate's kernel parameters: the Model's attributes its ADAPTER names."""
+    return {b["kernel_param"]: operator.attrgetter(b["module_attr"])(model) for b in cand.adapter}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("candidate")
@@ -50,16 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpuyantra.candidate import load_candidate
-    from gpuyantra.kernelbench.problems import load_module
     from gpuyantra.verifier.bench import float32_as_float32
 
     float32_as_float32()
-    module = load_module(Path(args.problem))
-    torch.manual_seed(0)
-    model = module.Model(*module.get_init_inputs()).cuda().eval()
-    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+    model, inputs = problem_on_cuda(Path(args.problem))
     cand = load_candidate(args.candidate)
-    bound = {b["kernel_param"]: operator.attrgetter(b["module_attr"])(model) for b in cand.adapter}
+    bound = bound_params(cand, model)
     report: dict[str, Any] = {"candidate": args.candidate, "problem": args.problem}
     with torch.no_grad():
         for side, run in (("model", lambda: model(*inputs)), ("candidate", lambda: cand.entry(*inputs, **bound))):

@@ -16,7 +16,6 @@ import argparse
 import copy
 import functools
 import json
-import operator
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.candidate_profile import bound_params, problem_on_cuda  # noqa: E402
 from gpuyantra.candidate import load_candidate  # noqa: E402
-from gpuyantra.kernelbench.problems import load_module  # noqa: E402
+from gpuyantra.kernelbench.model_new import time_cuda_us  # noqa: E402
 from gpuyantra.verifier.bench import float32_as_float32  # noqa: E402
 
 ATOL = RTOL = 1e-4  # the verifier's float32 tolerance against float64
@@ -47,13 +47,6 @@ def problem_file(name: str, roots: list[Path]) -> Path | None:
     return None
 
 
-def device_us(fn: Any) -> float:
-    import triton.testing
-
-    with torch.no_grad():
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1000.0
-
-
 def accuracy(out: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
     err = (out.double() - want).abs()
     outside = (err > ATOL + RTOL * want.abs()).double().mean().item()
@@ -61,16 +54,13 @@ def accuracy(out: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
 
 
 def one_problem(candidate: Path, problem: Path, settings: list[str]) -> list[dict[str, Any]]:
-    module = load_module(problem)
-    torch.manual_seed(0)
-    model = module.Model(*module.get_init_inputs()).cuda().eval()
-    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+    model, inputs = problem_on_cuda(problem)
     as64 = [x.double() if isinstance(x, torch.Tensor) else x for x in inputs]
     rows: list[dict[str, Any]] = []
     with torch.no_grad():
         want = copy.deepcopy(model).double()(*as64)
         eager_err, eager_outside = accuracy(model(*inputs), want)
-        eager_us = device_us(lambda: model(*inputs))
+        eager_us = time_cuda_us(lambda: model(*inputs))
         for text in settings:
             row: dict[str, Any] = {"problem": problem.stem, "setting": text, "eager_us": round(eager_us, 1)}
             row.update(eager_max_err=eager_err, eager_outside=eager_outside)
@@ -78,9 +68,9 @@ def one_problem(candidate: Path, problem: Path, settings: list[str]) -> list[dic
                 cand = load_candidate(str(candidate))
                 for key, value in parse_setting(text).items():
                     setattr(cand.module, key, value)
-                bound = {b["kernel_param"]: operator.attrgetter(b["module_attr"])(model) for b in cand.adapter}
+                bound = bound_params(cand, model)
                 row["max_err"], row["outside"] = accuracy(cand.entry(*inputs, **bound), want)
-                row["us"] = round(device_us(functools.partial(cand.entry, *inputs, **bound)), 1)
+                row["us"] = round(time_cuda_us(functools.partial(cand.entry, *inputs, **bound)), 1)
                 row["speedup"] = round(eager_us / row["us"], 3)
             except Exception as exc:  # noqa: BLE001 - a setting that fails is a row, not the end of the run
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -350,16 +350,10 @@ def run(
             on_result(result)
             _summary(results, device, out)  # after every problem: an interrupted run keeps what it did
     finally:
-        _close_spares()  # the warm child kept for a next verification (CUDA) has none
-    return _summary(results, device, out)
-
-
-def _close_spares() -> None:
-    try:
         from gpuyantra.verifier.sandbox import close_spares
-    except ImportError:  # no verifier, no spares
-        return
-    close_spares()
+
+        close_spares()  # the warm child kept for a next verification (CUDA) has none
+    return _summary(results, device, out)
 
 
 def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:

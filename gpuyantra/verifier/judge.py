@@ -788,12 +788,11 @@ def _index(mask: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape)) if mask.dim() else ()
 
 
-def _drop_implausible_baselines(row: dict[str, Any]) -> None:
+def _drop_implausible_baselines(row: dict[str, Any], floor: float) -> None:
     """A baseline timed below the physical floor did not do the work either (a timing glitch, a
     cached result): it leaves the speedups and stays in the row under `implausible_baselines`. On an
     H200 torch.compile of an elementwise op once timed at 1.8x copy bandwidth, and the candidate
     at copy bandwidth was judged 0.55x of it."""
-    floor = FLOOR_SLACK * row["floor_us"]
     for key in ("eager_us", "compile_us", "compile_ro_us"):
         value = row.get(key)
         if value is not None and value < floor:
@@ -820,8 +819,9 @@ def _judge_bench(results: dict[str, Any], j: Judgement) -> None:
             return
         if bandwidth:
             row["floor_us"] = row.get("bytes", 0) / (bandwidth * 1e9) * 1e6
-            _drop_implausible_baselines(row)
-            if kernel < FLOOR_SLACK * row["floor_us"]:
+            plausible = FLOOR_SLACK * row["floor_us"]
+            _drop_implausible_baselines(row, plausible)
+            if kernel < plausible:
                 j.failures.append(
                     Failure(
                         "benchmark",
