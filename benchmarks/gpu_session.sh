@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
-#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
+#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
@@ -27,8 +27,8 @@ for part in $parts; do
     # KernelBench parts need the problems carried too: carry [".whl", ".kb"] (.kb/level1, .kb/level2).
     kb-matmul) run kb_matmul 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_matmul" --only 1-18,93,96,98,100 ;;
     kb-pool) run kb_pool 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 2 --max-iterations 2 --deadline-s 280 --out "$OUT/kb_pool" --only 41-46 ;;
-    kb-l1) run kb_l1 570 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 540 --out /tmp/kb_l1
-             cp /tmp/kb_l1/results.json "$OUT/kb_l1.json" ;;
+    kb-l1) run kb_l1 570 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards ${KB_SHARDS:-3} --max-iterations 1 --deadline-s ${KB_DEADLINE_S:-540} --out /tmp/kb_l1 ${KB_L1_ONLY:+--only $KB_L1_ONLY}
+             cp /tmp/kb_l1/results.json "$OUT/kb_l1.json"; tar czf "$OUT/kb_l1_cands.tgz" --exclude='*.pt' --exclude='state-gpu*' -C /tmp kb_l1 2>/dev/null ;;
     kb-l2) run kb_l2 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_l2" --only 9,12,14,18,22,28,29,30,33,37,39,40,41,45,51,53,55,56,59,62,63,64,66,68,70,75,76,80,81,84,86,88,94,95,97,98,99 ;;
     kb-conv) run kb_conv_l1 260 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 1 --deadline-s 240 --out "$OUT/kb_conv_l1" --only 54,57,63,67,77,82,87
              run kb_conv_l2 220 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 3 --max-iterations 1 --deadline-s 200 --out "$OUT/kb_conv_l2" --only 10,11,13 ;;
@@ -40,6 +40,13 @@ for part in $parts; do
     cand-profile) for c in .kb/cands/*.py; do n=$(basename "$c" .py); prob=$(ls .kb/level1/"$n".py .kb/level2/"$n".py 2>/dev/null | head -1)
              run "profile_$n" 120 python3 benchmarks/candidate_profile.py "$c" --problem "$prob" --json "$OUT/profile_$n.json"; done ;;
     kb-l2-all) run kb_l2_all 575 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards 4 --max-iterations 1 --deadline-s 545 --order number --out "$OUT/kb_l2_all" ;;
+    # Both levels at once on a host of 4 GPUs: level 1 on GPUs 0-1, level 2 on GPUs 2-3.
+    kb-both) kb="env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py --device cuda --gpus 2 --max-iterations 1 --deadline-s ${KB_DEADLINE_S:-520}"
+             CUDA_VISIBLE_DEVICES=0,1 timeout 580 $kb .kb/level1 --shards 6 --out /tmp/kb_l1 ${KB_L1_ONLY:+--only $KB_L1_ONLY} >"$OUT/kb_l1.log" 2>&1 &
+             CUDA_VISIBLE_DEVICES=2,3 timeout 580 $kb .kb/level2 --shards 8 --order number --out /tmp/kb_l2 ${KB_L2_ONLY:+--only $KB_L2_ONLY} >"$OUT/kb_l2.log" 2>&1 &
+             wait; tail -4 "$OUT/kb_l1.log" "$OUT/kb_l2.log"
+             cp /tmp/kb_l1/results.json "$OUT/kb_l1.json"; cp /tmp/kb_l2/results.json "$OUT/kb_l2.json"
+             tar czf "$OUT/kb_cands.tgz" --exclude='*.pt' --exclude='*.bin' --exclude='state-gpu*' -C /tmp kb_l1 kb_l2 2>/dev/null; ls -la "$OUT" ;;
     campaign-quick) run campaign_bench 340 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 330 --skip-compile ;;
     campaign-repeat) run campaign_bench 580 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --phases before,cold,warm,after --warm-runs 2 --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 565 ;;
     campaign-linear) run campaign_bench 580 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 560 ;;
