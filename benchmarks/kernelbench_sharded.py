@@ -59,23 +59,18 @@ def run_shards(
     files: list[Path], args: argparse.Namespace, shards: int, deadline: float, tag: str = "shard"
 ) -> list[dict]:
     out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     procs = []
     for shard in range(shards):
         mine = files[shard::shards]
         if not mine:
             continue
-        folder = out / f"{tag}{shard}" / "problems"
-        folder.mkdir(parents=True, exist_ok=True)
-        for f in mine:
-            link = folder / f.name
-            if not link.exists():
-                link.symlink_to(f.resolve())
         cmd = [
             sys.executable,
             "-m",
             "gpuyantra.cli",
             "kernelbench",
-            str(folder),
+            *(str(f.resolve()) for f in mine),  # run in this order
             "--device",
             args.device,
             "--out",

@@ -18,7 +18,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fast_0 / fast_1 / fast_2. A problem no registered family computes becomes an open target (its Model is "
         "the reference); what the open author cannot express is reported unsupported with the reason.",
     )
-    parser.add_argument("path", metavar="PATH", help="a problem .py file, or a folder of them (searched recursively)")
+    parser.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="+",
+        help="a problem .py file, or a folder of them (searched recursively, in natural order); several run in "
+        "the order given",
+    )
     parser.add_argument(
         "--device",
         choices=["cpu", "cuda"],

@@ -35,8 +35,14 @@ class Problem:
     inputs: list[Any]
 
 
+def natural_key(path: Path) -> list[tuple[int, int | str]]:
+    """Sort key that puts `2_relu.py` before `10_gelu.py`: digit runs compare as numbers."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", path.as_posix()) if part]
+
+
 def find_problems(path: str | Path) -> list[tuple[str, Path]]:
-    """(name, file) for PATH: one `.py` file, or every `.py` file under a folder (sorted)."""
+    """(name, file) for PATH: one `.py` file, or every `.py` file under a folder (in natural order:
+    problem 2 before problem 10)."""
     path = Path(path)
     if not path.exists():
         raise KernelBenchError(f"{path} does not exist")
@@ -48,11 +54,14 @@ def find_problems(path: str | Path) -> list[tuple[str, Path]]:
         raise KernelBenchError(f"{path} is neither a file nor a folder")
     try:
         files = sorted(
-            p
-            for p in path.rglob("*.py")
-            if p.is_file()
-            and p.name != "__init__.py"
-            and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(path).parts)
+            (
+                p
+                for p in path.rglob("*.py")
+                if p.is_file()
+                and p.name != "__init__.py"
+                and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(path).parts)
+            ),
+            key=lambda p: natural_key(p.relative_to(path)),
         )
     except OSError as exc:
         raise KernelBenchError(f"cannot read {path}: {exc}") from exc

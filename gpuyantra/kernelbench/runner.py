@@ -9,7 +9,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,6 +57,20 @@ def on_gpu(device: str, timing: bool) -> Iterator[None]:
 
     with time_alone(baselines.timing_lock()) if timing else share_gpu(baselines.timing_lock()):
         yield
+
+
+def shared_or_alone_on_oom(device: str, work: Callable[[], Any]) -> Any:
+    """`work` with the GPU shared; where it runs out of memory beside other processes' work, once
+    more with the GPU alone (the others' shared phases done and their cached memory freed where
+    they finish a problem). A float64 check of a problem of several GB needs tens of GB at once."""
+    try:
+        with on_gpu(device, timing=False):
+            return work()
+    except torch.cuda.OutOfMemoryError:
+        gc.collect()
+        torch.cuda.empty_cache()
+    with on_gpu(device, timing=True):
+        return work()
 
 
 def run_problem(
@@ -216,9 +230,9 @@ def _run_problem(
     )
     result.model_new = str(model_new_path)
     try:
-        with result.phase("check_model_new"), on_gpu(device, timing=False):
-            correct, why, worst, (model, model_new) = check_model_new(
-                module, model_new_path, family, device, sizes=sizes, init=init
+        with result.phase("check_model_new"):
+            correct, why, worst, (model, model_new) = shared_or_alone_on_oom(
+                device, lambda: check_model_new(module, model_new_path, family, device, sizes=sizes, init=init)
             )
     except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
         result.status, result.correct = "incorrect", False
@@ -324,8 +338,19 @@ def default_out() -> Path:
     return state_dir() / "kernelbench"
 
 
+def problems_in_order(paths: Sequence[str | Path]) -> list[tuple[str, Path]]:
+    """The problems of every path, in the order the paths are given; a problem named twice runs once."""
+    problems: dict[str, Path] = {}
+    for path in paths:
+        for name, file in find_problems(path):
+            problems.setdefault(name, file)
+    if not problems:
+        raise KernelBenchError("no problem path was given")
+    return list(problems.items())
+
+
 def run(
-    path: str | Path,
+    path: str | Path | Sequence[str | Path],
     device: str = "cpu",
     out: str | Path | None = None,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
@@ -333,10 +358,10 @@ def run(
     log: Callable[[str], None] = lambda _: None,
     on_result: Callable[[ProblemResult], None] = lambda _: None,
 ) -> RunResult:
-    """Every problem under PATH. `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
+    """Every problem under PATH (or under each of several, in the order given). `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
     no cap on CUDA); None means no cap. `out=None`: the state folder's `kernelbench/`.
     Raises KernelBenchError when PATH holds no problems."""
-    problems = find_problems(path)
+    problems = problems_in_order([path] if isinstance(path, (str, Path)) else path)
     if max_elements == -1:
         max_elements = CPU_MAX_ELEMENTS if device == "cpu" else None
     out = Path(out).resolve() if out is not None else default_out()

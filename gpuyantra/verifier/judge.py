@@ -170,6 +170,8 @@ class OutputAllowance:
         slack: torch.Tensor | None = None,
         bound: torch.Tensor | None = None,
     ) -> OutputAllowance:
+        if not want.is_floating_point():  # indices, counts, masks: exact in float64 (to 2^53), so the
+            want = want.to(torch.float64)  # tolerance arithmetic below works on them as on values
         # Elements whose true value the output dtype cannot hold (past its largest finite value) are
         # not judged: an honest kernel overflows there exactly as the module does.
         representable = _finite(want.to(dtype)) if dtype != torch.float64 else _finite(want)

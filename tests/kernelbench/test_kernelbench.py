@@ -364,6 +364,54 @@ def test_a_float_forward_argument_is_a_run_time_argument_of_the_kernel(tmp_path)
     assert {f.rule for f in verdict.failures} == {"hardcoded-constant"}
 
 
+ARGMIN_THEN_ARGMAX = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.argmax(x, dim=1) + torch.argmin(x, dim=1)  # int64 out: judged as exact values
+
+
+def get_inputs():
+    return [torch.randn(4, 9, 5)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@needs_verifier
+def test_integer_outputs_are_judged_exactly(tmp_path):
+    from gpuyantra.verifier import run_verification
+
+    write(tmp_path, "arg_reductions.py", ARGMIN_THEN_ARGMAX)
+    result = kb.run(tmp_path / "arg_reductions.py", device="cpu", out=tmp_path / "out", max_iterations=1)
+    (problem,) = result.problems
+    assert problem.status == "optimized" and problem.correct, problem.reason
+    # Every index one off is a wrong value, not a harness error.
+    kernel = (tmp_path / "out" / "arg_reductions" / "candidate_1.py").read_text()
+    assert kernel.count(".to(p__out0.dtype.element_ty)") >= 1
+    off_by_one = tmp_path / "off_by_one.py"
+    off_by_one.write_text(kernel.replace(".to(p__out0.dtype.element_ty)", ".to(p__out0.dtype.element_ty) + 1"))
+    verdict = run_verification(off_by_one, device="cpu", seeds=(0,), dtypes=["float32"])
+    assert not verdict.accepted
+    assert "wrong-values" in {f.rule for f in verdict.failures}, verdict.failures
+
+
+def test_problems_run_in_natural_order_and_several_paths_in_the_order_given(tmp_path):
+    (tmp_path / "level").mkdir()
+    for name in ("10_b.py", "2_a.py", "1_c.py"):
+        write(tmp_path / "level", name, ARGMIN_THEN_ARGMAX)
+    assert [n for n, _ in kb.find_problems(tmp_path / "level")] == ["1_c", "2_a", "10_b"]
+    from gpuyantra.kernelbench.runner import problems_in_order
+
+    given = [tmp_path / "level" / "10_b.py", tmp_path / "level", tmp_path / "level" / "2_a.py"]
+    assert [n for n, _ in problems_in_order(given)] == ["10_b", "1_c", "2_a"]
+
+
 def test_a_file_without_model_is_reported_not_crashed(tmp_path):
     write(tmp_path, "helper.py", "X = 1\n")
     (problem,) = kb.run(tmp_path, device="cpu", out=tmp_path / "out").problems
