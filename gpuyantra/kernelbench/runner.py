@@ -21,6 +21,7 @@ from gpuyantra.kernelbench.model_new import _forward_params, check_model_new, mo
 from gpuyantra.kernelbench.optimize import DEFAULT_MAX_ITERATIONS, optimize
 from gpuyantra.kernelbench.problems import (
     SEED,
+    KernelBenchError,
     build_model,
     check_problem_module,
     find_problems,
@@ -358,9 +359,9 @@ def run(
     log: Callable[[str], None] = lambda _: None,
     on_result: Callable[[ProblemResult], None] = lambda _: None,
 ) -> RunResult:
-    """Every problem under PATH (or under each of several, in the order given). `max_elements=-1` means the device default (CPU_MAX_ELEMENTS on CPU,
-    no cap on CUDA); None means no cap. `out=None`: the state folder's `kernelbench/`.
-    Raises KernelBenchError when PATH holds no problems."""
+    """Every problem under PATH (or under each of several, in the order given). `max_elements=-1`
+    means the device default (CPU_MAX_ELEMENTS on CPU, no cap on CUDA); None means no cap.
+    `out=None`: the state folder's `kernelbench/`. Raises KernelBenchError when PATH holds no problems."""
     problems = problems_in_order([path] if isinstance(path, (str, Path)) else path)
     if max_elements == -1:
         max_elements = CPU_MAX_ELEMENTS if device == "cpu" else None
