@@ -39,7 +39,7 @@ for part in $parts; do
              cp /tmp/kb_f32_l2/results.json "$OUT/kb_f32_l2.json" ;;
     cand-profile) for c in .kb/cands/*.py; do n=$(basename "$c" .py); prob=$(ls .kb/level1/"$n".py .kb/level2/"$n".py 2>/dev/null | head -1)
              run "profile_$n" 120 python3 benchmarks/candidate_profile.py "$c" --problem "$prob" --json "$OUT/profile_$n.json"; done ;;
-    kb-l2-all) run kb_l2_all 575 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards ${KB_SHARDS:-4} --max-iterations 1 --deadline-s ${KB_DEADLINE_S:-545} --order ${KB_ORDER:-number} --out /tmp/kb_l2 ${KB_L2_ONLY:+--only $KB_L2_ONLY}
+    kb-l2-all) run kb_l2_all 575 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards ${KB_SHARDS:-4} --max-iterations ${KB_ITER:-1} --deadline-s ${KB_DEADLINE_S:-545} --order ${KB_ORDER:-number} --out /tmp/kb_l2 ${KB_L2_ONLY:+--only $KB_L2_ONLY}
              cp /tmp/kb_l2/results.json "$OUT/kb_l2.json"; tar czf "$OUT/kb_l2_cands.tgz" --exclude='*.pt' --exclude='state-gpu*' -C /tmp kb_l2 2>/dev/null ;;
     # Both levels at once on a host of 4 GPUs: level 1 on GPUs 0-1, level 2 on GPUs 2-3.
     kb-both) kb="env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py --device cuda --gpus 2 --max-iterations 1 --deadline-s ${KB_DEADLINE_S:-520}"

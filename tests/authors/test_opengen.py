@@ -606,3 +606,17 @@ def test_next_strategy_moves_near_the_best() -> None:
     ]
     chosen, why = next_strategy(space, history)
     assert chosen["TILE"] == 16384 and "best" in why
+
+
+def test_values_outside_tolerance_on_tensor_cores_move_to_ieee_products() -> None:
+    product = Model(lambda a, b: a @ b)
+    space = strategy_space(_auto_spec(product, [torch.randn(32, 16), torch.randn(16, 24)], op="open.matmul_test"))
+    first, _ = next_strategy(space, [])
+    assert first["MM_F32_TC"] == 1
+    missed = {"layer": "correctness", "rule": "wrong-values", "message": "output 0: 12 of 8388608 elements outside atol"}
+    chosen, why = next_strategy(space, [Attempt(strategy=first, reward=-1, failures=[missed])])
+    assert chosen == {**first, "MM_F32_TC": 0} and "IEEE" in why
+    # Another kind of failure keeps the plain order of the space.
+    crashed = {"layer": "sandbox", "rule": "crash", "message": "entry raised"}
+    chosen, _ = next_strategy(space, [Attempt(strategy=first, reward=-1, failures=[crashed])])
+    assert chosen == space[1]

@@ -666,3 +666,27 @@ def test_a_gpu_run_keeps_a_warm_verifier_child_and_closes_it_at_the_end(monkeypa
     (tmp_path / "broken.py").write_text("class Model(:\n")
     result = runner.run(tmp_path / "broken.py", device="cpu", out=tmp_path / "out")
     assert result.problems[0].status != "optimized" and closed == [True]
+
+
+def test_a_problem_out_of_gpu_memory_beside_other_work_runs_once_more(tmp_path, monkeypatch):
+    from gpuyantra.kernelbench import runner
+
+    write(tmp_path, "2_a.py", ARGMIN_THEN_ARGMAX)
+    calls: list[str] = []
+
+    def run_problem(name, *_args):
+        calls.append(name)
+        if len(calls) == 1:
+            return kb.ProblemResult(name=name, path="", status="error", reason="OutOfMemoryError: CUDA out of memory.")
+        return kb.ProblemResult(name=name, path="", status="optimized", correct=True, reason="ok")
+
+    monkeypatch.setattr(runner, "run_problem", run_problem)
+    monkeypatch.setattr(runner, "OOM_RETRY_PAUSE_S", 0.0)
+    (problem,) = runner.run(tmp_path, device="cuda", out=tmp_path / "out").problems
+    assert calls == ["2_a", "2_a"] and problem.correct
+    # Any other failure is final, and on CPU nothing shares the memory.
+    calls.clear()
+    monkeypatch.setattr(runner, "run_problem", lambda name, *_: calls.append(name) or kb.ProblemResult(
+        name=name, path="", status="error", reason="ValueError: bad"))
+    runner.run(tmp_path, device="cuda", out=tmp_path / "out")
+    assert calls == ["2_a"]
