@@ -613,7 +613,7 @@ def test_values_outside_tolerance_on_tensor_cores_move_to_ieee_products() -> Non
     space = strategy_space(_auto_spec(product, [torch.randn(32, 16), torch.randn(16, 24)], op="open.matmul_test"))
     first, _ = next_strategy(space, [])
     assert first["MM_F32_TC"] == 1
-    missed = {"layer": "correctness", "rule": "wrong-values", "message": "output 0: 12 of 8388608 elements outside atol"}
+    missed = {"layer": "correctness", "rule": "wrong-values", "message": "output 0: 12 of 8M elements outside atol"}
     chosen, why = next_strategy(space, [Attempt(strategy=first, reward=-1, failures=[missed])])
     assert chosen == {**first, "MM_F32_TC": 0} and "IEEE" in why
     # Another kind of failure keeps the plain order of the space.

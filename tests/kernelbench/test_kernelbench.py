@@ -686,7 +686,11 @@ def test_a_problem_out_of_gpu_memory_beside_other_work_runs_once_more(tmp_path, 
     assert calls == ["2_a", "2_a"] and problem.correct
     # Any other failure is final, and on CPU nothing shares the memory.
     calls.clear()
-    monkeypatch.setattr(runner, "run_problem", lambda name, *_: calls.append(name) or kb.ProblemResult(
-        name=name, path="", status="error", reason="ValueError: bad"))
+    monkeypatch.setattr(
+        runner,
+        "run_problem",
+        lambda name, *_: calls.append(name)
+        or kb.ProblemResult(name=name, path="", status="error", reason="ValueError: bad"),
+    )
     runner.run(tmp_path, device="cuda", out=tmp_path / "out")
     assert calls == ["2_a"]
