@@ -339,7 +339,18 @@ def default_out() -> Path:
     return state_dir() / "kernelbench"
 
 
-OOM_RETRY_PAUSE_S = 5.0
+@contextlib.contextmanager
+def gpu_memory(device: str, alone: bool = False) -> Iterator[None]:
+    """A problem's hold on the GPU's memory beside other processes' problems (`problem_memory`):
+    shared, or `alone` after they finish. Only on CUDA."""
+    if device != "cuda":
+        yield
+        return
+    from gpuyantra.verifier import baselines
+    from gpuyantra.verifier.gpu_locks import problem_memory
+
+    with problem_memory(baselines.timing_lock(), alone=alone):
+        yield
 
 
 def ran_out_of_memory(result: ProblemResult) -> bool:
@@ -379,13 +390,15 @@ def run(
     try:
         for name, file in problems:
             log(f"[{len(results) + 1}/{len(problems)}] {name}")
-            result = run_problem(name, file, device, out, max_iterations, max_elements, log)
+            with gpu_memory(device):
+                result = run_problem(name, file, device, out, max_iterations, max_elements, log)
             if device == "cuda" and ran_out_of_memory(result):
                 # Shards beside this one held the memory at their peaks (measured: five shards, a
-                # float64 check and a verification each, 139 GB full): once more, after a pause.
-                log(f"  {name}: out of GPU memory beside other work; once more in {OOM_RETRY_PAUSE_S:g} s")
-                time.sleep(OOM_RETRY_PAUSE_S)
-                result = run_problem(name, file, device, out, max_iterations, max_elements, log)
+                # float64 check and a verification each, 139 GB full): once more, with the GPU's
+                # memory to itself (the others' problems finish first, new ones wait).
+                log(f"  {name}: out of GPU memory beside other work; once more with the GPU's memory alone")
+                with gpu_memory(device, alone=True):
+                    result = run_problem(name, file, device, out, max_iterations, max_elements, log)
             results.append(result)
             on_result(result)
             _summary(results, device, out)  # after every problem: an interrupted run keeps what it did

@@ -24,6 +24,12 @@ reader never waits for anything while it holds P or T (it tries them, lets go an
 only waits made while holding a lock are for a later one (the served check for T holding P; a timer
 for Q holding T). A holder of Q shared waits for nothing of these locks until it lets go.
 `hold_lock`'s wait may be bounded (the served check measures anyway once it runs out, and says so).
+
+Outside these three, for whole jobs that share the GPU's memory rather than its time (KernelBench
+problems run by shards side by side, `problem_memory`): M `gpu-memory.lock` shared per job, and
+exclusive, through its own turnstile `gpu-memory-turn.lock`, for a job that must run with the
+GPU's memory to itself (one that ran out of memory beside the others). M is always taken before
+P, T and Q and waited for holding none of them.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ POLL_S = 0.05  # how often a wait that may not block tries again
 TURN_FILE = "gpu-turn.lock"
 TIMING_FILE = "gpu-timing.lock"
 QUIET_FILE = "gpu-quiet.lock"
+MEMORY_FILE = "gpu-memory.lock"
+MEMORY_TURN_FILE = "gpu-memory-turn.lock"
 ORDER = ("turn", "timing", "quiet")  # the only order locks are taken in (P, T, Q)
 
 
@@ -160,4 +168,25 @@ def share_gpu(timing: Path) -> Iterator[float]:
 
         started = time.monotonic()
         _through_turn(turn, enter)
+        yield round(time.monotonic() - started, 3)
+
+
+@contextlib.contextmanager
+def problem_memory(timing: Path, alone: bool = False) -> Iterator[float]:
+    """A whole job's hold on the GPU's memory (M, beside the timing lock): shared, so jobs run side by
+    side, or `alone`: exclusive, after the jobs already running end, while new ones wait (they pass
+    the memory turnstile, which a waiting `alone` job holds). Yields the seconds waited."""
+    timing = Path(timing)
+    with contextlib.ExitStack() as stack:
+        turn = _open(stack, timing.with_name(MEMORY_TURN_FILE))
+        memory = _open(stack, timing.with_name(MEMORY_FILE))
+        started = time.monotonic()
+        if alone:
+            _lock(turn, fcntl.LOCK_EX)
+            try:
+                _lock(memory, fcntl.LOCK_EX)
+            finally:
+                _lock(turn, fcntl.LOCK_UN)
+        else:
+            _through_turn(turn, lambda: _try(memory, fcntl.LOCK_SH))
         yield round(time.monotonic() - started, 3)

@@ -681,9 +681,14 @@ def test_a_problem_out_of_gpu_memory_beside_other_work_runs_once_more(tmp_path, 
         return kb.ProblemResult(name=name, path="", status="optimized", correct=True, reason="ok")
 
     monkeypatch.setattr(runner, "run_problem", run_problem)
-    monkeypatch.setattr(runner, "OOM_RETRY_PAUSE_S", 0.0)
+    holds: list[bool] = []
+    real_memory = runner.gpu_memory
+    monkeypatch.setattr(
+        runner, "gpu_memory", lambda device, alone=False: holds.append(alone) or real_memory(device, alone)
+    )
     (problem,) = runner.run(tmp_path, device="cuda", out=tmp_path / "out").problems
     assert calls == ["2_a", "2_a"] and problem.correct
+    assert holds == [False, True]  # the second run with the GPU's memory to itself
     # Any other failure is final, and on CPU nothing shares the memory.
     calls.clear()
     monkeypatch.setattr(

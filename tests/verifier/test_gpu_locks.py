@@ -21,7 +21,15 @@ import pytest
 from gpuyantra.verifier import child, gpu_locks
 from gpuyantra.verifier.child import JOB_PARTS, SETUP_PARTS
 from gpuyantra.verifier.core import SANDBOX_PARTS
-from gpuyantra.verifier.gpu_locks import ORDER, GpuLocks, hold_lock, share_gpu, time_alone
+from gpuyantra.verifier.gpu_locks import (
+    MEMORY_FILE,
+    ORDER,
+    GpuLocks,
+    hold_lock,
+    problem_memory,
+    share_gpu,
+    time_alone,
+)
 from tests.verifier.conftest import can_take
 
 LIMIT_S = 30.0  # a bound on every wait here, so a broken lock fails the test instead of hanging it
@@ -139,6 +147,30 @@ def test_timing_waits_for_gpu_work_under_way_and_lets_none_start(locks, polled, 
     timer.release.set()
     let_through([late])
     assert order == ["correctness", "timing", "late correctness"]
+
+
+def test_a_problem_alone_on_the_gpus_memory_waits_for_those_running_and_lets_none_start(locks, polled, holders):
+    order: list[str] = []
+    running = [Holder(f"problem {i}", lambda: problem_memory(locks.timing), order) for i in range(2)]
+    start(holders, *running)
+    until(lambda: all(h.inside.is_set() for h in running), "two problems share the GPU's memory")
+    alone = Holder("alone", lambda: problem_memory(locks.timing, alone=True), order)
+    start(holders, alone)
+    memory = locks.timing.with_name(MEMORY_FILE)
+    until(lambda: not can_take(memory.with_name("gpu-memory-turn.lock"), fcntl.LOCK_SH), "it waits at the turnstile")
+    late = Holder("late", lambda: problem_memory(locks.timing), order)
+    start(holders, late)
+    until(lambda: "late" in polled, "a new problem waits")
+    running[0].release.set()
+    running[1].release.set()
+    until(alone.inside.is_set, "the retried problem has the memory alone")
+    assert sorted(order[:2]) == ["problem 0", "problem 1"] and order[2] == "alone"
+    assert not can_take(memory, fcntl.LOCK_SH)
+    alone.release.set()
+    let_through([late])
+    assert order[3:] == ["late"]
+    # The GPU's time locks are untouched by it.
+    assert can_take(locks.timing, fcntl.LOCK_EX) and can_take(locks.quiet, fcntl.LOCK_EX)
 
 
 def test_readers_share_the_gpu_with_each_other(locks, holders):
