@@ -268,6 +268,16 @@ CASES = [
         strategy=CHUNKED,
     ),
     Case("chunked_group_norm", lambda: _randomize(nn.GroupNorm(2, 4)), [[(2, 4, 3, 5)]], strategy=CHUNKED),
+    # reverse scans carry from the last slice to the first; both directions over the same rows
+    Case(
+        "chunked_scans_both_ways",
+        lambda: Model(
+            lambda x: (torch.cumsum(x.flip(1), 1).flip(1), torch.cumprod(x.flip(1), 1).flip(1), torch.cumsum(x, 1))
+        ),
+        [[(3, 21)], [(2, 9)]],
+        strategy=CHUNKED,
+    ),
+    Case("chunked_cumsum_exclusive", lambda: ExclusiveCumsum(1), [[(3, 21)], [(2, 9)]], strategy=CHUNKED),
     # folds over a non-last dim, chunked: INNER_ROWS rows of the contiguous dim, columns in slices
     Case(
         "chunked_inner_fold",
@@ -620,3 +630,15 @@ def test_values_outside_tolerance_on_tensor_cores_move_to_ieee_products() -> Non
     crashed = {"layer": "sandbox", "rule": "crash", "message": "entry raised"}
     chosen, _ = next_strategy(space, [Attempt(strategy=first, reward=-1, failures=[crashed])])
     assert chosen == space[1]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [Model(lambda x: torch.cumsum(x.flip(1), 1).flip(1)), ExclusiveCumsum(1)],
+    ids=["reverse", "exclusive"],
+)
+def test_reverse_and_exclusive_scans_are_one_pass(module: nn.Module) -> None:
+    # flip-scan-flip and zeros-then-scan read their input once and write the output once: one kernel
+    # (single-block and chunked variants), no intermediate buffer.
+    source = write_open_source(_auto_spec(module, [torch.randn(4, 13)], op="open.scan_test"), {})
+    assert source.count("@triton.jit") == 2 and "_tmp0" not in source, source

@@ -93,8 +93,14 @@ class KernelEmitter(ValueEmitter, FoldEmitter):
             if region.kind == "loop":
                 body += region.pre
                 k = region.ident
-                body.append(f"for start{k} in range(0, {r_code}, BLOCK):")
+                if region.reverse:  # slices from the last to the first (a reverse scan's carry)
+                    body.append(f"for step{k} in range(0, ({r_code} + BLOCK - 1) // BLOCK):")
+                    first = [f"start{k} = (({r_code} + BLOCK - 1) // BLOCK - 1 - step{k}) * BLOCK"]
+                else:
+                    body.append(f"for start{k} in range(0, {r_code}, BLOCK):")
+                    first = []
                 loop_body = [
+                    *first,
                     f"cols{k} = start{k} + tl.arange(0, BLOCK)[None, :]",
                     f"cmask{k} = cols{k} < {r_code}",
                     f"fmask{k} = rmask & cmask{k}",

@@ -139,6 +139,8 @@ class FoldEmitter(TileEmitter):
             return False
         if self.variant == "chunked" and not self.cur.final:
             return False
+        if self.variant == "chunked" and self.cur.reverse not in (None, node.reverse):
+            return False  # the loop already runs the other way for another scan: this one from a buffer
         if self.variant != "chunked" and self.cur is not self.main:
             return False
         return [v.code for v in idx] == [v.code for v in self.full_index()]
@@ -154,16 +156,18 @@ class FoldEmitter(TileEmitter):
         if node.kind == "f" and node.op != "logsumexp":
             identity += ".0"
         masked = self.emit(f"tl.where({fmask}, {x}, {identity})", "f", node.kind, [v])
+        reverse = ", reverse=True" if node.reverse else ""
         if node.op == "sum":
-            scan = f"tl.cumsum({masked.code}, axis=1)"
+            scan = f"tl.cumsum({masked.code}, axis=1{reverse})"
             total = f"tl.sum({masked.code}, axis=1, keep_dims=True)"
         else:
             fn = "_mul_combine" if node.op == "prod" else "_logaddexp_combine"
             self.helpers.add(fn)
-            scan = f"tl.associative_scan({masked.code}, 1, {fn})"
+            scan = f"tl.associative_scan({masked.code}, 1, {fn}{reverse})"
             total = f"tl.reduce({masked.code}, 1, {fn}, keep_dims=True)"
         if self.variant != "chunked":
             return self.emit(scan, "f", node.kind, [masked])
+        self.cur.reverse = node.reverse  # a reverse scan carries from the last slice to the first
         carry = self._fresh("carry")
         self.cur.pre.append(f"{carry} = tl.full([ROWS, 1], {identity}, {acc_ty})")
         name = self._fresh("sc")

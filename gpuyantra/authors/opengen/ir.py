@@ -171,11 +171,13 @@ class MatMul(Node):
 
 @dataclass(eq=False)
 class Scan(Node):
-    """An inclusive scan along `dim`. op: sum, prod, logsumexp."""
+    """An inclusive scan along `dim`. op: sum, prod, logsumexp. `reverse`: from the last element
+    to the first (flip, scan, flip in one pass)."""
 
     op: str
     src: Node
     dim: int
+    reverse: bool = False
 
 
 def children(node: Node) -> tuple[Node, ...]:

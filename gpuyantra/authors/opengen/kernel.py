@@ -103,6 +103,7 @@ class Region:
         self.lines: list[str] = []
         self.closed = False
         self.final = False  # the loop that stores full-tile outputs (scans run there)
+        self.reverse: bool | None = None  # that loop's direction, once a scan inside sets it
 
 
 def join_cats(*cats: str) -> str:

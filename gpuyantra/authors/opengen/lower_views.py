@@ -112,6 +112,11 @@ def _select(lw: FxArgs, node: torch.fx.Node, shape: Any, kind: str, dtype: torch
 def _rev(lw: FxArgs, node: torch.fx.Node, shape: Any, kind: str, dtype: torch.dtype) -> ir.Node:
     src = lw.tensor(node, 0, "a")
     dims = tuple(sorted(d % max(src.rank, 1) for d in lw.ints(node.args[1])))
+    if isinstance(src, ir.Scan) and dims == (src.dim,):
+        # flip(scan(z)) is the reverse scan of flip(z): one pass that writes in place of a scan
+        # into a buffer and a second kernel that copies it flipped (half the bytes moved).
+        flipped = ir.Rev(src.src.shape, src.src.kind, src.src.dtype, src.src, dims)
+        return ir.Scan(src.shape, src.kind, src.dtype, src.op, flipped, src.dim, not src.reverse)
     return ir.Rev(shape, src.kind, src.dtype, src, dims)
 
 
@@ -124,7 +129,35 @@ def _cat(lw: FxArgs, node: torch.fx.Node, shape: Any, kind: str, dtype: torch.dt
     srcs = tuple(cast_to(s, kind, dtype) for s in srcs)
     if len(srcs) == 1:
         return srcs[0]
+    scan = _scan_after_identity(srcs, dim)
+    if scan is not None:
+        # cat([identity, scan(a)]) is scan(cat([identity, a])) exactly (0 + a = a, 1 * a = a): the
+        # scan reads the cat, so no buffer and no second kernel (an exclusive cumsum).
+        inner = ir.Cat(shape, scan.src.kind, scan.src.dtype, (*srcs[:-1], scan.src), dim)
+        return ir.Scan(shape, scan.kind, scan.dtype, scan.op, inner, dim, scan.reverse)
     return ir.Cat(shape, kind, dtype, srcs, dim)
+
+
+_SCAN_IDENTITY = {"sum": 0, "prod": 1}
+
+
+def _scan_after_identity(srcs: tuple[ir.Node, ...], dim: int) -> ir.Scan | None:
+    """The forward scan along `dim` that ends the cat, where every piece before it is a constant
+    equal to the scan's identity (zeros before a cumsum), with its kind and dtype; else None."""
+    scan = srcs[-1]
+    if not isinstance(scan, ir.Scan) or scan.dim != dim or scan.reverse or scan.op not in _SCAN_IDENTITY:
+        return None
+    if any(p.kind != scan.kind or p.dtype != scan.dtype for p in srcs):
+        return None
+    identity = _SCAN_IDENTITY[scan.op]
+    return scan if all(_constant(p) == identity for p in srcs[:-1]) else None
+
+
+def _constant(node: ir.Node) -> float | int | bool | None:
+    """The value of a node that is one constant everywhere (a broadcast scalar), else None."""
+    while isinstance(node, (ir.Broadcast, ir.Reshape)):
+        node = node.src
+    return node.value if isinstance(node, ir.Scalar) else None
 
 
 def _gather(lw: FxArgs, node: torch.fx.Node, shape: Any, kind: str, dtype: torch.dtype) -> ir.Node:

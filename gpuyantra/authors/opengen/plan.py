@@ -107,6 +107,12 @@ def _nearest_folds(node: ir.Node) -> list[ir.Reduce | ir.Scan | ir.MatMul]:
     return found
 
 
+def _reverse(target: Target) -> bool:
+    """Whether the nearest scan the target computes runs from the last element to the first."""
+    scans = [f for f in _nearest_folds(target.node) if isinstance(f, ir.Scan)]
+    return bool(scans) and scans[0].reverse
+
+
 def peel(node: ir.Node) -> ir.Node:
     """The value under reshapes (same elements, same order)."""
     while isinstance(node, ir.Reshape):
@@ -194,7 +200,8 @@ class Planner:
         groups: dict[tuple[object, ...], list[Target]] = {}
         for t in sorted(self.targets, key=lambda t: t.level):
             product_id = id(t.domain.mm) if t.domain.mm is not None else 0  # one product per matmul kernel
-            key = (t.level, tuple(str(sympy.expand(s)) for s in t.domain.shape), t.domain.rdims, product_id)
+            # Scans of both directions over long rows cannot share one chunked loop.
+            key = (t.level, tuple(str(sympy.expand(s)) for s in t.domain.shape), t.domain.rdims, product_id, _reverse(t))
             groups.setdefault(key, []).append(t)
         kernels = []
         for k, members in enumerate(groups.values()):
