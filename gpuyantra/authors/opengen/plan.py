@@ -201,7 +201,8 @@ class Planner:
         for t in sorted(self.targets, key=lambda t: t.level):
             product_id = id(t.domain.mm) if t.domain.mm is not None else 0  # one product per matmul kernel
             # Scans of both directions over long rows cannot share one chunked loop.
-            key = (t.level, tuple(str(sympy.expand(s)) for s in t.domain.shape), t.domain.rdims, product_id, _reverse(t))
+            shape = tuple(str(sympy.expand(s)) for s in t.domain.shape)
+            key = (t.level, shape, t.domain.rdims, product_id, _reverse(t))
             groups.setdefault(key, []).append(t)
         kernels = []
         for k, members in enumerate(groups.values()):
