@@ -46,14 +46,83 @@ def plan_reduced_sizes(
     if shapes is None:
         dims = [[own for own, _ in pairs] for pairs in links]
         return None, f"its fixed dims alone exceed {cap:,} elements (variable dims per input: {dims})"
+    dtypes = [t.dtype for t in meta_inputs]
+    meta_model = _meta_copy(model)
+    if meta_model is not None:
+        shapes = _outputs_kept(meta_model, live, shapes, links, dtypes, cap)
     shapes = _same_live_same_reduced(live, shapes, links, cap)
-    shapes = _outputs_bounded(model, live, shapes, links, [t.dtype for t in meta_inputs])
+    if meta_model is not None:
+        shapes = _outputs_bounded(meta_model, live, shapes, links, dtypes)
     sizes = {tuple(a): tuple(b) for a, b in zip(live, shapes) if tuple(a) != tuple(b)}
     return sizes, ", ".join(f"{list(a)} -> {list(b)}" for a, b in sizes.items())
 
 
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The Model on the meta device (forwards read shapes only), or None where it cannot move."""
+    try:
+        return copy.deepcopy(model).to("meta")
+    except Exception:  # noqa: BLE001 - the inputs' bounds stand alone
+        return None
+
+
+def _output_shapes(
+    meta_model: torch.nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]
+) -> list[tuple[int, ...]] | None:
+    """The shapes of the Model's tensor outputs on inputs of `shapes`; None where it refuses them."""
+    try:
+        with torch.no_grad():
+            outputs = meta_model(*[torch.empty(tuple(s), dtype=dt, device="meta") for s, dt in zip(shapes, dtypes)])
+    except Exception:  # noqa: BLE001 - a kernel larger than the input, and the like
+        return None
+    items = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    return [tuple(t.shape) for t in items if isinstance(t, torch.Tensor)]
+
+
+def _degenerate(live: list[tuple[int, ...]] | None, reduced: list[tuple[int, ...]] | None) -> bool:
+    """Whether the reduced outputs lost what the live ones have: the Model refuses the inputs, or an
+    output dim of 2 or more at live sizes is down to 0 or 1 (one window of a pool, which the trace
+    would bake as a constant)."""
+    if reduced is None:
+        return True
+    if live is None or len(live) != len(reduced):
+        return live is not None
+    return any(len(a) != len(b) or any(x >= 2 > y for x, y in zip(a, b)) for a, b in zip(live, reduced))
+
+
+def _outputs_kept(
+    meta_model: torch.nn.Module,
+    live: Sequence[Sequence[int]],
+    shapes: list[tuple[int, ...]],
+    links: Sequence[Sequence[tuple[int, int]]],
+    dtypes: Sequence[torch.dtype],
+    cap: int,
+) -> list[tuple[int, ...]]:
+    """`shapes`, or, where the Model refuses them or they leave an output dim of at most one
+    position (an 11-wide pool over planes halved to 17: one window), a reduction that halves at
+    each step the largest of input 0's variable dims whose halving keeps the outputs whole. A
+    pooling problem then keeps its planes and loses batch and channels instead."""
+    from gpuyantra.ops.open.spec import follow_shapes
+
+    live_out = _output_shapes(meta_model, live, dtypes)
+    if not _degenerate(live_out, _output_shapes(meta_model, shapes, dtypes)):
+        return shapes
+    dims0 = [own for own, _ in links[0]] if links else []
+    first = [int(d) for d in live[0]]
+    while True:
+        trial = follow_shapes(live, links, first)
+        if all(numel(s) <= cap for s in trial):
+            return trial
+        for d in sorted((d for d in dims0 if first[d] > 1), key=lambda i: -first[i]):
+            halved = [halve(n) if i == d else n for i, n in enumerate(first)]
+            if not _degenerate(live_out, _output_shapes(meta_model, follow_shapes(live, links, halved), dtypes)):
+                first = halved
+                break
+        else:
+            return shapes  # no halving keeps the outputs: the plain reduction stands
+
+
 def _outputs_bounded(
-    model: torch.nn.Module,
+    meta_model: torch.nn.Module,
     live: Sequence[Sequence[int]],
     shapes: list[tuple[int, ...]],
     links: Sequence[Sequence[tuple[int, int]]],
@@ -63,10 +132,6 @@ def _outputs_bounded(
     outputs on them (a forward on the meta device) hold more than REDUCED_OUTPUT_ELEMENTS."""
     from gpuyantra.ops.open.spec import follow_shapes
 
-    try:
-        meta_model = copy.deepcopy(model).to("meta")
-    except Exception:  # noqa: BLE001 - a Model that cannot move to meta: the inputs' bound stands alone
-        return shapes
     dims0 = [own for own, _ in links[0]] if links else []
     first = [int(d) for d in shapes[0]]
     while (_meta_output_elements(meta_model, shapes, dtypes) or 0) > REDUCED_OUTPUT_ELEMENTS:
@@ -82,13 +147,8 @@ def _outputs_bounded(
 def _meta_output_elements(
     model: torch.nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]
 ) -> int | None:
-    try:
-        with torch.no_grad():
-            outputs = model(*[torch.empty(tuple(s), dtype=dt, device="meta") for s, dt in zip(shapes, dtypes)])
-    except Exception:  # noqa: BLE001 - data-dependent ops: outputs unknown
-        return None
-    items = outputs if isinstance(outputs, (tuple, list)) else [outputs]
-    return sum(t.numel() for t in items if isinstance(t, torch.Tensor))
+    outputs = _output_shapes(model, shapes, dtypes)  # None: data-dependent ops, outputs unknown
+    return None if outputs is None else sum(numel(s) for s in outputs)
 
 
 def _same_live_same_reduced(

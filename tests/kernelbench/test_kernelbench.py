@@ -699,3 +699,40 @@ def test_a_problem_out_of_gpu_memory_beside_other_work_runs_once_more(tmp_path, 
     )
     runner.run(tmp_path, device="cuda", out=tmp_path / "out")
     assert calls == ["2_a"]
+
+
+WIDE_POOL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, kernel_size: int):
+        super().__init__()
+        self.pool = nn.AvgPool2d(kernel_size=kernel_size)
+
+    def forward(self, x):
+        return self.pool(x)
+
+
+def get_inputs():
+    return [torch.rand(16, 64, 2048, 2048)]
+
+
+def get_init_inputs():
+    return [11]
+"""
+
+
+def test_reduced_sizes_keep_every_output_dim_a_pooled_plane_has(tmp_path):
+    # Halving the largest dims first took the planes to 17 x 17: one 11-wide window, an output the
+    # trace bakes as a constant (the author refused it). Batch and channels go first instead.
+    from gpuyantra.kernelbench.sizes import REDUCED_ELEMENTS, plan_reduced_sizes
+
+    module = kb.load_module(write(tmp_path, "wide_pool.py", WIDE_POOL))
+    with torch.device("meta"):
+        model = module.Model(*module.get_init_inputs())
+    sizes, how = plan_reduced_sizes(module, model, REDUCED_ELEMENTS)
+    ((live, reduced),) = sizes.items()
+    assert live == (16, 64, 2048, 2048) and int(torch.tensor(reduced).prod()) <= REDUCED_ELEMENTS, how
+    assert reduced[2] >= 22 and reduced[3] >= 22, how  # at least two windows along each pooled dim
