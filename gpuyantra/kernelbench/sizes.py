@@ -134,7 +134,8 @@ def _outputs_bounded(
 
     dims0 = [own for own, _ in links[0]] if links else []
     first = [int(d) for d in shapes[0]]
-    while (_meta_output_elements(meta_model, shapes, dtypes) or 0) > REDUCED_OUTPUT_ELEMENTS:
+    # Outputs unknown (data-dependent ops): the inputs' bound stands alone.
+    while sum(numel(s) for s in _output_shapes(meta_model, shapes, dtypes) or []) > REDUCED_OUTPUT_ELEMENTS:
         movable = [d for d in dims0 if first[d] > 1]
         if not movable:
             break
@@ -142,13 +143,6 @@ def _outputs_bounded(
         first[d] = halve(first[d])
         shapes = [tuple(s) for s in follow_shapes(live, links, first)]
     return shapes
-
-
-def _meta_output_elements(
-    model: torch.nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]
-) -> int | None:
-    outputs = _output_shapes(model, shapes, dtypes)  # None: data-dependent ops, outputs unknown
-    return None if outputs is None else sum(numel(s) for s in outputs)
 
 
 def _same_live_same_reduced(
