@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
-#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
+#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
@@ -39,6 +39,10 @@ for part in $parts; do
              cp /tmp/kb_f32_l2/results.json "$OUT/kb_f32_l2.json" ;;
     cand-profile) for c in .kb/cands/*.py; do n=$(basename "$c" .py); prob=$(ls .kb/level1/"$n".py .kb/level2/"$n".py 2>/dev/null | head -1)
              run "profile_$n" 120 python3 benchmarks/candidate_profile.py "$c" --problem "$prob" --json "$OUT/profile_$n.json"; done ;;
+    # Knob settings side by side against eager and torch.compile: each .kb/ab/GROUP/ holds candidates
+    # (PROBLEM/candidate_1.py, as `gpuyantra kernelbench --out` writes them) and settings.txt.
+    kb-ab) for g in .kb/ab/*/; do n=$(basename "$g")
+             run "ab_$n" ${KB_AB_S:-150} python3 benchmarks/knob_ab.py "$g" --compile --settings "$(cat "$g/settings.txt")" --out "$OUT/ab_$n.json"; done ;;
     kb-l2-all) run kb_l2_all 575 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards ${KB_SHARDS:-4} --max-iterations ${KB_ITER:-1} --deadline-s ${KB_DEADLINE_S:-545} --order ${KB_ORDER:-number} --out /tmp/kb_l2 ${KB_L2_ONLY:+--only $KB_L2_ONLY}
              cp /tmp/kb_l2/results.json "$OUT/kb_l2.json"; tar czf "$OUT/kb_l2_cands.tgz" --exclude='*.pt' --exclude='state-gpu*' -C /tmp kb_l2 2>/dev/null ;;
     # Both levels at once on a host of 4 GPUs: level 1 on GPUs 0-1, level 2 on GPUs 2-3.
