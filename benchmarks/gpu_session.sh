@@ -42,7 +42,7 @@ for part in $parts; do
     # Knob settings side by side against eager and torch.compile: each .kb/ab/GROUP/ holds candidates
     # (PROBLEM/candidate_1.py, as `gpuyantra kernelbench --out` writes them) and settings.txt.
     kb-ab) for g in .kb/ab/*/; do n=$(basename "$g")
-             run "ab_$n" ${KB_AB_S:-150} python3 benchmarks/knob_ab.py "$g" --compile --settings "$(cat "$g/settings.txt")" --out "$OUT/ab_$n.json"; done ;;
+             run "ab_$n" ${KB_AB_S:-150} python3 benchmarks/knob_ab.py "$g" --compile --settings="$(cat "$g/settings.txt")" --out "$OUT/ab_$n.json"; done ;;
     kb-l2-all) run kb_l2_all 575 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level2 --device cuda --shards ${KB_SHARDS:-4} --max-iterations ${KB_ITER:-1} --deadline-s ${KB_DEADLINE_S:-545} --order ${KB_ORDER:-number} --out /tmp/kb_l2 ${KB_L2_ONLY:+--only $KB_L2_ONLY}
              cp /tmp/kb_l2/results.json "$OUT/kb_l2.json"; tar czf "$OUT/kb_l2_cands.tgz" --exclude='*.pt' --exclude='state-gpu*' -C /tmp kb_l2 2>/dev/null ;;
     # Both levels at once on a host of 4 GPUs: level 1 on GPUs 0-1, level 2 on GPUs 2-3.
