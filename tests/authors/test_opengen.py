@@ -27,7 +27,14 @@ from gpuyantra.verifier.static import check_source
 # Padding lanes of a tile may hold -inf - -inf or 0/0 (never stored): numpy warns about them.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-CHUNKED = {"BLOCK_R_MAX": 8, "CHUNK": 8, "TILE": 64}  # rows wider than 8 take the chunked kernels
+# rows wider than 8 take the chunked kernels
+CHUNKED = {"BLOCK_R_MAX": 8, "CHUNK": 8, "TILE": 64, "SCAN_CHUNK": 8, "SCAN_TILE": 64}
+    "BLOCK_R_MAX": 8,
+    "CHUNK": 8,
+    "TILE": 64,
+    "SCAN_CHUNK": 8,
+    "SCAN_TILE": 64,
+}  # rows wider than 8: chunked kernels
 _names = itertools.count()
 
 
@@ -642,3 +649,21 @@ def test_reverse_and_exclusive_scans_are_one_pass(module: nn.Module) -> None:
     # (single-block and chunked variants), no intermediate buffer.
     source = write_open_source(_auto_spec(module, [torch.randn(4, 13)], op="open.scan_test"), {})
     assert source.count("@triton.jit") == 2 and "_tmp0" not in source, source
+
+
+def test_window_gathers_and_wide_scans_take_their_own_tiles() -> None:
+    # Pooling windows launch with GATHER_BLOCK (smaller programs, gathers mostly cache hits), plain
+    # elementwise kernels with FLAT_BLOCK; scans over wide rows slice by SCAN_CHUNK, other row
+    # kernels by CHUNK. The strategy space then moves the knobs the file reads.
+    pool = _auto_spec(nn.MaxPool1d(4, stride=1, padding=2), [torch.randn(2, 3, 40)])
+    pooled = write_open_source(pool)
+    assert "_blk = min(GATHER_BLOCK" in pooled and "_blk = min(FLAT_BLOCK" not in pooled
+    assert any(p["GATHER_BLOCK"] != strategy_space(pool)[0]["GATHER_BLOCK"] for p in strategy_space(pool))
+    plain = write_open_source(_auto_spec(Model(lambda x: torch.relu(x) * 2), [torch.randn(4, 8)]))
+    assert "_blk = min(FLAT_BLOCK" in plain and "GATHER_BLOCK" not in plain.split("def entry")[1]
+    scan = _auto_spec(Model(lambda x: torch.cumsum(x.flip(1), 1).flip(1)), [torch.randn(3, 40)])
+    scanned = write_open_source(scan)
+    assert "BLOCK=SCAN_CHUNK" in scanned and "BLOCK=CHUNK" not in scanned
+    assert any(p["SCAN_CHUNK"] != strategy_space(scan)[0]["SCAN_CHUNK"] for p in strategy_space(scan))
+    norm = write_open_source(_auto_spec(nn.LayerNorm(40).eval(), [torch.randn(3, 40)]))
+    assert "BLOCK=CHUNK" in norm and "SCAN_CHUNK" not in norm.split("def entry")[1]

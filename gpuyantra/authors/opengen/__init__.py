@@ -49,6 +49,8 @@ def strategy_space(spec: OpenSpec) -> list[dict[str, Any]]:
             features.add("matmul")
         else:
             features.add("flat" if k.domain.flat else "inner" if k.domain.inner_tiled else "rows")
+            features |= {"gather"} if k.domain.flat and k.window_gathers else set()
+            features |= {"scan"} if k.scans and not k.domain.inner_tiled else set()
     if lowered.derived:
         features.add("split")
     return points(features)

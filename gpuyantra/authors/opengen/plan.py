@@ -41,11 +41,38 @@ class Target:
     level: int = 0
 
 
+WINDOW_GATHERS = 4  # gathers per element from which an elementwise kernel counts as a window
+
+
 @dataclass
 class KernelPlan:
     name: str
     domain: Domain
     stores: list[Store]
+
+    def _count(self, kind: type | tuple[type, ...]) -> int:
+        """Distinct nodes of `kind` the kernel's stores compute from."""
+        seen: set[int] = set()
+        todo = [s.node for s in self.stores]
+        count = 0
+        while todo:
+            n = todo.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            count += isinstance(n, kind)
+            todo.extend(ir.children(n))
+        return count
+
+    @property
+    def window_gathers(self) -> bool:
+        """Several gathers per element (a pooling window): loads that mostly hit the cache, index
+        arithmetic per load, so smaller programs keep more of them in flight (GATHER_BLOCK)."""
+        return self._count((ir.Gather, ir.Index)) >= WINDOW_GATHERS
+
+    @property
+    def scans(self) -> bool:
+        return self._count(ir.Scan) > 0
 
 
 @dataclass

@@ -236,12 +236,15 @@ class _File:
         if kp.domain.flat:
             em = self._emit(kp, "flat", kp.name)
             n = self.size(product(kp.domain.shape))
+            window = kp.window_gathers
+            block = "GATHER_BLOCK" if window else "FLAT_BLOCK"
+            warps = "NUM_WARPS or max(1, min(8, _blk // 128))" if window else "_warps(_blk)"
             self.launches += [
                 f"# {kp.name}: elementwise over {_shape_text(kp.domain.shape)} -> {what}",
                 f"_n = {n}",
-                "_blk = min(FLAT_BLOCK, triton.next_power_of_2(max(_n, 1)))",
+                f"_blk = min({block}, triton.next_power_of_2(max(_n, 1)))",
                 f"{kp.name}[(triton.cdiv(max(_n, 1), _blk),)](",
-                *self._args(em, "1", "_blk", "_warps(_blk)"),
+                *self._args(em, "1", "_blk", warps),
                 ")",
             ]
             return
@@ -270,11 +273,12 @@ class _File:
                 "if _blk <= BLOCK_R_MAX:",
                 "    _rows = max(1, min(TILE // _blk, triton.next_power_of_2(max(_m, 1))))",
             ]
-            chunk = "CHUNK"
+            chunk = "SCAN_CHUNK" if kp.scans else "CHUNK"
+        tile = "SCAN_TILE" if kp.scans else "TILE"
         tail = (
             []
             if kp.domain.inner_tiled
-            else ["    _rows = max(1, min(TILE // CHUNK, triton.next_power_of_2(max(_m, 1))))"]
+            else [f"    _rows = max(1, min({tile} // {chunk}, triton.next_power_of_2(max(_m, 1))))"]
         )
         self.launches += [
             *head,
