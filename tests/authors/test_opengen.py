@@ -29,12 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 # rows wider than 8 take the chunked kernels
 CHUNKED = {"BLOCK_R_MAX": 8, "CHUNK": 8, "TILE": 64, "SCAN_CHUNK": 8, "SCAN_TILE": 64}
-    "BLOCK_R_MAX": 8,
-    "CHUNK": 8,
-    "TILE": 64,
-    "SCAN_CHUNK": 8,
-    "SCAN_TILE": 64,
-}  # rows wider than 8: chunked kernels
 _names = itertools.count()
 
 
