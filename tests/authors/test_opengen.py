@@ -653,6 +653,8 @@ def test_window_gathers_and_wide_scans_take_their_own_tiles() -> None:
     pooled = write_open_source(pool)
     assert "_blk = min(GATHER_BLOCK" in pooled and "_blk = min(FLAT_BLOCK" not in pooled
     assert any(p["GATHER_BLOCK"] != strategy_space(pool)[0]["GATHER_BLOCK"] for p in strategy_space(pool))
+    wide = write_open_source(_auto_spec(nn.AvgPool2d(9, stride=1, padding=4), [torch.randn(1, 2, 12, 12)]))
+    assert "_blk = min(max(16, GATHER_BLOCK // 4)" in wide  # 81 gathers: a large window, smaller programs
     plain = write_open_source(_auto_spec(Model(lambda x: torch.relu(x) * 2), [torch.randn(4, 8)]))
     assert "_blk = min(FLAT_BLOCK" in plain and "GATHER_BLOCK" not in plain.split("def entry")[1]
     scan = _auto_spec(Model(lambda x: torch.cumsum(x.flip(1), 1).flip(1)), [torch.randn(3, 40)])

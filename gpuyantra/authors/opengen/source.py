@@ -26,7 +26,7 @@ from gpuyantra.authors.opengen.kernel import Buffer, dtype_code
 from gpuyantra.authors.opengen.lower import Lowered, lower
 from gpuyantra.authors.opengen.matmul import MatmulEmitter, make_emitter
 from gpuyantra.authors.opengen.ops import HELPERS, LIBDEVICE_HELPERS
-from gpuyantra.authors.opengen.plan import KernelPlan, Plan, Planner
+from gpuyantra.authors.opengen.plan import LARGE_WINDOW, KernelPlan, Plan, Planner
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
 from gpuyantra.authors.opengen.strategy import COMMENTS, MATMUL_KNOBS, normalize
 from gpuyantra.authors.opengen.symbolic import host_code, literal, product
@@ -237,7 +237,9 @@ class _File:
             em = self._emit(kp, "flat", kp.name)
             n = self.size(product(kp.domain.shape))
             window = kp.window_gathers
-            block = "GATHER_BLOCK" if window else "FLAT_BLOCK"
+            block = "FLAT_BLOCK"
+            if window:
+                block = "max(16, GATHER_BLOCK // 4)" if kp.gathers >= LARGE_WINDOW else "GATHER_BLOCK"
             warps = "NUM_WARPS or max(1, min(8, _blk // 128))" if window else "_warps(_blk)"
             self.launches += [
                 f"# {kp.name}: elementwise over {_shape_text(kp.domain.shape)} -> {what}",
