@@ -279,6 +279,14 @@ CASES = [
         strategy=CHUNKED,
     ),
     Case("chunked_cumsum_exclusive", lambda: ExclusiveCumsum(1), [[(3, 21)], [(2, 9)]], strategy=CHUNKED),
+    # folds from the inputs alone share one loop; the variance after the mean still takes its own
+    Case(
+        "chunked_sibling_folds",
+        lambda: Model(lambda x, y, z: ((x - y).abs().sum(1) - (x - z).pow(2).amax(1), x.var(1), (y * z).mean(1))),
+        [[(3, 21)] * 3, [(2, 9)] * 3],
+        draw=(_normal, _normal, _normal),
+        strategy=CHUNKED,
+    ),
     # folds over a non-last dim, chunked: INNER_ROWS rows of the contiguous dim, columns in slices
     Case(
         "chunked_inner_fold",
@@ -663,3 +671,27 @@ def test_window_gathers_and_wide_scans_take_their_own_tiles() -> None:
     assert any(p["SCAN_CHUNK"] != strategy_space(scan)[0]["SCAN_CHUNK"] for p in strategy_space(scan))
     norm = write_open_source(_auto_spec(nn.LayerNorm(40).eval(), [torch.randn(3, 40)]))
     assert "BLOCK=CHUNK" in norm and "SCAN_CHUNK" not in norm.split("def entry")[1]
+
+
+def test_run_time_exponents_take_atens_forms(tmp_path: Path) -> None:
+    # A norm's p read at run time: 2, 1 and 0.5 as ATen computes them (x * x, x, a square root),
+    # every other p through libdevice's pow; each matches the module with that p.
+    module = nn.TripletMarginLoss(margin=1.0, p=2.0)
+    inputs = [torch.randn(6, 9) for _ in range(3)]
+    spec = _auto_spec(module, inputs)
+    assert ("p", "p") in spec.float_params
+    source = write_open_source(spec)
+    assert "_pow_scalar(" in source
+    candidate = _load(source, tmp_path)
+    for p in (2.0, 1.0, 0.5, 3.0):
+        module.p = p
+        got = candidate.entry(*inputs, margin=1.0, p=p, eps=module.eps)
+        torch.testing.assert_close(got, module(*inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_independent_folds_share_one_pass() -> None:
+    # Two distances from one anchor, chunked: one loop reads the anchor once for both sums.
+    module = Model(lambda a, p, n: (a - p).abs().sum(1) + (a - n).abs().sum(1))
+    source = write_open_source(_auto_spec(module, [torch.randn(4, 40) for _ in range(3)]), strategy=CHUNKED)
+    chunked = source[source.index("def _k0_chunked") :].split("@triton.jit")[0]
+    assert chunked.count("for start") == 1 and chunked.count("tl.load(p_x0") == 1

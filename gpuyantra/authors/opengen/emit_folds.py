@@ -15,6 +15,21 @@ from gpuyantra.authors.opengen.spec import Unsupported
 from gpuyantra.authors.opengen.symbolic import same_shape
 
 
+def _reaches_fold(node: ir.Node) -> bool:
+    """Whether `node` is computed from a reduction, scan or product."""
+    seen: set[int] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, (ir.Reduce, ir.Scan, ir.MatMul)):
+            return True
+        todo.extend(ir.children(n))
+    return False
+
+
 class FoldEmitter(TileEmitter):
     """The handlers of reductions, products and scans (see the module docstring)."""
 
@@ -42,17 +57,25 @@ class FoldEmitter(TileEmitter):
         finally:
             self.computing.discard(id(node))
 
-    def _pass_regions(self) -> tuple[Region, Region]:
-        """A new loop + post region, placed before the code that needs their result."""
+    def _pass_regions(self, node: ir.Reduce) -> tuple[Region, Region]:
+        """A loop + post region placed before the code that needs their result. Folds computed
+        from the inputs alone (no other fold's result) share one loop, so slices they both read
+        are loaded once (a triplet loss's anchor, two distances from it)."""
         if self.variant != "chunked":
             return self.main, self.main
-        loop, post = self._region("loop"), self._region("post")
         at = self._pos(self.cur) if self.cur.kind == "loop" else self._pos(self.tail)
+        independent = not _reaches_fold(node.src)
+        shared = getattr(self, "_shared_pass", None)
+        if independent and shared is not None and shared[1] in self.regions and self._pos(shared[1]) < at:
+            return shared
+        loop, post = self._region("loop"), self._region("post")
         self.regions[at:at] = [loop, post]
+        if independent and shared is None:
+            self._shared_pass = (loop, post)
         return loop, post
 
     def _reduce_pass(self, node: ir.Reduce) -> Val:
-        loop, post = self._pass_regions()
+        loop, post = self._pass_regions(node)
         saved, self.cur = self.cur, loop
         try:
             v = self.value(node.src, self.full_index(), self.domain_linear() if self.domain.trailing else None)
