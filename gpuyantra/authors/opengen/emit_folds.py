@@ -15,21 +15,6 @@ from gpuyantra.authors.opengen.spec import Unsupported
 from gpuyantra.authors.opengen.symbolic import same_shape
 
 
-def _reaches_fold(node: ir.Node) -> bool:
-    """Whether `node` is computed from a reduction, scan or product."""
-    seen: set[int] = set()
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, (ir.Reduce, ir.Scan, ir.MatMul)):
-            return True
-        todo.extend(ir.children(n))
-    return False
-
-
 class FoldEmitter(TileEmitter):
     """The handlers of reductions, products and scans (see the module docstring)."""
 
@@ -64,14 +49,14 @@ class FoldEmitter(TileEmitter):
         if self.variant != "chunked":
             return self.main, self.main
         at = self._pos(self.cur) if self.cur.kind == "loop" else self._pos(self.tail)
-        independent = not _reaches_fold(node.src)
-        shared = getattr(self, "_shared_pass", None)
+        independent = not any(isinstance(n, (ir.Reduce, ir.Scan, ir.MatMul)) for n in ir.nodes_from(node.src))
+        shared = self.shared_pass
         if independent and shared is not None and shared[1] in self.regions and self._pos(shared[1]) < at:
             return shared
         loop, post = self._region("loop"), self._region("post")
         self.regions[at:at] = [loop, post]
         if independent and shared is None:
-            self._shared_pass = (loop, post)
+            self.shared_pass = (loop, post)
         return loop, post
 
     def _reduce_pass(self, node: ir.Reduce) -> Val:

@@ -51,6 +51,7 @@ class TileEmitter:
         self.regions.append(self.main)
         self.tail = self.main
         self.cur = self.main  # where full-tile and column values go
+        self.shared_pass: tuple[Region, Region] | None = None  # the loop folds of the inputs alone share
         self.guards: list[Val] = []
         self.size_params: dict[str, str] = {}  # str(expr) -> param
         self.kept_cache: dict[int, Val] = {}

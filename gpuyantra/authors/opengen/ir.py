@@ -11,6 +11,7 @@ Kinds: "f" (floating: computed in float32 in the kernels), "i" (integer), "b" (b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import sympy
@@ -196,18 +197,22 @@ def children(node: Node) -> tuple[Node, ...]:
     return (src,) if isinstance(src, Node) else ()
 
 
-def reaches(node: Node, target: Node) -> bool:
-    """Whether `target` is among the values `node` is computed from (or is `node`)."""
+def nodes_from(*roots: Node) -> Iterator[Node]:
+    """Each distinct node the roots are computed from, the roots included (depth first)."""
     seen: set[int] = set()
-    todo = [node]
+    todo = list(roots)
     while todo:
         n = todo.pop()
-        if n is target:
-            return True
-        if id(n) not in seen:
-            seen.add(id(n))
-            todo.extend(children(n))
-    return False
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        todo.extend(children(n))
+
+
+def reaches(node: Node, target: Node) -> bool:
+    """Whether `target` is among the values `node` is computed from (or is `node`)."""
+    return any(n is target for n in nodes_from(node))
 
 
 def kind_of(dtype: torch.dtype) -> str:

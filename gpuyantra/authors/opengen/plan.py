@@ -55,17 +55,7 @@ class KernelPlan:
 
     def _count(self, kind: type | tuple[type, ...]) -> int:
         """Distinct nodes of `kind` the kernel's stores compute from."""
-        seen: set[int] = set()
-        todo = [s.node for s in self.stores]
-        count = 0
-        while todo:
-            n = todo.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            count += isinstance(n, kind)
-            todo.extend(ir.children(n))
-        return count
+        return sum(isinstance(n, kind) for n in ir.nodes_from(*(s.node for s in self.stores)))
 
     @property
     def gathers(self) -> int:

@@ -26,7 +26,7 @@ from gpuyantra.authors.opengen.kernel import Buffer, dtype_code
 from gpuyantra.authors.opengen.lower import Lowered, lower
 from gpuyantra.authors.opengen.matmul import MatmulEmitter, make_emitter
 from gpuyantra.authors.opengen.ops import HELPERS, LIBDEVICE_HELPERS
-from gpuyantra.authors.opengen.plan import LARGE_WINDOW, KernelPlan, Plan, Planner
+from gpuyantra.authors.opengen.plan import LARGE_WINDOW, WINDOW_GATHERS, KernelPlan, Plan, Planner
 from gpuyantra.authors.opengen.spec import OpenSpec, Unsupported
 from gpuyantra.authors.opengen.strategy import COMMENTS, MATMUL_KNOBS, normalize
 from gpuyantra.authors.opengen.symbolic import host_code, literal, product
@@ -236,10 +236,11 @@ class _File:
         if kp.domain.flat:
             em = self._emit(kp, "flat", kp.name)
             n = self.size(product(kp.domain.shape))
-            window = kp.window_gathers
+            gathers = kp.gathers
+            window = gathers >= WINDOW_GATHERS
             block = "FLAT_BLOCK"
             if window:
-                block = "max(16, GATHER_BLOCK // 4)" if kp.gathers >= LARGE_WINDOW else "GATHER_BLOCK"
+                block = "max(16, GATHER_BLOCK // 4)" if gathers >= LARGE_WINDOW else "GATHER_BLOCK"
             warps = "NUM_WARPS or max(1, min(8, _blk // 128))" if window else "_warps(_blk)"
             self.launches += [
                 f"# {kp.name}: elementwise over {_shape_text(kp.domain.shape)} -> {what}",
@@ -468,18 +469,7 @@ class _File:
 
 
 def _inputs_read(node: ir.Node) -> set[str]:
-    names: set[str] = set()
-    seen: set[int] = set()
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, ir.Input):
-            names.add(n.name)
-        todo.extend(ir.children(n))
-    return names
+    return {n.name for n in ir.nodes_from(node) if isinstance(n, ir.Input)}
 
 
 def _shape_text(shape: Sequence[sympy.Expr]) -> str:
