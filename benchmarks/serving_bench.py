@@ -3,7 +3,8 @@ the engine's Triton decode attention, the same plus the campaign's swaps (rms_no
 CUDA graphs (SDPA), graphs + rms_norm, graphs with the Triton decode attention, adding the swaps
 one at a time, then with q/k/v and gate/up fused into one GEMM each (`serving/fusion.py`; every
 other section runs the projections as the modeling code wrote them), and torch.compile
-(reduce-overhead) on the same static KV cache.
+(reduce-overhead) on the same static KV cache. The last engine is measured again with its decode
+waiting for each step's tokens before queuing the next (run-ahead off), then with run-ahead again.
 
     python benchmarks/serving_bench.py --out serving_bench.json          # H200: qwen2.5-1.5b bf16, < 8 min
     python benchmarks/serving_bench.py --smoke --out /tmp/s.json         # CPU smoke test (tiny-qwen2, interpreter)
@@ -111,6 +112,12 @@ def parse_args(argv=None):
         default=240.0,
         help="skip torch.compile for the remaining batches once this much time was spent on it",
     )
+    p.add_argument(
+        "--sections",
+        default="",
+        help="comma-separated name prefixes: run only the sections whose names start with one "
+        "(e.g. 'graphs+attn+fused+swaps,profile_graph_step'); default all",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny-qwen2 on the CPU (interpreter), few tokens")
     return p.parse_args(argv)
 
@@ -158,6 +165,9 @@ def main(argv=None) -> int:
     def section(name, fn):
         if args.only_compile and name != "torch.compile":
             return
+        wanted = [s for s in args.sections.split(",") if s]
+        if wanted and not any(name.startswith(s) for s in wanted):
+            return
         t0 = time.perf_counter()
         try:
             value = fn()
@@ -189,7 +199,16 @@ def main(argv=None) -> int:
                 max_tokens=args.tokens, prompt_tokens=args.prompt_tokens, batch=b, repeats=args.repeats
             )
             out[f"batch{b}"] = {
-                k: r[k] for k in ("tokens_per_s", "e2e_tokens_per_s", "ms_per_step", "prefill_s", "path", "output_ids")
+                k: r[k]
+                for k in (
+                    "tokens_per_s",
+                    "e2e_tokens_per_s",
+                    "ms_per_step",
+                    "prefill_s",
+                    "path",
+                    "run_ahead",
+                    "output_ids",
+                )
             }
             print(f"  {label} batch {b}: {r['tokens_per_s']:.1f} tok/s ({r['ms_per_step']:.2f} ms/step)", flush=True)
         return out
@@ -289,6 +308,23 @@ def main(argv=None) -> int:
         decode_attention="triton",
         fuse_projections="on",
     )
+
+    def last_engine_again(label, run_ahead):
+        """The last engine benchmarked again with run-ahead on or off (graph decode waiting for each
+        step's tokens before queuing the next), so the two are compared on one engine and loan."""
+
+        def run():
+            engine = holder["engine"]
+            engine.run_ahead = run_ahead
+            try:
+                return agreement(bench(engine, label))
+            finally:
+                engine.run_ahead = True
+
+        section(label, run)
+
+    last_engine_again("graphs+attn+fused+swaps waiting", False)
+    last_engine_again("graphs+attn+fused+swaps again", True)
 
     # ------------------------------------------------------------------ where the graph step's time goes
     def profile_graph_step():
@@ -482,6 +518,8 @@ def main(argv=None) -> int:
         "graphs+attn+swaps",
         "graphs+attn+fused",
         "graphs+attn+fused+swaps",
+        "graphs+attn+fused+swaps waiting",
+        "graphs+attn+fused+swaps again",
         "torch.compile",
     ):
         for b in batches:

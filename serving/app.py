@@ -113,6 +113,7 @@ def _build(state: ServerState) -> None:
             decode_attention=config.decode_attention,
             fuse_projections=config.fuse_projections,
             graph_buckets=config.graph_buckets,
+            run_ahead=config.run_ahead,
             observer=state.metrics,
             max_parity_shapes=config.max_parity_shapes,
         )

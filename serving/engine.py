@@ -35,7 +35,9 @@ wires them to the swap engine and the CUDA-graph decoder. Requests and observer 
 `serving.request`; live shapes: `serving.shapes`.
 
 With `cuda_graphs=True` decode steps replay a CUDA graph per batch-size bucket (`serving.graphs`);
-prefill stays eager. On a CPU the same static-shape decode runs eagerly (for tests).
+prefill stays eager. Greedy requests then run one step ahead (`run_ahead`): the scheduler queues
+step k+1, fed on the device by step k, before it waits for step k's tokens. On a CPU the same
+static-shape decode runs eagerly (for tests).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Engine(ServedSpeed, Profiling):
         decode_attention: str = "auto",
         fuse_projections: str = "auto",
         graph_buckets: Sequence[int] | None = None,
+        run_ahead: bool = True,
         observer: EngineObserver | None = None,
         max_parity_shapes: int = 4,
         self_check: bool = True,
@@ -85,6 +88,7 @@ class Engine(ServedSpeed, Profiling):
         self._open_groups_found = False
         self.shapes = ShapeRecorder(self.model, self.groups)
         self._init_scheduler()
+        self.run_ahead = run_ahead
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder

@@ -7,6 +7,12 @@ whole `max_len` (masked), so one graph serves every position. The serving loop o
 it writes them into the static buffer before each replay; nothing in the graph keeps a counter
 (unlike transformers' `StaticCache`, whose `cumulative_length` advances on every replay).
 
+Run-ahead: the step also takes each row's greedy token (argmax of its logits, into `next`) and
+feeds it back as the next step's input, with the row's position advanced (scratch rows stay at
+scratch). So a step can be replayed again without the host writing anything (`decode_fed`) while
+the host still reads the previous step's tokens (`copy_greedy`): the serving loop queues step k+1
+before it waits for step k, and the GPU does not idle while the host handles a step's tokens.
+
 Re-capture: after any change of the model's forwards (a swap about to commit, a rollback) the
 engine calls `capture_all()`, which drops the old graphs and captures new ones that contain the
 new kernels. Warm-up and capture write only at the cache's scratch position (`max_len - 1`), so
@@ -78,6 +84,10 @@ class GraphDecoder:
                 "pos": torch.full((b,), engine.cache.scratch_position, dtype=torch.long, device=self.device),
                 "host_ids": torch.zeros((b, 1), dtype=torch.long, pin_memory=self.capture_enabled),
                 "host_pos": torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled),
+                # greedy tokens of the last step (fed back as the next step's ids), and two host
+                # buffers for them: step k's copy may still be read while step k+1's is queued
+                "next": torch.zeros((b,), dtype=torch.long, device=self.device),
+                "host_next": [torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled) for _ in range(2)],
                 "graph": None,
                 "logits": None,
             }
@@ -85,6 +95,9 @@ class GraphDecoder:
         self.captures = 0
         self.last_capture_s: float | None = None
         self.replays = 0
+        self.fed_steps = 0  # steps run ahead on the inputs the previous step fed
+        self.fed_bucket: int | None = None  # the bucket whose inputs hold what its last step fed
+        self._next_buffer = 0  # which of a bucket's two host token buffers the next copy fills
 
     # ------------------------------------------------------------------ the captured step
     def step(self, b: int) -> torch.Tensor:
@@ -93,7 +106,13 @@ class GraphDecoder:
         cache.set_decode(b, st["pos"], cache.max_len)
         mask = decode_mask(st["pos"], cache.max_len, self.engine._arange, self.engine.dtype)
         with torch.no_grad():
-            return self.engine._forward(st["ids"], st["pos"][:, None], mask)[:, -1, :]
+            logits = self.engine._forward(st["ids"], st["pos"][:, None], mask)[:, -1, :]
+            # Run-ahead feed (see the module doc): greedy tokens in, live rows one position on.
+            st["next"].copy_(logits.argmax(dim=-1))
+            st["ids"].copy_(st["next"][:, None])
+            last = cache.scratch_position - 1
+            st["pos"].copy_(torch.where(st["pos"] >= last, cache.scratch_position, st["pos"] + 1))
+            return logits
 
     def bucket_for(self, n: int) -> int:
         for b in self.buckets:
@@ -113,23 +132,57 @@ class GraphDecoder:
             host_pos[n:] = scratch
         st["ids"].copy_(host_ids, non_blocking=True)
         st["pos"].copy_(host_pos, non_blocking=True)
+        self.fed_bucket = None
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One decode step for rows 0..n-1; returns logits [n, V] (a view valid until the next step)."""
         n = len(tokens)
         b = self.bucket_for(n)
         self._load_inputs(b, tokens, positions)
+        return self._run(b)[:n]
+
+    def decode_fed(self, n: int) -> torch.Tensor:
+        """The next step of the rows of the last step, on the inputs that step fed itself (its greedy
+        tokens, positions one on); logits [n, V]. Only right after a step of the same bucket."""
+        b = self.bucket_for(n)
+        if self.fed_bucket != b:
+            raise RuntimeError(f"no step of bucket {b} to run ahead from (last fed: {self.fed_bucket})")
+        self.fed_steps += 1
+        return self._run(b)[:n]
+
+    def _run(self, b: int) -> torch.Tensor:
         st = self.static[b]
         if self.capture_enabled:
             if st["graph"] is None:
                 self.capture_all()
             st["graph"].replay()
             self.replays += 1
-            return st["logits"][:n]
-        return self.step(b)[:n]
+            logits = st["logits"]
+        else:
+            logits = self.step(b)
+        self.fed_bucket = b
+        return logits
+
+    def greedy(self, n: int) -> torch.Tensor:
+        """The last step's greedy tokens of rows 0..n-1, on the device (valid until the next step)."""
+        return self.static[self.bucket_for(n)]["next"][:n]
+
+    def copy_greedy(self, n: int) -> PendingTokens:
+        """Queue the copy of the last step's greedy tokens (rows 0..n-1) to the host; read them with
+        `.wait()`. Queued before the next step is replayed, so that step cannot overwrite them."""
+        st = self.static[self.bucket_for(n)]
+        host = st["host_next"][self._next_buffer]
+        self._next_buffer ^= 1
+        host[:n].copy_(st["next"][:n], non_blocking=self.capture_enabled)
+        event = None
+        if self.capture_enabled:
+            event = torch.cuda.Event()
+            event.record()
+        return PendingTokens(host[:n], event)
 
     # ------------------------------------------------------------------ capture
     def _reset_inputs(self, b: int) -> None:
+        self.fed_bucket = None
         st = self.static[b]
         st["ids"].zero_()
         st["pos"].fill_(self.engine.cache.scratch_position)
@@ -248,7 +301,21 @@ class GraphDecoder:
             "captures": self.captures,
             "last_capture_s": self.last_capture_s,
             "replays": self.replays,
+            "fed_steps": self.fed_steps,
         }
+
+
+class PendingTokens:
+    """Greedy tokens on their way to the host: `wait()` blocks until the copy is done."""
+
+    def __init__(self, host: torch.Tensor, event: Any = None):
+        self._host = host
+        self._event = event
+
+    def wait(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
 
 
 class GraphParityError(RuntimeError):

@@ -14,11 +14,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gpuyantra.swap.engine import SwapEngine
+from serving.graphs import PendingTokens
 from serving.request import EngineNotReady, GenRequest, RequestError, _AdminOp, _Slot
 from serving.runner import ModelRunner
 
@@ -47,6 +49,10 @@ class Scheduler(ModelRunner):
         # Served decode steps (end time, rows, active rows, seconds): served speed judged from live
         # traffic without pausing it.
         self._live_steps: deque[tuple[float, int, int, float]] = deque(maxlen=LIVE_STEPS_KEPT)
+        # Graph decode runs one step ahead of the host when it can (`_decode_graphs`): the step
+        # replayed, its tokens not read yet.
+        self.run_ahead = True
+        self._ahead: _Step | None = None
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:
@@ -260,15 +266,80 @@ class Scheduler(ModelRunner):
         scratch = self.cache.scratch_position
         tokens = [s.last_token if s is not None else 0 for s in rows]
         positions = [s.pos if s is not None else scratch for s in rows]
-        graphs = self.graphs
-        if graphs is None:
-            # Eager: attend only up to the longest active row (inactive rows write at scratch).
-            kv_len = max(s.pos for s in rows if s is not None) + 1
-            logits = self._clean_pass(lambda: self.decode_rows_eager(tokens, positions, kv_len=kv_len))
-        else:
-            logits = self._clean_pass(lambda: graphs.decode(tokens, positions))
+        if self.graphs is not None:
+            self._decode_graphs(started, rows, tokens, positions)
+            return
+        # Eager: attend only up to the longest active row (inactive rows write at scratch).
+        kv_len = max(s.pos for s in rows if s is not None) + 1
+        logits = self._clean_pass(lambda: self.decode_rows_eager(tokens, positions, kv_len=kv_len))
         chosen = self._select(logits, rows)
         logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
+        self._finish_step(started, list(rows), chosen, logprobs)
+
+    def _decode_graphs(
+        self, started: float, rows: Sequence[_Slot | None], tokens: list[int], positions: list[int]
+    ) -> None:
+        """One graph decode step handed to its rows. Greedy rows without logprobs run one step ahead:
+        step k+1 (fed on the device by step k) is queued before the host waits for step k's tokens,
+        so the GPU works while the host hands them out. A step queued ahead is only ever handed to
+        the requests it ran for; a row whose request ended meanwhile drops its token."""
+        graphs = self.graphs
+        assert graphs is not None
+        step, self._ahead = self._ahead, None
+        if step is not None and not any(s is not None and self.slots[i] is s for i, s in enumerate(step.rows)):
+            step = None  # queued for requests that all ended since: nothing to hand out
+        if step is None:
+            logits = self._clean_pass(lambda: graphs.decode(tokens, positions))
+            if not self._greedy_rows(rows):
+                chosen = self._select(logits, rows, greedy=graphs.greedy(len(rows)))
+                logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
+                self._finish_step(started, list(rows), chosen, logprobs)
+                return
+            step = _Step(list(rows), graphs.copy_greedy(len(rows)))
+        if self._may_run_ahead(step):
+            graphs.decode_fed(len(step.rows))
+            if self.swaps.pending_faults():  # a graph step cannot fall back: drop it, run it again in step
+                self.swaps.handle_faults()
+            else:
+                self._ahead = _Step(step.rows, graphs.copy_greedy(len(step.rows)))
+        chosen = step.tokens.wait()
+        live = [slot if slot is not None and self.slots[i] is slot else None for i, slot in enumerate(step.rows)]
+        self._finish_step(started, live, chosen, [None] * len(chosen))
+
+    def _greedy_rows(self, rows: Sequence[_Slot | None]) -> bool:
+        """Every live row takes the argmax token and wants no logprobs (the graph's token suffices)."""
+        return all(s is None or (s.request.temperature <= 0 and not s.request.logprobs) for s in rows)
+
+    def _may_run_ahead(self, step: _Step) -> bool:
+        """Queue the next step now? Only when it is certainly wanted and nothing else waits to run
+        between the passes: every row of the step still served, greedy and short of its length
+        limit; no admin operation, fault or admissible request waiting; no other row active."""
+        if not self.run_ahead or self._admin or self.swaps.pending_faults():
+            return False
+        if self._pending and any(s is None for s in self.slots):
+            return False
+        n = len(step.rows)
+        if any(self.slots[i] is not step.rows[i] for i in range(n)) or any(s is not None for s in self.slots[n:]):
+            return False
+        for slot in step.rows:
+            if slot is None:
+                continue
+            req = slot.request
+            if req.cancelled or not self._greedy_rows([slot]):
+                return False
+            if len(req.output_ids) + 2 > req.max_tokens or slot.pos + 2 > self.usable_len:
+                return False  # this step's token may be the row's last: the next one would be wasted
+        return True
+
+    def _finish_step(
+        self,
+        started: float,
+        rows: Sequence[_Slot | None],
+        chosen: Sequence[int],
+        logprobs: Sequence[tuple[float, list[tuple[int, float]]] | None],
+    ) -> None:
+        """Count the step, then hand each live row its token."""
+        n = len(rows)
         active = sum(1 for s in rows if s is not None)
         elapsed = time.perf_counter() - started
         self.observer.on_forward("decode", n, active, elapsed)
@@ -279,8 +350,11 @@ class Scheduler(ModelRunner):
                 slot.pos += 1
                 self._accept(index, slot, chosen[index], logprobs[index])
 
-    def _select(self, logits: torch.Tensor, slots: Sequence[_Slot | None]) -> list[int]:
-        greedy = logits.argmax(dim=-1).tolist()
+    def _select(
+        self, logits: torch.Tensor, slots: Sequence[_Slot | None], greedy: torch.Tensor | None = None
+    ) -> list[int]:
+        """Each row's token: the argmax (`greedy`, when the step computed it already), or a sample."""
+        greedy = (logits.argmax(dim=-1) if greedy is None else greedy).tolist()
         out = list(greedy)
         for r, slot in enumerate(slots):
             if slot is None or slot.request.temperature <= 0:
@@ -334,6 +408,14 @@ class Scheduler(ModelRunner):
             except Exception:  # noqa: BLE001
                 log.exception("on_finish callback failed")
         self.observer.on_request_finished(req)
+
+
+@dataclass
+class _Step:
+    """A graph decode step replayed: the slots it ran for (by row) and its greedy tokens on their way."""
+
+    rows: list[_Slot | None]
+    tokens: PendingTokens
 
 
 def token_logprobs(

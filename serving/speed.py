@@ -49,13 +49,9 @@ class ServedSpeed(Scheduler):
             sync()
             t1 = time.perf_counter()
             outs = [[t] for t in last]
-            pos = [prompt_tokens] * batch
-            for _ in range(steps):
-                logits = self.decode_rows(last, pos)
-                last = logits.argmax(dim=-1).tolist()
+            for tokens in self._greedy_steps(last, [prompt_tokens] * batch, steps):
                 for r in range(batch):
-                    outs[r].append(last[r])
-                pos = [p + 1 for p in pos]
+                    outs[r].append(tokens[r])
             sync()
             return t1 - t0, time.perf_counter() - t1, outs
 
@@ -96,6 +92,30 @@ class ServedSpeed(Scheduler):
             **self._served_state(),
             "output_ids": results[-1][2][0][:8],
         }
+
+    def _greedy_steps(self, tokens: list[int], positions: list[int], steps: int) -> list[list[int]]:
+        """`steps` greedy decode steps of rows 0..n-1 from (tokens, positions), each step's tokens, as
+        the scheduler serves greedy rows: with graphs and run-ahead on, step k+1 is queued before
+        the host reads step k's tokens."""
+        graphs, n = self.graphs, len(tokens)
+        out: list[list[int]] = []
+        if graphs is None or not self.run_ahead:
+            for _ in range(steps):
+                tokens = self.decode_rows(tokens, positions).argmax(dim=-1).tolist()
+                out.append(tokens)
+                positions = [p + 1 for p in positions]
+            return out
+        graphs.decode(tokens, positions)
+        pending = graphs.copy_greedy(n)
+        for k in range(steps):
+            ahead = None
+            if k + 1 < steps:
+                graphs.decode_fed(n)
+                ahead = graphs.copy_greedy(n)
+            out.append(pending.wait())
+            if ahead is not None:
+                pending = ahead
+        return out
 
     def compare_swap(
         self,
@@ -168,6 +188,7 @@ class ServedSpeed(Scheduler):
             path = "cuda-graphs" if self.graphs.capture_enabled else "static-eager"
         return {
             "path": path,
+            "run_ahead": self.graphs is not None and self.run_ahead,
             "active_swaps": self.swaps.active_ids(),
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),

@@ -34,6 +34,7 @@ class ServeConfig:
     cuda_graphs: bool = False
     decode_attention: str = "auto"
     fuse_projections: str = "auto"
+    run_ahead: bool = True  # graph decode queues step k+1 before reading step k's greedy tokens
     max_batch: int = 8
     max_seq_len: int | None = None
     max_parity_shapes: int = 4

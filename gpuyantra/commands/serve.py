@@ -83,6 +83,12 @@ def register(subparsers) -> None:
         help="run q/k/v and gate/up projections as one GEMM each (weights stay the modules' own, "
         "as views; default auto: on for cuda)",
     )
+    p.add_argument(
+        "--no-run-ahead",
+        action="store_true",
+        help="with --cuda-graphs: wait for each decode step's tokens before queuing the next (default: "
+        "greedy requests run one step ahead, the next step queued while the host hands out the last)",
+    )
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument(
         "--max-seq-len",
@@ -146,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
         decode_attention=args.decode_attention,
         fuse_projections=args.fuse_projections,
+        run_ahead=not args.no_run_ahead,
         max_batch=args.max_batch,
         max_seq_len=args.max_seq_len,
         max_parity_shapes=args.max_parity_shapes,
