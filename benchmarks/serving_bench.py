@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     device = prepare(args.device)
     import torch
 
+    from gpuyantra.swap.records import SwapRejected
     from serving.cache import decode_mask
     from serving.engine import Engine
     from serving.models import describe, load_model
@@ -216,24 +217,46 @@ def main(argv=None) -> int:
     kernels = REPO / "gpuyantra" / "kernels"
     campaign_swaps = [("rms_norm", template), ("rope", kernels / "rope.py"), ("silu_mul", kernels / "silu_mul.py")]
 
+    def projection_shapes(engine):
+        """Each projection shape of the served model (weight and bias shapes), the vocabulary head
+        apart: a campaign targets each shape on its own, as `linear` swaps below do."""
+        shapes = {}
+        for name, module in engine.model.named_modules():
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+                bias = None if module.bias is None else list(module.bias.shape)
+                shapes[(tuple(module.weight.shape), None if bias is None else tuple(bias))] = {
+                    "weight": list(module.weight.shape),
+                    "bias": bias,
+                }
+        return list(shapes.values())
+
     def apply_swaps(engine, names):
         """Swap in the named template kernels (parity on live weights; with graphs: re-capture and
-        graph-path parity before each commit); returns what each swap recorded."""
+        graph-path parity before each commit); returns what each swap recorded. `linear`: the
+        template at its defaults, one swap per projection shape."""
         done = []
-        for name, path in campaign_swaps:
-            if name in names:
-                t = time.perf_counter()
-                record = engine.swaps.swap(path)
-                done.append(
-                    {
-                        "op": name,
-                        "binding": record.binding,
-                        "modules": record.modules,
-                        "functions": record.functions,
-                        "parity": record.parity,
-                        "swap_s": round(time.perf_counter() - t, 2),
-                    }
-                )
+        todo = [(name, path, None) for name, path in campaign_swaps if name in names]
+        if "linear" in names:
+            todo += [("linear", kernels / "linear.py", shapes) for shapes in projection_shapes(engine)]
+        for name, path, param_shapes in todo:
+            t = time.perf_counter()
+            try:
+                record = engine.swaps.swap(path, param_shapes=param_shapes)
+            except SwapRejected as exc:  # a projection fused into another is not computed by itself
+                if param_shapes is None:
+                    raise
+                done.append({"op": name, "param_shapes": param_shapes, "skipped": str(exc)})
+                continue
+            done.append(
+                {
+                    "op": name,
+                    "binding": record.binding,
+                    "modules": record.modules,
+                    "functions": record.functions,
+                    "parity": record.parity,
+                    "swap_s": round(time.perf_counter() - t, 2),
+                }
+            )
         return done
 
     def agreement(out):
@@ -325,6 +348,15 @@ def main(argv=None) -> int:
 
     last_engine_again("graphs+attn+fused+swaps waiting", False)
     last_engine_again("graphs+attn+fused+swaps again", True)
+    # ... and the linear template on every projection shape (the decode GEMVs), as a campaign deploys it
+    measure(
+        "graphs+attn+fused+swaps+linear",
+        ("rms_norm", "rope", "silu_mul", "linear"),
+        cuda_graphs=True,
+        decode_attention="triton",
+        fuse_projections="on",
+    )
+    last_engine_again("graphs+attn+fused+swaps+linear waiting", False)
 
     # ------------------------------------------------------------------ where the graph step's time goes
     def profile_graph_step():
@@ -520,6 +552,8 @@ def main(argv=None) -> int:
         "graphs+attn+fused+swaps",
         "graphs+attn+fused+swaps waiting",
         "graphs+attn+fused+swaps again",
+        "graphs+attn+fused+swaps+linear",
+        "graphs+attn+fused+swaps+linear waiting",
         "torch.compile",
     ):
         for b in batches:

@@ -48,6 +48,7 @@ BANDWIDTH_PRIORITY: tuple[str, ...] = (
     "BLOCK_N",
     "BLOCK_K",
     "DEFER_REDUCE",
+    "GEMV_UNROLL",
     "GEMV_WARPS",
     "W_EVICTION",
     "ROWS_PER_PROGRAM",

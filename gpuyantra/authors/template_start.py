@@ -34,10 +34,10 @@ def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, i
 
     CPU: interpreter-friendly tiles (few, wide programs). GPU, from an H200 sweep of Qwen2.5-1.5B's
     decode projections (bf16, CUDA-graph replay, weights from HBM):
-    * 1-4 rows, GEMV with per-lane sums (DEFER_REDUCE) over 512-wide K steps: 4 output features per
-      program for N < 8192 (q/k/v 4.5 us, o_proj 4.0 us vs cuBLAS 5.8 / 6.5), 8 for gate/up and
-      lm_head (17.5 / 115 us vs 17.4 / 113), and for a long K (down_proj) 8 features and 4 K slices
-      (10.8 vs 11.7 us);
+    * 1-4 rows, the unrolled GEMV over 512-wide K steps, weights evicted first, one warp per output
+      feature, no K split: 4 features per program for N < 8192 (q/k/v 3.6 us, o_proj 3.2 us vs
+      cuBLAS 5.5-9.4 / 6.5), 2 for gate/up and lm_head and for a long K (gate/up 14.1 us, 96 % of
+      copy bandwidth, vs 17.2; down_proj 8.2 us, 82 %, vs 11.8);
     * 5-16 rows, a 16-row tl.dot tile over 16 (N < 8192) or 32-64 output features, K 128 per step
       (batch 8: q/k/v 5.8, o 5.2, gate/up 16.3, lm_head 112 us, cuBLAS 5.8 / 5.2 / 17.7 / 116), K split
       automatically (none at K 1536, as measured; a long K with few tiles is split);
@@ -57,13 +57,12 @@ def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, i
 
 
 def _linear_gemv_start(strategy: dict[str, Any], k: int, n: int, itemsize: int) -> None:
-    strategy.update(DEFER_REDUCE=True, GEMV_WARPS=4, BLOCK_K=512 if itemsize <= 2 else 256)
-    if k >= 4 * n:  # down_proj: few outputs, long K; streamed weights evicted first (10.8 vs 11.1 us)
-        strategy.update(BLOCK_N=8, SPLIT_K=4, W_EVICTION="evict_first")
-    elif n >= 8192:  # gate/up, lm_head: 8 features per program (17.5 vs 18.4 us on gate/up)
-        strategy.update(BLOCK_N=8, SPLIT_K=1)
-    else:  # q/k/v, o_proj: latency-bound, weights evicted first (q/k/v 4.5 vs 4.7 us)
-        strategy.update(BLOCK_N=4, SPLIT_K=1, W_EVICTION="evict_first")
+    # Unrolled per-row sums (H200: the looped kernel's best was q/k/v 4.5, o 4.0, gate/up 17.5, down
+    # 10.8 us); within 2 % of each shape's best of 44-60 unrolled points.
+    strategy.update(DEFER_REDUCE=True, GEMV_UNROLL=True, SPLIT_K=1, W_EVICTION="evict_first")
+    strategy["BLOCK_K"] = 512 if itemsize <= 2 else 256
+    features = 2 if k >= 4 * n or n >= 8192 else 4  # down_proj and gate/up 2 (8.2, 14.1 us), q/k/v and o 4
+    strategy.update(BLOCK_N=features, GEMV_WARPS=features)
 
 
 def _linear_small_rows_start(strategy: dict[str, Any], n: int) -> None:

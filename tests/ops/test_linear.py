@@ -192,6 +192,45 @@ def test_template_knobs(strategy, load_rendered):
                 within_bound(entry(x, weight=weight, bias=b), x, weight, b)
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {"BLOCK_N": 4, "BLOCK_K": 32},  # ragged K: the last step masked
+        {"BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 3},  # slices: the last one shorter
+        {"BLOCK_N": 4, "BLOCK_K": 64, "GEMV_ROWS": 2},  # row tiles: the last one past M
+        {"BLOCK_N": 16, "BLOCK_K": 32, "W_EVICTION": "evict_first", "SPLIT_K": 0, "TARGET_PROGRAMS": 32},
+    ],
+    ids=["ragged-k", "split3", "row-tiles", "auto-split"],
+)
+def test_the_unrolled_gemv_runs_where_it_applies_and_agrees_with_the_looped_one(strategy, load_rendered, monkeypatch):
+    """1-4 rows, odd N and K, with and without bias: the unrolled kernel is the one launched, within
+    the accumulation bound, and its sums equal the looped kernel's to float32 rounding."""
+    unrolled = load_rendered("linear", {**default_strategy("linear"), **strategy, "GEMV_UNROLL": True}).module
+    looped = load_rendered("linear", {**default_strategy("linear"), **strategy, "GEMV_UNROLL": False}).module
+    launched: list = []
+    real = unrolled._gemv_unrolled
+    monkeypatch.setattr(unrolled, "_gemv_unrolled", _Counting(real, launched))
+    for rows in (1, 2, 3, 4):
+        for bias in (True, False):
+            x, weight, b = inputs((rows, 301), 37, torch.float16, bias, seed=rows)
+            got = unrolled.entry(x, weight=weight, bias=b)
+            within_bound(got, x, weight, b)
+            want = looped.entry(x, weight=weight, bias=b)
+            assert torch.allclose(got.float(), want.float(), rtol=2e-3, atol=2e-3)
+    assert len(launched) == 8
+
+
+class _Counting:
+    """A Triton kernel that records each launch and runs it."""
+
+    def __init__(self, kernel, launches: list) -> None:
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(grid)
+        return self.kernel[grid]
+
+
 # The regime boundaries at the template's row bounds: GEMV up to 4 rows, 16-row tiles up to 16, big tiles after.
 BOUNDARY_ROWS = (1, 4, 5, 8, 16, 17, 54)
 # Small tiles and automatic splits everywhere: a long K is split in every regime, the last slice ragged.
@@ -284,7 +323,7 @@ def test_the_author_mirrors_the_regime_and_split_the_template_launches(strategy_
         }[strategy_name]
         module = load_rendered("linear", strategy).module
         calls: list = []
-        for kernel in ("_gemv", "_matmul", "_splitk_reduce"):
+        for kernel in ("_gemv", "_gemv_unrolled", "_matmul", "_splitk_reduce"):
             monkeypatch.setattr(module, kernel, LaunchSpy(kernel, calls))
         weight = torch.empty((n, k), dtype=torch.float16)
         for rows in BOUNDARY_ROWS:
@@ -293,7 +332,7 @@ def test_the_author_mirrors_the_regime_and_split_the_template_launches(strategy_
             kernel, grid, constexprs = calls[0]
             regime = linear_regime(strategy, rows)
             split = linear_split(strategy, n, k, rows)
-            assert kernel == ("_gemv" if regime == "gemv" else "_matmul"), (name, rows)
+            assert kernel in (("_gemv", "_gemv_unrolled") if regime == "gemv" else ("_matmul",)), (name, rows)
             assert grid[1] == constexprs["SPLIT"] == split, (name, rows)
             assert [c[0] for c in calls[1:]] == (["_splitk_reduce"] if split > 1 else []), (name, rows)
             if regime != "gemv":
@@ -437,8 +476,10 @@ def test_author_starts_from_the_decode_shape_and_knows_the_effective_split():
 
     lm_head, down, qkv = first(151936, 1536), first(1536, 8960), first(2048, 1536)
     assert linear_split(lm_head, 151936, 1536) == 1  # thousands of programs without a split
-    assert linear_split(down, 1536, 8960) > 1  # 48 output tiles: K is split to fill the GPU
-    assert qkv["BLOCK_N"] < lm_head["BLOCK_N"]
+    # down_proj: 2 features a program fill the GPU (768 programs) without splitting its long K
+    assert linear_split(down, 1536, 8960) == 1 and -(-1536 // down["BLOCK_N"]) >= 264
+    assert qkv["BLOCK_N"] > lm_head["BLOCK_N"] and all(s["GEMV_UNROLL"] for s in (lm_head, down, qkv))
+    assert all(s["GEMV_WARPS"] == s["BLOCK_N"] for s in (lm_head, down, qkv))  # a warp per feature
     assert first(2048, 1536, rows=512)["BLOCK_M"] == 128
     assert first(2048, 1536, hardware="cpu")["SPLIT_K"] == 1  # few wide programs in the interpreter
     # Matmul knobs do not matter at decode: two strategies that differ only there are one point.
