@@ -49,6 +49,7 @@ BANDWIDTH_PRIORITY: tuple[str, ...] = (
     "BLOCK_K",
     "DEFER_REDUCE",
     "GEMV_UNROLL",
+    "GEMV_UNROLL_ROWS",
     "GEMV_WARPS",
     "W_EVICTION",
     "ROWS_PER_PROGRAM",

@@ -51,6 +51,7 @@ LINEAR_KNOBS: dict[str, list[Any]] = {
     "W_EVICTION": ["", "evict_first"],
     "DEFER_REDUCE": [False, True],
     "GEMV_UNROLL": [True, False],
+    "GEMV_UNROLL_ROWS": [1, 2, 4],
     "SMALL_SPLIT_K": [0, 1, 2, 3, 4, 6, 8, 12, 16],  # 0: auto (TARGET_PROGRAMS)
     "SMALL_BLOCK_N": [16, 32, 64, 128, 256],
     "SMALL_BLOCK_K": [32, 64, 128, 256, 512],
@@ -67,7 +68,17 @@ LINEAR_KNOBS: dict[str, list[Any]] = {
 }
 # The knobs each linear regime reads (TARGET_PROGRAMS and the row bounds aside), and its K split.
 LINEAR_REGIME_KNOBS: dict[str, tuple[str, ...]] = {
-    "gemv": ("GEMV_ROWS", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GEMV_WARPS", "W_EVICTION", "DEFER_REDUCE", "GEMV_UNROLL"),
+    "gemv": (
+        "GEMV_ROWS",
+        "BLOCK_N",
+        "BLOCK_K",
+        "SPLIT_K",
+        "GEMV_WARPS",
+        "W_EVICTION",
+        "DEFER_REDUCE",
+        "GEMV_UNROLL",
+        "GEMV_UNROLL_ROWS",
+    ),
     "small": ("SMALL_BLOCK_N", "SMALL_BLOCK_K", "SMALL_SPLIT_K", "SMALL_WARPS", "SMALL_STAGES"),
     "big": ("BLOCK_M", "MM_BLOCK_N", "MM_BLOCK_K", "MM_SPLIT_K", "GROUP_M", "MM_WARPS", "NUM_STAGES"),
 }

@@ -37,7 +37,8 @@ def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, i
     * 1-4 rows, the unrolled GEMV over 512-wide K steps, weights evicted first, one warp per output
       feature, no K split: 4 features per program for N < 8192 (q/k/v 3.6 us, o_proj 3.2 us vs
       cuBLAS 5.5-9.4 / 6.5), 2 for gate/up and lm_head and for a long K (gate/up 14.1 us, 96 % of
-      copy bandwidth, vs 17.2; down_proj 8.2 us, 82 %, vs 11.8);
+      copy bandwidth, vs 17.2; down_proj 8.2 us, 82 %, vs 11.8); 2-4 rows the looped GEMV (the
+      unrolled one with 4 rows: gate/up 21.6, down 18.0 us, against cuBLAS 17.2 / 11.8);
     * 5-16 rows, a 16-row tl.dot tile over 16 (N < 8192) or 32-64 output features, K 128 per step
       (batch 8: q/k/v 5.8, o 5.2, gate/up 16.3, lm_head 112 us, cuBLAS 5.8 / 5.2 / 17.7 / 116), K split
       automatically (none at K 1536, as measured; a long K with few tiles is split);
@@ -59,7 +60,7 @@ def _linear_initial(strategy: dict[str, Any], rows: list[int], k: int, n: int, i
 def _linear_gemv_start(strategy: dict[str, Any], k: int, n: int, itemsize: int) -> None:
     # Unrolled per-row sums (H200: the looped kernel's best was q/k/v 4.5, o 4.0, gate/up 17.5, down
     # 10.8 us); within 2 % of each shape's best of 44-60 unrolled points.
-    strategy.update(DEFER_REDUCE=True, GEMV_UNROLL=True, SPLIT_K=1, W_EVICTION="evict_first")
+    strategy.update(DEFER_REDUCE=True, GEMV_UNROLL=True, GEMV_UNROLL_ROWS=1, SPLIT_K=1, W_EVICTION="evict_first")
     strategy["BLOCK_K"] = 512 if itemsize <= 2 else 256
     features = 2 if k >= 4 * n or n >= 8192 else 4  # down_proj and gate/up 2 (8.2, 14.1 us), q/k/v and o 4
     strategy.update(BLOCK_N=features, GEMV_WARPS=features)

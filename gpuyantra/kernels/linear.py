@@ -8,12 +8,13 @@ with its own knobs, so one strategy serves batch-1 decode, batched decode and pr
   once (every weight byte is read once per row tile) with float32 products and sums. With
   SPLIT_K > 1 each slice writes float32 partial sums to a scratch buffer and `_splitk_reduce` adds
   them in a fixed order (deterministic, no atomics), then the bias, then the one rounding.
-  `_gemv_unrolled` (GEMV_UNROLL, up to 4 rows a program, a slice of at most GEMV_MAX_STEPS K steps):
+  `_gemv_unrolled` (GEMV_UNROLL, up to GEMV_UNROLL_ROWS rows, a slice of at most GEMV_MAX_STEPS K steps):
   K is a compile-time constant and the K loop unrolled, so a program's weight loads are all issued
   before the first product waits on one; x is read as a tile in the weight tile's layout (no layout
   change in the loop) and each row keeps its own per-lane sums. On an H200 it reads the decode
   projections' weights at 82-96 % of copy bandwidth where the looped `_gemv` (any rows, any K) read
-  them at 61-77 %. The looped one stays for long K and wide row tiles.
+  them at 61-77 %. With 4 rows its per-row sums cost registers: gate/up, down_proj and lm_head ran
+  at 0.66-0.80 of cuBLAS, so by default it takes 1 row and the looped one the rest, long K included.
 * small-row `_matmul` (GEMV_MAX_ROWS < M <= SMALL_MAX_ROWS: batched decode). 16-row tl.dot tiles
   (the smallest the tensor cores take) over SMALL_BLOCK_N features; on an H200 such a tile streams
   the weights of a batch-8 decode faster than the GEMV's broadcast product. With few tiles (down_proj)
@@ -46,7 +47,8 @@ TARGET_PROGRAMS = 264  # auto splits: programs to aim for (2 per SM on a 132-SM 
 GEMV_WARPS = 4  # GEMV: num_warps
 W_EVICTION = "evict_first"  # "" or "evict_first": cache hint for the GEMV's streamed weight tiles
 DEFER_REDUCE = True  # GEMV: keep [ROWS, BLOCK_N, BLOCK_K] partial products, reduce over K once at the end
-GEMV_UNROLL = True  # GEMV: the unrolled kernel where it applies (<= 4 rows a program, <= GEMV_MAX_STEPS K steps)
+GEMV_UNROLL = True  # GEMV: the unrolled kernel where it applies (<= GEMV_UNROLL_ROWS rows, <= GEMV_MAX_STEPS K steps)
+GEMV_UNROLL_ROWS = 1  # GEMV: rows the unrolled kernel takes at most (1-4; more rows, more registers a program)
 SMALL_MAX_ROWS = 16  # rows above GEMV_MAX_ROWS and up to this run 16-row tiles (batched decode)
 SMALL_BLOCK_N = 16  # small-row matmul: output features per 16-row tile
 SMALL_BLOCK_K = 128  # small-row matmul: K per step
@@ -64,7 +66,7 @@ NUM_STAGES = 3  # big-tile matmul: software pipelining depth of the K loop
 
 SMALL_BLOCK_M = 16  # rows per small-row tile: the smallest tl.dot tile
 GEMV_MAX_STEPS = 32  # unrolled GEMV: K steps a slice may hold (the unrolled code and its compile time grow with it)
-UNROLLED_MAX_ROWS = 4  # unrolled GEMV: rows a program may hold (one set of per-lane sums each)
+UNROLLED_MAX_ROWS = 4  # unrolled GEMV: rows a program can hold (one set of per-lane sums each)
 GEMV_MIN_SLICE_STEPS = 4  # auto split: K steps a GEMV slice keeps at least
 MATMUL_MIN_SLICE_STEPS = 8  # auto split: K steps a tl.dot slice keeps (its pipeline fills)
 MAX_SLICES = 64  # auto split: at most this many K slices
@@ -313,7 +315,8 @@ def _launch_gemv(x2, weight, bias, y, m, n, k):
     split, k_per_split = _k_slices(k, BLOCK_K, SPLIT_K, n_blocks, GEMV_MIN_SLICE_STEPS)
     partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
     unrolled_rows = min(GEMV_ROWS or GEMV_MAX_ROWS, m)
-    if GEMV_UNROLL and unrolled_rows <= UNROLLED_MAX_ROWS and k_per_split // BLOCK_K <= GEMV_MAX_STEPS:
+    fits = unrolled_rows <= min(GEMV_UNROLL_ROWS, UNROLLED_MAX_ROWS) and k_per_split // BLOCK_K <= GEMV_MAX_STEPS
+    if GEMV_UNROLL and fits:
         # Every slice but the last is whole steps; the last (shortest) one sets the unmasked steps.
         full_steps = (k - (split - 1) * k_per_split) // BLOCK_K
         _gemv_unrolled[(n_blocks, split, triton.cdiv(m, unrolled_rows))](

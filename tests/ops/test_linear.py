@@ -205,7 +205,8 @@ def test_template_knobs(strategy, load_rendered):
 def test_the_unrolled_gemv_runs_where_it_applies_and_agrees_with_the_looped_one(strategy, load_rendered, monkeypatch):
     """1-4 rows, odd N and K, with and without bias: the unrolled kernel is the one launched, within
     the accumulation bound, and its sums equal the looped kernel's to float32 rounding."""
-    unrolled = load_rendered("linear", {**default_strategy("linear"), **strategy, "GEMV_UNROLL": True}).module
+    point = {**default_strategy("linear"), **strategy, "GEMV_UNROLL": True, "GEMV_UNROLL_ROWS": 4}
+    unrolled = load_rendered("linear", point).module
     looped = load_rendered("linear", {**default_strategy("linear"), **strategy, "GEMV_UNROLL": False}).module
     launched: list = []
     real = unrolled._gemv_unrolled
@@ -218,6 +219,19 @@ def test_the_unrolled_gemv_runs_where_it_applies_and_agrees_with_the_looped_one(
             want = looped.entry(x, weight=weight, bias=b)
             assert torch.allclose(got.float(), want.float(), rtol=2e-3, atol=2e-3)
     assert len(launched) == 8
+
+
+def test_by_default_one_row_runs_unrolled_and_more_rows_looped(load_rendered, monkeypatch):
+    """The unrolled GEMV's per-row sums cost registers: on an H200 it lost to cuBLAS at 4 rows on the
+    large projections, so by default only a single row takes it (the decode step at batch 1)."""
+    module = load_rendered("linear", start_point(17920, 1536, [[1, 1536]])).module
+    calls: list = []
+    for kernel in ("_gemv", "_gemv_unrolled"):
+        monkeypatch.setattr(module, kernel, LaunchSpy(kernel, calls))
+    weight = torch.empty((17920, 1536), dtype=torch.float16)
+    for rows in (1, 2, 4):
+        module.entry(torch.empty((rows, 1536), dtype=torch.float16), weight=weight, bias=None)
+    assert [c[0] for c in calls] == ["_gemv_unrolled", "_gemv", "_gemv"]
 
 
 class _Counting:
