@@ -667,6 +667,39 @@ class CampaignBench:
             "run_details": runs,
         }
 
+    def streamed(self, client: httpx.Client, prompt: str, max_tokens: int, deadline: Deadline) -> dict[str, Any]:
+        """One greedy completion streamed: when each token arrived at the client."""
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        timeout = max(1.0, deadline.check("a streamed completion"))
+        arrivals: list[tuple[float, int]] = []  # (time, tokens in that event)
+        with client.stream("POST", f"{self.url}/v1/completions", json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                raise PhaseFailed(f"/v1/completions (stream): HTTP {response.status_code}")
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                    continue
+                choices = json.loads(line[len("data: ") :]).get("choices") or []
+                tokens = sum(len(c.get("token_ids") or []) for c in choices)
+                if tokens:
+                    arrivals.append((time.perf_counter(), tokens))
+        return decode_rate(arrivals)
+
+    def http_decode(self, clients: int, deadline: Deadline) -> dict[str, Any]:
+        """Decode speed as streaming clients see it: each request's tokens after its first, over the
+        time from its first token to its last (prefill and the HTTP round trip excluded, stalls behind
+        other requests' prefills included). C clients at once: C x the median request's rate."""
+        requests = max(self.args.http_requests, HTTP_REQUESTS_PER_CLIENT * clients)
+        prompts = [f"stream {i}: the quick brown fox jumps over the lazy dog" for i in range(requests)]
+        with httpx.Client(limits=httpx.Limits(max_connections=clients + 4)) as client:
+            self.streamed(client, prompts[0], 2, deadline)  # warm-up, untimed
+            with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+                rates = list(pool.map(lambda p: self.streamed(client, p, self.args.max_tokens, deadline), prompts))
+        per_request = [r["tokens_per_s"] for r in rates if r["tokens_per_s"]]
+        if not per_request:
+            raise PhaseFailed("no streamed request returned two or more token events")
+        spread = spread_of([clients * rate for rate in per_request])
+        return {**spread, "clients": clients, "requests": requests, "per_request_tokens_per_s": per_request}
+
     def inprocess_speed(self, batch: int, deadline: Deadline) -> dict[str, Any]:
         body = {
             "mode": "benchmark",
@@ -707,7 +740,7 @@ class CampaignBench:
 
     def measure(self, label: str, deadline: Deadline) -> None:
         """Served speed through HTTP and in-process at every batch, the greedy completion, the kernels."""
-        record: dict[str, Any] = {"http": {}, "inprocess": {}, "errors": []}
+        record: dict[str, Any] = {"http": {}, "http_decode": {}, "inprocess": {}, "errors": []}
         self.result[label] = record
 
         def part(name: str, fn: Callable[[], Any], into: dict[str, Any], key: str) -> None:
@@ -724,6 +757,12 @@ class CampaignBench:
         for b in self.args.batch_list:
             part(f"http batch {b}", functools.partial(self.http_speed, b, deadline), record["http"], f"batch{b}")
             part(
+                f"http decode batch {b}",
+                functools.partial(self.http_decode, b, deadline),
+                record["http_decode"],
+                f"batch{b}",
+            )
+            part(
                 f"in-process batch {b}",
                 functools.partial(self.inprocess_speed, b, deadline),
                 record["inprocess"],
@@ -731,12 +770,14 @@ class CampaignBench:
             )
             print(
                 f"  {label} batch {b}: HTTP {record['http'].get(f'batch{b}', {}).get('tokens_per_s')} tok/s, "
+                f"HTTP decode {fmt(record['http_decode'].get(f'batch{b}', {}).get('tokens_per_s'))} tok/s, "
                 f"in-process {fmt(record['inprocess'].get(f'batch{b}', {}).get('tokens_per_s'))} tok/s",
                 flush=True,
             )
         recorded = (self.result.get("before") or {}).get("greedy")
         if label != "before" and recorded and record.get("greedy"):
             record["greedy_equal"] = same_completion(recorded, record["greedy"])
+            record["greedy_equal_tokens"] = equal_prefix(recorded, record["greedy"])
             if not record["greedy_equal"]:
                 self.warn(f"{label}: the greedy completion differs from the one recorded before any swap")
         if record["errors"]:
@@ -991,6 +1032,24 @@ def last_json(text: str) -> dict[str, Any] | None:
     return None
 
 
+def decode_rate(arrivals: list[tuple[float, int]]) -> dict[str, Any]:
+    """A streamed completion's decode rate: tokens after the first event over the time from the first
+    event to the last (None with fewer than two events)."""
+    tokens = sum(n for _, n in arrivals)
+    if len(arrivals) < 2 or arrivals[-1][0] <= arrivals[0][0]:
+        return {"completion_tokens": tokens, "tokens_per_s": None}
+    after_first = tokens - arrivals[0][1]
+    return {"completion_tokens": tokens, "tokens_per_s": after_first / (arrivals[-1][0] - arrivals[0][0])}
+
+
+def equal_prefix(a: dict[str, Any], b: dict[str, Any]) -> int | None:
+    """How many leading tokens two completions share (None without token ids)."""
+    x, y = a.get("token_ids"), b.get("token_ids")
+    if x is None or y is None:
+        return None
+    return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+
+
 def same_completion(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a.get("token_ids") is not None and b.get("token_ids") is not None:
         return bool(a["token_ids"] == b["token_ids"])
@@ -1063,10 +1122,12 @@ def table(result: dict[str, Any], batches: list[int]) -> str:
     compile_row = result.get("compile") or {}
     rows = [
         ("HTTP before", (result.get("before") or {}).get("http")),
+        ("HTTP decode before", (result.get("before") or {}).get("http_decode")),
         ("in-process before", (result.get("before") or {}).get("inprocess")),
         ("in-process after rollback", ((result.get("warm") or {}).get("rollback") or {}).get("inprocess")),
         ("torch.compile in-process", compile_row),
         ("HTTP after warm", (result.get("after") or {}).get("http")),
+        ("HTTP decode after warm", (result.get("after") or {}).get("http_decode")),
         ("in-process after warm", (result.get("after") or {}).get("inprocess")),
     ]
     for name, figures in rows:
@@ -1096,7 +1157,8 @@ def table(result: dict[str, Any], batches: list[int]) -> str:
     rollback = (result.get("warm") or {}).get("rollback") or {}
     lines.append(
         f"greedy completion equal to the recorded one: after rollback {rollback.get('greedy_equal', '-')}, "
-        f"after warm {after.get('greedy_equal', '-')}; kernels in after warm: "
+        f"after warm {after.get('greedy_equal', '-')} (first {after.get('greedy_equal_tokens', '-')} tokens equal); "
+        "kernels in after warm: "
         + (", ".join(f"{k['op']}x{k['modules']}" for k in (after.get("kernels") or {}).get("active") or []) or "-")
     )
     culprit = (result.get("bisect") or {}).get("culprit")

@@ -4,6 +4,7 @@ checks they make (kernel inside the graph, greedy agreement, no failed request) 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -130,10 +131,29 @@ def test_campaign_bench_smoke(tmp_path):
     for label in ("before", "after"):
         for batch in ("batch1", "batch2"):
             assert result[label]["http"][batch]["tokens_per_s"] > 0
+            assert result[label]["http_decode"][batch]["tokens_per_s"] > 0  # streamed, after the first token
             assert result[label]["inprocess"][batch]["tokens_per_s"] > 0
     assert [k["op"] for k in result["after"]["kernels"]["active"]] == ["rms_norm"]
-    assert "greedy_equal" in result["after"]
+    assert "greedy_equal" in result["after"] and "greedy_equal_tokens" in result["after"]
     assert "warm" in proc.stdout and "first_deploy_s" in proc.stdout  # the table
+
+
+def load_campaign_bench():
+    spec = importlib.util.spec_from_file_location("campaign_bench", REPO / "benchmarks" / "campaign_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_streamed_decode_rate_leaves_the_first_token_out_and_prefixes_count_equal_tokens():
+    bench = load_campaign_bench()
+    # first event at 1.0 s (prefill ends), then 6 tokens over 0.5 s
+    rate = bench.decode_rate([(1.0, 1), (1.1, 2), (1.25, 1), (1.5, 3)])
+    assert rate["completion_tokens"] == 7 and rate["tokens_per_s"] == pytest.approx(12.0)
+    assert bench.decode_rate([(1.0, 4)])["tokens_per_s"] is None  # one event: no rate
+    assert bench.equal_prefix({"token_ids": [1, 2, 3, 4]}, {"token_ids": [1, 2, 9, 4]}) == 2
+    assert bench.equal_prefix({"token_ids": [1, 2]}, {"token_ids": [1, 2, 3]}) == 2
+    assert bench.equal_prefix({"text": "a"}, {"token_ids": [1]}) is None
 
 
 RMS_PROBLEM = """
