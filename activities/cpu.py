@@ -17,6 +17,8 @@ from workflows.types import (
     OutcomeInput,
     RetrieveInput,
     RetrieveResult,
+    ServedMemoryInput,
+    ServedRollbackInput,
     SkillSeed,
     Target,
     VerdictSummary,
@@ -51,6 +53,24 @@ def record_outcome(request: OutcomeInput) -> None:
 
     with SkillStore() as store:
         store.record_outcome(request.skill_id, request.reward)
+
+
+@activity.defn(name="served_rollbacks")
+def served_rollbacks(request: ServedMemoryInput) -> list[dict[str, Any]]:
+    """When serving `model` rolled this kernel back for speed before (oldest first; [] if never)."""
+    from gpuyantra.skills import SkillStore
+
+    with SkillStore() as store:
+        return store.served_rollbacks(request.skill_id, request.model)
+
+
+@activity.defn(name="record_served_rollback")
+def record_served_rollback(request: ServedRollbackInput) -> None:
+    from gpuyantra.skills import SkillStore
+
+    entry = {"model": request.model, "campaign": request.campaign_id, "reason": request.reason}
+    with SkillStore() as store:
+        store.record_served_rollback(request.skill_id, {**entry, "batches": request.batches})
 
 
 @activity.defn(name="write_candidate")
@@ -183,6 +203,8 @@ async def _started(workflow_id: str, run_id: str | None) -> datetime:
 ACTIVITIES: list[Callable[..., Any]] = [
     retrieve_skills,
     record_outcome,
+    served_rollbacks,
+    record_served_rollback,
     write_candidate,
     learn_skill,
     preflight_campaign,

@@ -52,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
         RetrieveInput,
         RetrieveResult,
         RollbackInput,
+        ServedMemoryInput,
+        ServedRollbackInput,
         ServerCall,
         SkillSeed,
         Target,
@@ -174,6 +176,8 @@ class OptimizeCampaign:
         self._searchable: set[str] = set()  # search attributes the namespace has registered (preflight says)
         self._deployed_count = 0
         self._best_speedup: float | None = None
+        self._model = ""  # the served model's name, as the profile gives it (served-speed memory)
+        self._campaign_id = ""
 
     @workflow.query
     def progress(self) -> dict[str, Any]:
@@ -218,6 +222,7 @@ class OptimizeCampaign:
         self._stage("profile")
         profile = await self._gpu("profile_server", server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
+        self._model, self._campaign_id = str(profile.get("model") or ""), campaign_id
         targets = [
             Target.from_dict(t) for t in select_targets(profile.get("targets", []), params.ops, params.max_targets)
         ]
@@ -314,6 +319,10 @@ class OptimizeCampaign:
         summary = passed_summary(target, search, best, skill_id)
         if best.verdict.reward < params.min_reward:
             return {"entry": {**summary, "reason": below_min_reward(best.verdict, params.min_reward)}}
+        if not params.redeploy_rolled_back and workflow.patched("served-memory"):
+            earlier = await self._served_rollbacks(skill_id)
+            if earlier:
+                return {"entry": {**summary, "reason": not_redeployed(earlier, self._model)}}
         if params.require_approval and not await self._wait_for_approval(target.op, progress):
             return {"entry": {**summary, "reason": "deployment not approved"}}
 
@@ -477,6 +486,8 @@ class OptimizeCampaign:
                 reason = f"rolled back: {paired_reason(judgement)}; {target.regime or 'unknown'} regime"
             else:
                 reason = rollback_reason(before, after, judgement, target.regime or "unknown")
+            if workflow.patched("served-memory"):
+                await self._remember_rollback(summary, reason, judgement)
             return {"entry": {**summary, "reason": reason}}
         if paired is not None:
             self._warn(f"{target.op} kept: the first check read a drop; {paired_reason(judgement)}")
@@ -490,6 +501,34 @@ class OptimizeCampaign:
         self._served = after
         enter(progress, "deployed")
         return {"deployed": True, "entry": summary}
+
+    async def _served_rollbacks(self, skill_id: str) -> list[dict[str, Any]]:
+        """When serving this model rolled the kernel of `skill_id` back for speed before."""
+        return await workflow.execute_activity(
+            "served_rollbacks",
+            ServedMemoryInput(skill_id=skill_id, model=self._model),
+            result_type=list,
+            task_queue=CPU_TASK_QUEUE,
+            start_to_close_timeout=timedelta(minutes=1),
+            retry_policy=RETRY,
+        )
+
+    async def _remember_rollback(self, summary: dict[str, Any], reason: str, judgement: dict[str, Any]) -> None:
+        """Keep the rollback with the kernel's skill: the next campaign on this model does not deploy
+        the same kernel again to measure the same loss."""
+        await workflow.execute_activity(
+            "record_served_rollback",
+            ServedRollbackInput(
+                skill_id=str(summary.get("skill_id")),
+                model=self._model,
+                campaign_id=self._campaign_id,
+                reason=reason,
+                batches=[int(b) for b in judgement.get("dropped") or []],
+            ),
+            task_queue=CPU_TASK_QUEUE,
+            start_to_close_timeout=timedelta(minutes=1),
+            retry_policy=RETRY,
+        )
 
     async def _paired_check(
         self, params: CampaignInput, target: Target, swap: dict[str, Any], after: dict[str, Any]
@@ -601,6 +640,17 @@ def not_passed_entry(target: Target, search: Search) -> dict[str, Any]:
         "verdict": verdict_digest(search.last.to_dict()),
         "attempts": search.attempts,
     }
+
+
+def not_redeployed(earlier: list[dict[str, Any]], model: str) -> str:
+    """Why a verified kernel is kept out: serving rolled the same kernel back before."""
+    last = earlier[-1]
+    times = f"{len(earlier)} times" if len(earlier) > 1 else "once"
+    return (
+        f"not deployed: serving {model or 'this model'} rolled this same kernel back for speed {times} "
+        f"(last in campaign {last.get('campaign') or '?'}: {last.get('reason') or 'no reason kept'}); "
+        "redeploy_rolled_back tries it again"
+    )
 
 
 def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) -> dict[str, Any]:

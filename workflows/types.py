@@ -131,6 +131,8 @@ class CampaignInput:
     require_approval: bool = False
     device: str | None = None  # where candidates are verified; None = the GPU worker's own device
     max_targets: int = 3  # when ops is not given: the top targets of the profile
+    # Deploy a kernel even if serving this model rolled it back for speed before (skill memory).
+    redeploy_rolled_back: bool = False
 
 
 @dataclass
@@ -198,6 +200,25 @@ class VerifyInput:
 class OutcomeInput:
     skill_id: str
     reward: float
+
+
+@dataclass
+class ServedMemoryInput:
+    """served_rollbacks' input: the kernel's skill and the served model's name."""
+
+    skill_id: str
+    model: str
+
+
+@dataclass
+class ServedRollbackInput:
+    """record_served_rollback's input: a kernel rolled back for served speed, and why."""
+
+    skill_id: str
+    model: str
+    campaign_id: str
+    reason: str
+    batches: list[int] = field(default_factory=list)  # the batches whose served speed dropped
 
 
 @dataclass

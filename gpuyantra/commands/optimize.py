@@ -43,6 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--require-approval", action="store_true", help="wait for the `approve` signal before each deployment"
     )
     parser.add_argument(
+        "--redeploy-rolled-back",
+        action="store_true",
+        help="deploy a kernel even if serving this model rolled the same kernel back for speed before",
+    )
+    parser.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         default=None,
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         min_reward=args.min_reward,
         max_iterations=args.max_iterations,
         require_approval=args.require_approval,
+        redeploy_rolled_back=args.redeploy_rolled_back,
         device=args.device,
         **({} if args.max_targets is None else {"max_targets": args.max_targets}),
     )

@@ -99,6 +99,9 @@ class Skill:
     updated_at: str = ""
     last_reward: float | None = None
     notes: str = ""
+    # Served-speed rollbacks of this kernel: {model, campaign, reason, batches, at}, oldest first. A
+    # campaign does not deploy it again on a model listed here (unless told to).
+    served_rollbacks: list[dict[str, Any]] = field(default_factory=list)
     # Set by `retrieve` only: cosine similarity to the query and "exact" (op + hardware) or "transfer".
     score: float | None = None
     match: str | None = None
@@ -327,6 +330,10 @@ class SkillStore:
             if merge_stats == "keep" or old.pulls > incoming.pulls:
                 incoming.pulls, incoming.total_reward = old.pulls, old.total_reward
                 incoming.last_reward = old.last_reward
+            # What serving learned of this kernel survives its being learned again.
+            incoming.served_rollbacks = old.served_rollbacks + [
+                r for r in incoming.served_rollbacks if r not in old.served_rollbacks
+            ]
         client.upsert(self.collection, points=[self._point(incoming)], wait=True)
         return incoming.id
 
@@ -416,6 +423,30 @@ class SkillStore:
                 wait=True,
             )
         return skill
+
+    def record_served_rollback(self, skill_id: str, entry: Mapping[str, Any]) -> Skill:
+        """Remember that the kernel of `skill_id` was rolled back for served speed (`entry`: model,
+        campaign, reason, batches); persisted at once. Returns the updated skill."""
+        with self._session() as client:
+            found = client.retrieve(self.collection, [str(skill_id)], with_payload=True)
+            if not found:
+                raise KeyError(f"no skill {skill_id!r}")
+            skill = Skill.from_dict(found[0].payload or {})
+            skill.served_rollbacks = [*skill.served_rollbacks, {**_jsonable(dict(entry)), "at": _now()}]
+            skill.updated_at = _now()
+            client.set_payload(
+                self.collection,
+                payload={"served_rollbacks": skill.served_rollbacks, "updated_at": skill.updated_at},
+                points=[str(skill_id)],
+                wait=True,
+            )
+        return skill
+
+    def served_rollbacks(self, skill_id: str, model: str) -> builtins.list[dict[str, Any]]:
+        """The served-speed rollbacks of `skill_id`'s kernel on `model`, oldest first ([] for an
+        unknown skill)."""
+        skill = self.get(skill_id)
+        return [r for r in (skill.served_rollbacks if skill else []) if r.get("model") == model]
 
     def get(self, id: str) -> Skill | None:
         """The skill with this id (a unique prefix of an id also works), or None."""

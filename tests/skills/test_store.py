@@ -85,6 +85,20 @@ def test_layer_norm_retrieves_rms_norm_skills_by_nearest_fingerprint(qdrant_dir)
     assert hits[-1].id == silu and hits[-1].score < hits[2].score - 0.2
 
 
+def test_served_rollbacks_are_kept_per_model_and_survive_learning_the_kernel_again(qdrant_dir):
+    with SkillStore(path=qdrant_dir) as store:
+        first = store.upsert(make_skill())
+        store.record_served_rollback(first, {"model": "m1", "campaign": "wf-1", "reason": "batch 8 3% slower"})
+        store.record_served_rollback(first, {"model": "m2", "campaign": "wf-2", "reason": "batch 1 5% slower"})
+        assert store.upsert(make_skill(reward=2)) == first  # learned again by a later campaign
+        assert [r["campaign"] for r in store.served_rollbacks(first, "m1")] == ["wf-1"]
+        assert store.served_rollbacks(first, "m3") == [] and store.served_rollbacks("no-such-skill", "m1") == []
+        with pytest.raises(KeyError):
+            store.record_served_rollback("no-such-skill", {"model": "m1"})
+    reopened = SkillStore(path=qdrant_dir).get(first)
+    assert [r["model"] for r in reopened.served_rollbacks] == ["m1", "m2"] and reopened.served_rollbacks[0]["at"]
+
+
 def test_bandit_statistics_survive_process_restarts(qdrant_dir):
     with SkillStore(path=qdrant_dir) as store:
         a = store.upsert(make_skill(variant="a"))

@@ -27,6 +27,8 @@ from workflows.types import (
     RetrieveInput,
     RetrieveResult,
     RollbackInput,
+    ServedMemoryInput,
+    ServedRollbackInput,
     ServerCall,
     VerifyInput,
     WriteInput,
@@ -59,8 +61,11 @@ class Script:
         batch8_after: float | None = None,
         batch8_spread: float = 0.0,
         paired_drops: list[float] | None = None,
+        memory: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self.rewards = rewards
+        # The skill store's served-speed rollbacks by skill id (share one dict between campaigns).
+        self.memory = {} if memory is None else memory
         # /admin/compare's paired drops per round (every batch alike); None: a server without the route.
         self.paired_drops = paired_drops
         self.compared: list[CompareInput] = []
@@ -153,6 +158,15 @@ class Script:
             self.calls.append(f"learn{request.iteration}")
             return "skill-1"
 
+        @activity.defn(name="served_rollbacks")
+        def served_rollbacks(request: ServedMemoryInput) -> list:
+            return [r for r in self.memory.get(request.skill_id, []) if r["model"] == request.model]
+
+        @activity.defn(name="record_served_rollback")
+        def record_served_rollback(request: ServedRollbackInput) -> None:
+            entry = {"model": request.model, "campaign": request.campaign_id, "reason": request.reason}
+            self.memory.setdefault(request.skill_id, []).append({**entry, "batches": request.batches})
+
         @activity.defn(name="rollback_swap")
         def rollback_swap(request: RollbackInput) -> dict:
             self.calls.append("rollback")
@@ -178,7 +192,15 @@ class Script:
 
         return (
             [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap, compare_swap],
-            [retrieve_skills, write_candidate, record_outcome, learn_skill, preflight_campaign],
+            [
+                retrieve_skills,
+                write_candidate,
+                record_outcome,
+                learn_skill,
+                preflight_campaign,
+                served_rollbacks,
+                record_served_rollback,
+            ],
         )
 
 
@@ -251,6 +273,31 @@ async def test_swap_that_slows_served_decode_is_rolled_back(env):
     assert script.calls[-2:] == ["deploy", "rollback"] and result["deployed"] == []
     assert "served decode at batch 1 went from 100.0 to 80.0 tokens/s" in result["rejected"][0]["reason"]
     assert result["rejected"][0]["served_speed"]["drop"] == 0.2 and result["warnings"] == []
+
+
+async def test_a_kernel_serving_rolled_back_is_not_deployed_again_on_that_model(env):
+    memory: dict = {}
+    first = Script(rewards=[3], slower_after_deploy=True, model="m1", memory=memory)
+    await run(env.client, first, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert first.calls[-2:] == ["deploy", "rollback"]
+    assert [(r["model"], r["batches"]) for r in memory["skill-1"]] == [("m1", [1, 8])]
+    assert "went from 100.0 to 80.0" in memory["skill-1"][0]["reason"]
+
+    again = Script(rewards=[3], slower_after_deploy=True, model="m1", memory=memory)
+    result = await run(env.client, again, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert "deploy" not in again.calls and result["deployed"] == []
+    reason = result["rejected"][0]["reason"]
+    assert reason.startswith("not deployed: serving m1 rolled this same kernel back for speed once")
+    assert "went from 100.0 to 80.0" in reason and "redeploy_rolled_back" in reason
+
+    other_model = Script(rewards=[3], slower_after_deploy=True, model="m2", memory=memory)
+    await run(env.client, other_model, CampaignInput(server_url="http://x", ops=["rms_norm"]))
+    assert other_model.calls[-2:] == ["deploy", "rollback"]  # measured on its own model
+
+    forced = Script(rewards=[3], model="m1", memory=memory)
+    params = CampaignInput(server_url="http://x", ops=["rms_norm"], redeploy_rolled_back=True)
+    result = await run(env.client, forced, params)
+    assert "deploy" in forced.calls and [d["op"] for d in result["deployed"]] == ["rms_norm"]
 
 
 async def test_a_drop_the_paired_check_confirms_is_rolled_back_with_its_figures(env):
