@@ -354,8 +354,7 @@ class Scheduler(ModelRunner):
         self, logits: torch.Tensor, slots: Sequence[_Slot | None], greedy: torch.Tensor | None = None
     ) -> list[int]:
         """Each row's token: the argmax (`greedy`, when the step computed it already), or a sample."""
-        greedy = (logits.argmax(dim=-1) if greedy is None else greedy).tolist()
-        out = list(greedy)
+        out: list[int] = (logits.argmax(dim=-1) if greedy is None else greedy).tolist()
         for r, slot in enumerate(slots):
             if slot is None or slot.request.temperature <= 0:
                 continue
