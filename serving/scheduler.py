@@ -313,8 +313,12 @@ class Scheduler(ModelRunner):
     def _may_run_ahead(self, step: _Step) -> bool:
         """Queue the next step now? Only when it is certainly wanted and nothing else waits to run
         between the passes: every row of the step still served, greedy and short of its length
-        limit; no admin operation, fault or admissible request waiting; no other row active."""
+        limit; no admin operation, fault or admissible request waiting; no other row active; and
+        the step's inputs still hold what it fed (a capture between the passes resets them)."""
         if not self.run_ahead or self._admin or self.swaps.pending_faults():
+            return False
+        assert self.graphs is not None
+        if self.graphs.fed_bucket != self.graphs.bucket_for(len(step.rows)):
             return False
         if self._pending and any(s is None for s in self.slots):
             return False

@@ -117,3 +117,21 @@ def test_a_request_joining_the_slot_of_one_that_stopped_mid_run_ahead_is_served_
     assert requests[0].output_ids == reference_greedy(engine.model, PROMPTS[0], 16)
     assert requests[2].output_ids == reference_greedy(engine.model, long_prompt, 6)
     assert engine.graphs.fed_steps > 0
+
+
+def test_a_recapture_while_a_step_runs_ahead_hands_it_out_and_feeds_the_next_from_the_host(tmp_path):
+    # Passes driven by hand (no engine thread): a step is queued ahead, then the graphs are captured
+    # again (what a swap between passes does: the fed inputs are reset). The queued step's tokens
+    # still count, and the next step loads its inputs from the host instead of running ahead.
+    engine = make_engine(tmp_path, run_ahead=True)
+    requests = [engine.submit(GenRequest(p, 8)) for p in PROMPTS[:2]]
+    engine._one_pass()  # prefill both
+    engine._one_pass()  # a decode step, and the next one queued ahead
+    assert engine._ahead is not None and engine.graphs.fed_steps == 1
+    engine.graphs.capture_all()
+    for _ in range(20):
+        if all(r.done.is_set() for r in requests):
+            break
+        engine._one_pass()
+    assert [r.finish_reason for r in requests] == ["length", "length"]
+    assert [r.output_ids for r in requests] == [reference_greedy(engine.model, p, 8) for p in PROMPTS[:2]]
