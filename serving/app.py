@@ -114,6 +114,7 @@ def _build(state: ServerState) -> None:
             fuse_projections=config.fuse_projections,
             graph_buckets=config.graph_buckets,
             run_ahead=config.run_ahead,
+            prefill_graphs=config.prefill_graphs,
             observer=state.metrics,
             max_parity_shapes=config.max_parity_shapes,
         )

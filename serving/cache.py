@@ -71,10 +71,13 @@ class SlotCache:
     def set_prefill(self, row: int, start: int = 0) -> None:
         self.mode = _Prefill(row=row, start=start)
 
-    def set_prefill_rows(self, rows: Sequence[int]) -> None:
+    def set_prefill_rows(self, rows: Sequence[int] | torch.Tensor) -> None:
         """Prefill of several rows in one pass, prompts right-padded to one length, from position 0.
-        Padding writes slots past a row's prompt; decode overwrites each slot before attending to it."""
-        self.mode = _PrefillRows(rows=torch.tensor(list(rows), device=self.device))
+        Padding writes slots past a row's prompt; decode overwrites each slot before attending to it.
+        A tensor of rows is used as it is (a captured prefill's static row)."""
+        if not isinstance(rows, torch.Tensor):
+            rows = torch.tensor(list(rows), device=self.device)
+        self.mode = _PrefillRows(rows=rows)
 
     def set_decode(self, rows: int, positions: torch.Tensor, kv_len: int) -> None:
         self.mode = _Decode(rows=rows, positions=positions, kv_len=kv_len)

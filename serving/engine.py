@@ -35,7 +35,8 @@ wires them to the swap engine and the CUDA-graph decoder. Requests and observer 
 `serving.request`; live shapes: `serving.shapes`.
 
 With `cuda_graphs=True` decode steps replay a CUDA graph per batch-size bucket (`serving.graphs`);
-prefill stays eager. Greedy requests then run one step ahead (`run_ahead`): the scheduler queues
+a one-row prefill replays a graph per prompt-length bucket (`serving.prefill_graphs`; more rows stay
+eager). Greedy requests then run one step ahead (`run_ahead`): the scheduler queues
 step k+1, fed on the device by step k, before it waits for step k's tokens. On a CPU the same
 static-shape decode runs eagerly (for tests).
 """
@@ -72,6 +73,7 @@ class Engine(ServedSpeed, Profiling):
         fuse_projections: str = "auto",
         graph_buckets: Sequence[int] | None = None,
         run_ahead: bool = True,
+        prefill_graphs: bool = True,
         observer: EngineObserver | None = None,
         max_parity_shapes: int = 4,
         self_check: bool = True,
@@ -94,6 +96,11 @@ class Engine(ServedSpeed, Profiling):
             from serving.graphs import GraphDecoder
 
             self.graphs = GraphDecoder(self, graph_buckets)
+            if prefill_graphs:
+                from serving.prefill_graphs import PrefillGraphs
+
+                self.prefill_graphs = PrefillGraphs(self)
+                self.graphs.on_forwards_changed.append(self.prefill_graphs.invalidate)
         self.swaps = SwapEngine(
             self.model,
             state_dir,

@@ -26,7 +26,7 @@ itself is exercised.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -96,6 +96,8 @@ class GraphDecoder:
         self.last_capture_s: float | None = None
         self.replays = 0
         self.fed_steps = 0  # steps run ahead on the inputs the previous step fed
+        # Called whenever the graphs start to replay other forwards (a capture, a kept set put back).
+        self.on_forwards_changed: list[Callable[[], None]] = []
         self.fed_bucket: int | None = None  # the bucket whose inputs hold what its last step fed
         self._next_buffer = 0  # which of a bucket's two host token buffers the next copy fills
 
@@ -189,6 +191,7 @@ class GraphDecoder:
 
     def capture_all(self) -> None:
         started = time.perf_counter()
+        self._forwards_changed()
         for b in self.buckets:
             self._reset_inputs(b)
         if not self.capture_enabled:
@@ -230,9 +233,14 @@ class GraphDecoder:
     def use_captured(self, captured: dict[str, Any]) -> None:
         """Replay a set kept by `captured` from now on (the set replaced stays alive only while
         someone holds it)."""
+        self._forwards_changed()
         for b, (graph, logits) in captured["graphs"].items():
             self.static[b]["graph"], self.static[b]["logits"] = graph, logits
         self.pool = captured["pool"]
+
+    def _forwards_changed(self) -> None:
+        for callback in self.on_forwards_changed:
+            callback()
 
     # ------------------------------------------------------------------ graph-path parity
     def _probe_inputs(self, b: int) -> tuple[list[int], list[int]]:

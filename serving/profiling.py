@@ -144,6 +144,10 @@ class Profiling(Scheduler):
     def profile(self) -> dict[str, Any]:
         if self.active_count:
             raise RuntimeError("profile needs an idle engine (run it through call(..., exclusive=True))")
+        with self.eager_prefill():  # the probes' prefill runs the modules' own calls, as the profiler needs
+            return self._profile()
+
+    def _profile(self) -> dict[str, Any]:
         probes = self.probes()
         self._add_open_groups(self._discovery_probe(probes))
         source, error, result = "fallback", None, None

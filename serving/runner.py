@@ -1,14 +1,16 @@
 """The model runner: the model, its slot cache and the forward passes over it (prefill, decode).
 
 `decode_rows` replays CUDA graphs when the engine has a `GraphDecoder` (`serving.graphs`, which
-drives `_forward` itself); everything else here runs eagerly. Scheduling, swaps and profiling are
+drives `_forward` itself), and `prefill_row` when it has `PrefillGraphs` (`serving.prefill_graphs`);
+everything else here runs eagerly. Scheduling, swaps and profiling are
 layered on top (`serving.scheduler`, `serving.engine`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +21,7 @@ from serving.request import EngineObserver
 
 if TYPE_CHECKING:
     from serving.graphs import GraphDecoder
+    from serving.prefill_graphs import PrefillGraphs
 
 
 def _signature_params(model: torch.nn.Module) -> set[str]:
@@ -30,6 +33,7 @@ def _signature_params(model: torch.nn.Module) -> set[str]:
 
 class ModelRunner:
     graphs: GraphDecoder | None  # set by the engine: CUDA-graph decode, or None (eager)
+    prefill_graphs: PrefillGraphs | None = None  # set by the engine: CUDA-graph one-row prefill, or None
 
     def __init__(
         self,
@@ -117,8 +121,22 @@ class ModelRunner:
         self.forward_passes += 1
         return out.logits
 
+    @contextlib.contextmanager
+    def eager_prefill(self) -> Iterator[None]:
+        """Prefill without graphs for a while (a profile needs the modules' own calls; a paired
+        measurement switches forwards back and forth, each switch would capture the prefill again)."""
+        kept, self.prefill_graphs = self.prefill_graphs, None
+        try:
+            yield
+        finally:
+            self.prefill_graphs = kept
+
     def prefill_row(self, row: int, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Prefill one cache row with a prompt; returns the last position's logits [1, V]."""
+        if self.prefill_graphs is not None:
+            logits = self.prefill_graphs.run(row, prompt_ids)
+            if logits is not None:
+                return logits
         length = len(prompt_ids)
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
         positions = self._arange[:length][None]

@@ -141,7 +141,7 @@ class ServedSpeed(Scheduler):
         order = phase_order(rounds)
         started = time.perf_counter()
         graph_sets: dict[bool, dict[str, Any]] = {}
-        with self.swaps.suspension(swap_id) as use:
+        with self.eager_prefill(), self.swaps.suspension(swap_id) as use:
             try:
                 # One capture per side, kept: each phase then replays its side's graphs.
                 for on in (False, True):

@@ -35,6 +35,7 @@ class ServeConfig:
     decode_attention: str = "auto"
     fuse_projections: str = "auto"
     run_ahead: bool = True  # graph decode queues step k+1 before reading step k's greedy tokens
+    prefill_graphs: bool = True  # with cuda_graphs: one-row prefill replays a graph per prompt-length bucket
     max_batch: int = 8
     max_seq_len: int | None = None
     max_parity_shapes: int = 4

@@ -89,6 +89,12 @@ def register(subparsers) -> None:
         help="with --cuda-graphs: wait for each decode step's tokens before queuing the next (default: "
         "greedy requests run one step ahead, the next step queued while the host hands out the last)",
     )
+    p.add_argument(
+        "--no-prefill-graphs",
+        action="store_true",
+        help="with --cuda-graphs: prefill eagerly (default: a one-row prefill replays a graph captured per "
+        "prompt-length bucket, 16 to 512 tokens)",
+    )
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument(
         "--max-seq-len",
@@ -153,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         decode_attention=args.decode_attention,
         fuse_projections=args.fuse_projections,
         run_ahead=not args.no_run_ahead,
+        prefill_graphs=not args.no_prefill_graphs,
         max_batch=args.max_batch,
         max_seq_len=args.max_seq_len,
         max_parity_shapes=args.max_parity_shapes,
