@@ -211,7 +211,11 @@ class KernelsAnswer(BaseModel):
     active: list[SwapRecord] = Field(..., description="the swaps bound now")
     history: list[SwapRecord] = Field(..., description="every swap of this server, in order")
     fallbacks: int = Field(..., description="calls of swapped kernels that fell back to the original forward")
-    graphs: dict[str, Any] | None = Field(..., description="the CUDA graphs captured (null without --cuda-graphs)")
+    graphs: dict[str, Any] | None = Field(
+        ...,
+        description="the CUDA graphs captured (null without --cuda-graphs); `prefill`: the one-row "
+        "prefill graphs (null with --no-prefill-graphs)",
+    )
     state_dir: str
     manifest: str = Field(..., description="the file the kept swaps are re-applied from at startup")
 

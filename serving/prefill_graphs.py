@@ -103,7 +103,7 @@ class PrefillGraphs:
         self.broken.clear()
 
     def info(self) -> dict[str, Any]:
-        captured = sorted(b for b, st in self.static.items() if st["graph"] is not None)
+        captured = sorted(b for b, st in list(self.static.items()) if st["graph"] is not None)
         return {
             "buckets": self.buckets,
             "captured": captured,

@@ -69,6 +69,14 @@ def request_error(status: int, message: str) -> JSONResponse:
 
 
 # ---------------------------------------------------------------------- kernels
+def graphs_info(engine: Any) -> dict[str, Any] | None:
+    """The decode graphs and, under `prefill`, the prefill graphs (buckets captured, and why any runs eagerly)."""
+    if engine.graphs is None:
+        return None
+    prefill = engine.prefill_graphs.info() if engine.prefill_graphs is not None else None
+    return {**engine.graphs.info(), "prefill": prefill}
+
+
 async def kernels(state: State):
     engine = state.require_engine()
     active = engine.swaps.active()
@@ -78,7 +86,7 @@ async def kernels(state: State):
         "active": active,
         "history": history,
         "fallbacks": sum(r.get("fallbacks", 0) for r in history),
-        "graphs": engine.graphs.info() if engine.graphs is not None else None,
+        "graphs": graphs_info(engine),
         "state_dir": str(engine.swaps.state_dir),
         "manifest": str(engine.swaps.manifest_path),
     }

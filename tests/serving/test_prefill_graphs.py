@@ -10,7 +10,10 @@ import torch
 from serving.engine import Engine, GenRequest
 from serving.models import load_model
 from serving.prefill_graphs import MAX_BUCKET, length_buckets
+from serving.routes_admin import graphs_info
 from tests.serving.helpers import PROMPTS, RMS_NORM_KERNEL, reference_greedy
+
+COUNTS = {"captures": 0, "replays": 0}  # nothing is captured on a CPU
 
 
 def make_engine(tmp_path, **kw) -> Engine:
@@ -77,5 +80,8 @@ def test_a_swap_drops_the_captured_prefill_graphs(tmp_path):
     graphs = engine.prefill_graphs
     graphs.run(0, PROMPTS[0])
     graphs.static[16]["graph"], graphs.broken[32] = object(), "capture failed: stand-in"
+    assert graphs_info(engine)["prefill"]["broken"] == {32: "capture failed: stand-in"}
     engine.swaps.swap(RMS_NORM_KERNEL)  # re-captures the decode graphs: the forwards changed
     assert graphs.static[16]["graph"] is None and graphs.broken == {}
+    assert graphs_info(engine)["prefill"] == {"buckets": [16, 32, 64], "captured": [], "broken": {}, **COUNTS}
+    assert graphs_info(make_engine(tmp_path / "eager", prefill_graphs=False))["prefill"] is None
