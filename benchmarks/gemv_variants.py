@@ -77,9 +77,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from linear_gemv import (  # noqa: E402
     DECODE_SHAPES,
-    HBM_BYTES,
-    MAX_COPY_BYTES,
     measure_copy_bandwidth,
+    projection_inputs,
     sync,
     time_calls,
 )
@@ -539,18 +538,10 @@ def short_error(exc: BaseException) -> str:
 
 
 def make_bench(shape: tuple, m: int, args: argparse.Namespace, ctx: dict[str, Any]) -> Bench:
-    name, n, k, has_bias = shape
-    device, dtype = ctx["device"], getattr(torch, args.dtype)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    weight_bytes = n * k * itemsize
-    copies = max(2, min(64, math.ceil(HBM_BYTES / weight_bytes), MAX_COPY_BYTES // weight_bytes))
-    if device == "cpu":
-        copies = 1  # the interpreter: the code path, not HBM traffic
-    gen = torch.Generator(device=device).manual_seed(0)
-    weights = [torch.randn(n, k, generator=gen, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
-    biases = [torch.randn(n, generator=gen, device=device, dtype=dtype) if has_bias else None for _ in range(copies)]
-    x = torch.randn(m, k, generator=gen, device=device, dtype=dtype)
-    nbytes = (n * k + m * k + m * n + (n if has_bias else 0)) * itemsize
+    name, n, k, _has_bias = shape
+    device = ctx["device"]
+    # one copy in the interpreter: the code path, not HBM traffic
+    x, weights, biases, nbytes = projection_inputs(torch, shape, m, device, getattr(torch, args.dtype), cpu_copies=1)
     return Bench(name, n, k, m, x, weights, biases, nbytes, ctx["copy_gbs"], device, args.replays, args.repeats)
 
 

@@ -195,19 +195,30 @@ def max_error(torch: Any, got: Any, x: Any, w: Any, b: Any) -> float:
     return float((got.float() - want).abs().max())
 
 
-def bench_shape(torch: Any, args: argparse.Namespace, shape: tuple, batch: int, ctx: dict[str, Any]) -> dict[str, Any]:
-    name, n, k, has_bias = shape
-    device, dtype = ctx["device"], getattr(torch, args.dtype)
+def projection_inputs(
+    torch: Any, shape: tuple, rows: int, device: str, dtype: Any, cpu_copies: int
+) -> tuple[Any, list[Any], list[Any], int]:
+    """x [rows, K], the weight copies (together several times the L2, at most MAX_COPY_BYTES: each
+    call reads its weight from HBM; `cpu_copies` in the interpreter, where only the code path counts),
+    their biases, and the bytes one call moves (weight, x, y, bias once each)."""
+    _name, n, k, has_bias = shape
     itemsize = torch.empty((), dtype=dtype).element_size()
     weight_bytes = n * k * itemsize
     copies = max(2, min(64, math.ceil(HBM_BYTES / weight_bytes), MAX_COPY_BYTES // weight_bytes))
     if device == "cpu":
-        copies = 2
+        copies = cpu_copies
     gen = torch.Generator(device=device).manual_seed(0)
     weights = [torch.randn(n, k, generator=gen, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
     biases = [torch.randn(n, generator=gen, device=device, dtype=dtype) if has_bias else None for _ in range(copies)]
-    x = torch.randn(batch, k, generator=gen, device=device, dtype=dtype)
-    nbytes = (n * k + batch * k + batch * n + (n if has_bias else 0)) * itemsize
+    x = torch.randn(rows, k, generator=gen, device=device, dtype=dtype)
+    return x, weights, biases, (n * k + rows * k + rows * n + (n if has_bias else 0)) * itemsize
+
+
+def bench_shape(torch: Any, args: argparse.Namespace, shape: tuple, batch: int, ctx: dict[str, Any]) -> dict[str, Any]:
+    name, n, k, has_bias = shape
+    device, dtype = ctx["device"], getattr(torch, args.dtype)
+    x, weights, biases, nbytes = projection_inputs(torch, shape, batch, device, dtype, cpu_copies=2)
+    copies = len(weights)
     row: dict[str, Any] = {"shape": name, "n": n, "k": k, "bias": has_bias, "batch": batch, "copies": copies}
     row["bytes"] = nbytes
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from serving.cache import SlotCache, prefill_mask
+from serving.graphs import graph_tolerance, replay_error, warm_up_on_side_stream
 
 log = logging.getLogger("gpuyantra.serving")
 
@@ -151,13 +152,7 @@ class PrefillGraphs:
         """Eager pass (this request's prefill and the reference), warm-up, capture, replay, compare."""
         try:
             want = self._step(st).clone()
-            torch.cuda.synchronize(self.device)
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self._step(st)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            torch.cuda.synchronize(self.device)
+            warm_up_on_side_stream(self.device, lambda: self._step(st))
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):  # a private pool per bucket: buckets replay in any order
                 logits = self._step(st)
@@ -167,10 +162,9 @@ class PrefillGraphs:
             self.broken[length] = f"capture failed: {type(exc).__name__}: {exc}"[:500]
             log.warning("prefill graph of %d tokens: %s; eager prefill there", length, self.broken[length])
             return None
-        tol = 1e-4 if self.engine.dtype == torch.float32 else 2e-2
-        scale = max(1.0, float(want.float().abs().max()))
-        diff = float((logits.float() - want.float()).abs().max())
-        if not bool(torch.isfinite(logits).all()) or diff > tol * scale:
+        tol = graph_tolerance(self.engine.dtype)
+        diff, scale = replay_error(logits, want)
+        if diff > tol * scale:
             self.broken[length] = f"replay differs from the eager pass by {diff:.3g} (tolerance {tol * scale:.3g})"
             log.warning("prefill graph of %d tokens: %s; eager prefill there", length, self.broken[length])
             return want

@@ -16,10 +16,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_bench(script: str, out: Path, timeout: int) -> dict:
+def run_bench(script: str, out: Path, timeout: int, mode: str = "--smoke") -> dict:
+    """The script in its CPU mode (`--smoke`, or `--dry-run` for the kernel sweeps); its JSON."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--out", str(out)],
+        [sys.executable, str(REPO / "benchmarks" / script), mode, "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -58,19 +59,7 @@ def test_http_serving_bench_smoke(tmp_path):
 def test_linear_gemv_dry_run(tmp_path):
     """benchmarks/linear_gemv.py on tiny shapes in the interpreter: every method times at 1, 8 and 54
     rows (the template's three regimes), the template's best point is checked against F.linear."""
-    out = tmp_path / "linear.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    script = str(REPO / "benchmarks" / "linear_gemv.py")
-    proc = subprocess.run(
-        [sys.executable, script, "--dry-run", "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = run_bench("linear_gemv.py", tmp_path / "linear.json", 300, mode="--dry-run")
     assert result["dry_run"] and result["copy_bandwidth_gbs"] > 0
     assert {(r["shape"], r["batch"]) for r in result["rows"]} == {
         (name, batch) for name in ("tiny_qkv", "tiny_down") for batch in (1, 8, 54)
@@ -81,6 +70,39 @@ def test_linear_gemv_dry_run(tmp_path):
         assert row["template"]["max_abs_err"] < 1e-4 and row["template"]["strategy"]
         assert row["template"]["regime"] == {1: "gemv", 8: "small", 54: "big"}[row["batch"]]
         assert row["template"]["knobs"]
+
+
+GEMV_VARIANTS = ("static", "splitk_sem", "loop")
+GEMV_TOL = 1e-2  # bf16 output: one rounding (the interpreter truncates: up to 2^-7 of the largest |y|)
+
+
+def test_gemv_variants_dry_run(tmp_path):
+    """benchmarks/gemv_variants.py on tiny shapes in the interpreter: every decode-GEMV variant
+    (static unroll, split-K with the semaphore reduction, dynamic loop) ran every planned config and
+    was right against F.linear; timings mean nothing here."""
+    result = run_bench("gemv_variants.py", tmp_path / "gemv_variants.json", 180, mode="--dry-run")
+    assert result["dry_run"] and result["copy_bandwidth_gbs"] > 0 and result["dtype"] == "bfloat16"
+    assert {(r["shape"], r["m"]) for r in result["rows"]} == {
+        (name, m) for name in ("tiny", "tiny_bias") for m in (1, 3)
+    }
+    for row in result["rows"]:
+        where = (row["shape"], row["m"])
+        for method in ("cublas", "template", "template_start"):
+            assert row[method]["us"] > 0 and row[method]["rel_err"] < GEMV_TOL, (where, method, row[method])
+        assert set(row["variants"]) == set(GEMV_VARIANTS)
+        for variant, bucket in row["variants"].items():
+            assert not (bucket["failed"] or bucket["rejected"] or bucket["skipped"]), (where, variant, bucket)
+            assert len(bucket["timed"]) == bucket["planned"] >= 2, (where, variant)
+            for record in bucket["timed"]:
+                assert record["us"] > 0 and record["rel_err"] < GEMV_TOL, (where, variant, record)
+            assert bucket["best"]["us"] == min(r["us"] for r in bucket["timed"])
+    # The configs cover what could go wrong: a ragged K (130), a partial N block (20 of 8 or 16),
+    # an uneven split with masked steps, and every num_stages.
+    tiny_bias = next(r for r in result["rows"] if r["shape"] == "tiny_bias")
+    splits = {rec["config"]["split"] for rec in tiny_bias["variants"]["splitk_sem"]["timed"]}
+    assert {2, 3, 4} <= splits
+    stages = {rec["config"]["stages"] for rec in tiny_bias["variants"]["loop"]["timed"]}
+    assert stages == {1, 3, 4}
 
 
 @pytest.mark.integration

@@ -340,30 +340,28 @@ def _launch_gemv(x2, weight, bias, y, m, n, k):
             EVICT=W_EVICTION,
             num_warps=GEMV_WARPS,
         )
-        if split > 1:
-            _reduce_splits(partials, bias, y, m, n, split)
-        return
-    _gemv[(n_blocks, split, triton.cdiv(m, rows))](
-        x2,
-        weight,
-        bias,
-        y,
-        partials,
-        m,
-        n,
-        k,
-        x2.stride(0),
-        weight.stride(0),
-        k_per_split,
-        HAS_BIAS=bias is not None,
-        SPLIT=split,
-        ROWS=rows,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-        EVICT=W_EVICTION,
-        DEFER=DEFER_REDUCE,
-        num_warps=GEMV_WARPS,
-    )
+    else:
+        _gemv[(n_blocks, split, triton.cdiv(m, rows))](
+            x2,
+            weight,
+            bias,
+            y,
+            partials,
+            m,
+            n,
+            k,
+            x2.stride(0),
+            weight.stride(0),
+            k_per_split,
+            HAS_BIAS=bias is not None,
+            SPLIT=split,
+            ROWS=rows,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+            EVICT=W_EVICTION,
+            DEFER=DEFER_REDUCE,
+            num_warps=GEMV_WARPS,
+        )
     if split > 1:
         _reduce_splits(partials, bias, y, m, n, split)
 
