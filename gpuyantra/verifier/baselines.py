@@ -1,10 +1,12 @@
 """Measurements that do not depend on the candidate, kept in the state folder and reused.
 
 * copy bandwidth per device name (the physical floor of the benchmark layer);
-* the torch.compile baselines (default and reduce-overhead) per (op, module class, shape, dtype,
-  device name, torch and triton versions): compiling and timing them is most of the benchmark
-  layer's time and their value does not change between candidates. Eager is still timed live,
-  interleaved with the candidate, in every verification.
+* the eager and torch.compile (default and reduce-overhead) baselines per (op, module class, shape,
+  dtype, device name, torch and triton versions): compiling and timing them is most of the benchmark
+  layer's time and their value does not change between candidates. Verifications on one GPU take
+  turns timing, so a baseline timed again in each would lengthen every other's wait; the first
+  verification of a shape times eager interleaved with its candidate, later ones time the candidate
+  alone (after the same spin-up to load clocks) against the kept figure.
 
 Several verifications may run at once on one GPU: files are rewritten under an exclusive lock, and
 `timing_lock()` names the lock the sandbox children hold while they time (no verdict's speed is
@@ -26,7 +28,7 @@ from gpuyantra.verifier.gpu_locks import TIMING_FILE
 
 BANDWIDTH_FILE = "copy_bandwidth.json"
 BASELINES_FILE = "baselines.json"
-CACHED_KEYS = ("compile_us", "compile_ro_us")
+CACHED_KEYS = ("eager_us", "eager_launch_us", "compile_us", "compile_ro_us")
 
 
 def folder() -> Path:
@@ -95,7 +97,7 @@ def baseline_key(op: str, module_class: str | None, shape: Sequence[int], dtype:
 def cached_baselines(
     op: str, module_class: str | None, shapes: Sequence[Sequence[int]], dtype: str, device_name: str
 ) -> dict[str, dict[str, float]]:
-    """{shape as "AxB": {compile_us, compile_ro_us}} for the shapes measured before."""
+    """{shape as "AxB": {eager_us, eager_launch_us, compile_us, compile_ro_us}} for the shapes measured before."""
     data = _read(BASELINES_FILE)
     out: dict[str, dict[str, float]] = {}
     for shape in shapes:
@@ -108,7 +110,7 @@ def cached_baselines(
 
 
 def store_baselines(op: str, module_class: str | None, rows: Sequence[dict[str, Any]], device_name: str) -> None:
-    """Keep the compile timings of bench rows measured in this verification (not the reused ones)."""
+    """Keep the baseline timings of bench rows measured in this verification (not the reused ones)."""
     fresh = []
     for row in rows:
         reused = set(row.get("cached") or ())

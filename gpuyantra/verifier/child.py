@@ -479,7 +479,8 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
         if not _benchmark(job, ctx, results):
             return
         results["stage"] = "recheck"
-        with _shared(lock, timings, "recheck_lock_wait"):
+        # After the other verifications' timing turns: their wait is what several at once add up to.
+        with _shared(lock, timings, "recheck_lock_wait", after_timers=True):
             with _timed(timings, "recheck"):
                 passed = run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink)
             with _timed(timings, "recheck_drain"):
@@ -645,10 +646,10 @@ def _alone(lock_path: str | None, timings: dict[str, float], timing_wait: str, q
 
 
 @contextlib.contextmanager
-def _shared(lock_path: str | None, timings: dict[str, float], wait: str):
+def _shared(lock_path: str | None, timings: dict[str, float], wait: str, after_timers: bool = False):
     """GPU work that is not timing: the quiet lock beside `lock_path` shared for the block (it waits
-    while anything is timed or about to be, and holds off timing until it ends); the wait in
-    `timings[wait]`. No lock: nothing to wait for."""
+    while anything is timed or about to be, and holds off timing until it ends; `after_timers`: also
+    while a timer waits for its turn); the wait in `timings[wait]`. No lock: nothing to wait for."""
     if not lock_path:
         yield
         return
@@ -656,7 +657,7 @@ def _shared(lock_path: str | None, timings: dict[str, float], wait: str):
 
     from gpuyantra.verifier.gpu_locks import share_gpu
 
-    with share_gpu(Path(lock_path)) as waited:
+    with share_gpu(Path(lock_path), after_timers) as waited:
         timings[wait] = waited
         yield
 

@@ -38,9 +38,16 @@ def test_a_dead_spare_is_replaced_not_used(state):
     fresh.close()
 
 
-def test_compile_baselines_round_trip_per_op_shape_dtype_and_device(state):
+def test_baselines_round_trip_per_op_shape_dtype_and_device(state):
     rows = [
-        {"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 17.5, "compile_ro_us": 22.0},
+        {
+            "shape": [1, 1536],
+            "dtype": "bfloat16",
+            "eager_us": 30.0,
+            "eager_launch_us": 41.0,
+            "compile_us": 17.5,
+            "compile_ro_us": 22.0,
+        },
         {
             "shape": [4096, 1536],
             "dtype": "bfloat16",
@@ -51,7 +58,10 @@ def test_compile_baselines_round_trip_per_op_shape_dtype_and_device(state):
     ]
     baselines.store_baselines("rms_norm", "M", rows, "H200")
     got = baselines.cached_baselines("rms_norm", "M", [[1, 1536], [4096, 1536], [8, 8]], "bfloat16", "H200")
-    assert got == {"1x1536": {"compile_us": 17.5, "compile_ro_us": 22.0}, "4096x1536": {"compile_us": 55.0}}
+    assert got == {
+        "1x1536": {"eager_us": 30.0, "eager_launch_us": 41.0, "compile_us": 17.5, "compile_ro_us": 22.0},
+        "4096x1536": {"compile_us": 55.0},
+    }
     assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "float16", "H200") == {}
     assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H100") == {}
     assert baselines.cached_baselines("softmax", "M", [[1, 1536]], "bfloat16", "H200") == {}
@@ -59,10 +69,21 @@ def test_compile_baselines_round_trip_per_op_shape_dtype_and_device(state):
     baselines.store_baselines(
         "rms_norm",
         "M",
-        [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 99.0, "cached": ["compile_us"]}],
+        [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 99.0, "eager_us": 9.0, "cached": ["compile_us", "eager_us"]}],
         "H200",
     )
-    assert baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H200")["1x1536"]["compile_us"] == 17.5
+    kept = baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H200")["1x1536"]
+    assert (kept["compile_us"], kept["eager_us"]) == (17.5, 30.0)
+
+
+def test_a_bench_row_reuses_baselines_only_when_every_key_was_kept():
+    from gpuyantra.verifier.bench import EAGER_KEYS, _reuse_cached
+
+    row: dict = {}
+    assert not _reuse_cached(row, {"eager_us": 3.0}, EAGER_KEYS) and row == {}
+    assert not _reuse_cached(row, None, EAGER_KEYS)
+    assert _reuse_cached(row, {"eager_us": 3.0, "eager_launch_us": 9}, EAGER_KEYS)
+    assert row == {"eager_us": 3.0, "eager_launch_us": 9.0, "cached": ["eager_us", "eager_launch_us"]}
 
 
 def test_bandwidth_cache_is_kept_per_device_name(state):
