@@ -69,7 +69,15 @@ def test_baselines_round_trip_per_op_shape_dtype_and_device(state):
     baselines.store_baselines(
         "rms_norm",
         "M",
-        [{"shape": [1, 1536], "dtype": "bfloat16", "compile_us": 99.0, "eager_us": 9.0, "cached": ["compile_us", "eager_us"]}],
+        [
+            {
+                "shape": [1, 1536],
+                "dtype": "bfloat16",
+                "compile_us": 99.0,
+                "eager_us": 9.0,
+                "cached": ["compile_us", "eager_us"],
+            }
+        ],
         "H200",
     )
     kept = baselines.cached_baselines("rms_norm", "M", [[1, 1536]], "bfloat16", "H200")["1x1536"]
