@@ -80,6 +80,8 @@ from gpuyantra.processes import Managed, free_port, port_open, temporal_binary  
 PHASES = ("before", "cold", "warm", "after", "reports", "bisect", "compile")
 STACK_PHASES = {"before", "cold", "warm", "after", "reports", "bisect"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
+# The teacher-forced check sends token ids: the prompt's bytes, ids every vocabulary holds.
+FORCED_PROMPT_IDS = list(PROMPT.encode())
 RESERVE_S = 25.0  # kept from --budget-s for stopping everything and writing the JSON
 MIN_PHASE_S = 5.0  # a phase given less than this is skipped as out of time
 HTTP_REQUESTS_PER_CLIENT = 4
@@ -162,6 +164,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length of /admin/benchmark rows")
     p.add_argument("--bench-repeats", type=int, default=None, help="/admin/benchmark repeats (1..20)")
     p.add_argument("--greedy-tokens", type=int, default=None, help="tokens of the recorded greedy completion")
+    p.add_argument(
+        "--near-tie-nats",
+        type=float,
+        default=0.05,
+        help="a teacher-forced difference where the recorded top two lay closer than this is a near tie",
+    )
     p.add_argument(
         "--serve-arg",
         action="append",
@@ -643,6 +651,29 @@ class CampaignBench:
             out = self.completion(client, PROMPT, self.args.greedy_tokens, deadline)
         return {"prompt": PROMPT, "max_tokens": self.args.greedy_tokens, **out}
 
+    def continuation(self, client: httpx.Client, ids: list[int], max_tokens: int, deadline: Deadline) -> dict[str, Any]:
+        """The greedy continuation of token ids, with each token's margin over the runner-up."""
+        body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2}
+        response = client.post(
+            f"{self.url}/v1/completions", json=body, timeout=max(1.0, deadline.check("a completion"))
+        )
+        if response.status_code != 200:
+            raise PhaseFailed(f"/v1/completions (token ids): HTTP {response.status_code} {response.text[:300]}")
+        choice = response.json()["choices"][0]
+        return {"token_ids": choice["token_ids"], "margins": top_margins(choice["logprobs"])}
+
+    def forced(self, recorded: dict[str, Any] | None, deadline: Deadline) -> dict[str, Any]:
+        """Before any swap (`recorded` None): the greedy continuation of FORCED_PROMPT_IDS with margins.
+        After: the same tokens teacher-forced (`forced_comparison`)."""
+        with httpx.Client() as client:
+
+            def ask(prefix: list[int], max_tokens: int) -> dict[str, Any]:
+                return self.continuation(client, FORCED_PROMPT_IDS + prefix, max_tokens, deadline)
+
+            if recorded is None:
+                return ask([], self.args.greedy_tokens)
+            return forced_comparison(recorded, ask, self.args.near_tie_nats)
+
     def http_speed(self, clients: int, deadline: Deadline) -> dict[str, Any]:
         """C concurrent clients, each request greedy with max_tokens: completion tokens over wall time."""
         # At least 4 requests per client: with 2 each, a batch-8 run lasted 0.6-1.6 s and its first and
@@ -754,6 +785,9 @@ class CampaignBench:
 
         part("kernels", lambda: self.kernels(deadline), record, "kernels")
         part("greedy", lambda: self.greedy(deadline), record, "greedy")
+        recorded_forced = (self.result.get("before") or {}).get("forced") if label != "before" else None
+        if label == "before" or recorded_forced:
+            part("forced", lambda: self.forced(recorded_forced, deadline), record, "forced")
         for b in self.args.batch_list:
             part(f"http batch {b}", functools.partial(self.http_speed, b, deadline), record["http"], f"batch{b}")
             part(
@@ -1050,6 +1084,81 @@ def equal_prefix(a: dict[str, Any], b: dict[str, Any]) -> int | None:
     return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
 
 
+def top_margins(logprobs: dict[str, Any] | None) -> list[float | None]:
+    """Per generated token: how far (in nats) the chosen token's log-probability lies above the best
+    other one of `top_logprobs` (None where two tokens share a text, so the map kept one of them)."""
+    if not logprobs:
+        return []
+    out: list[float | None] = []
+    for chosen, top in zip(logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        others = sorted((v for v in top.values()), reverse=True)
+        out.append(round(chosen - others[1], 6) if len(others) >= 2 else None)
+    return out
+
+
+def forced_comparison(
+    recorded: dict[str, Any], ask: Callable[[list[int], int], dict[str, Any]], near_tie_nats: float
+) -> dict[str, Any]:
+    """Teacher-forced greedy equality: does the served model, given the recorded tokens so far, pick
+    the recorded next token at every position?
+
+    A free-running comparison stops meaning anything at the first different token: from there on the
+    two completions continue different texts. Here, at a difference, the recorded token is fed and the
+    comparison goes on, so each position is judged on the same context. With random weights many
+    positions are near ties (the top two within hundredths of a nat), and a kernel that sums in another
+    order than cuBLAS may flip one; a difference counts as a near tie when the recorded margin is
+    below `near_tie_nats`. `ask(prefix, n)`: the greedy continuation of the forced prompt plus
+    `prefix`, n tokens, with `margins`. One request per difference, plus one."""
+    want: list[int] = list(recorded.get("token_ids") or [])
+    margins: list[float | None] = list(recorded.get("margins") or [None] * len(want))
+    differences: list[dict[str, Any]] = []
+    position = 0
+    requests = 0
+    while position < len(want) and requests <= len(want):
+        got = ask(want[:position], len(want) - position)
+        requests += 1
+        ids = list(got.get("token_ids") or [])
+        offset = next((i for i, (p, q) in enumerate(zip(want[position:], ids)) if p != q), None)
+        if offset is None:
+            if len(ids) < len(want) - position:  # stopped early (an end-of-text token): nothing to compare further
+                differences.append(
+                    {"position": position + len(ids), "recorded": want[position + len(ids)], "got": None}
+                )
+            break
+        at = position + offset
+        got_margins = got.get("margins") or []
+        differences.append(
+            {
+                "position": at,
+                "recorded": want[at],
+                "got": ids[offset],
+                "recorded_margin": margins[at] if at < len(margins) else None,
+                "got_margin": got_margins[offset] if offset < len(got_margins) else None,
+            }
+        )
+        position = at + 1
+    near = [d for d in differences if d.get("recorded_margin") is not None and d["recorded_margin"] < near_tie_nats]
+    known = [m for m in margins if m is not None]
+    return {
+        "positions": len(want),
+        "equal_positions": len(want) - len(differences),
+        "differences": differences,
+        "near_tie_nats": near_tie_nats,
+        "all_differences_near_ties": len(near) == len(differences),
+        "recorded_margin_median": round(statistics.median(known), 6) if known else None,
+        "requests": requests,
+    }
+
+
+def forced_line(forced: dict[str, Any] | None) -> str:
+    if not forced:
+        return "-"
+    margins = ", ".join(fmt(d.get("recorded_margin")) for d in forced["differences"])
+    return f"{forced['equal_positions']} of {forced['positions']} equal" + (
+        f", recorded margins where different: {margins} nats" if forced["differences"] else ""
+    )
+
+
 def same_completion(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a.get("token_ids") is not None and b.get("token_ids") is not None:
         return bool(a["token_ids"] == b["token_ids"])
@@ -1157,7 +1266,8 @@ def table(result: dict[str, Any], batches: list[int]) -> str:
     rollback = (result.get("warm") or {}).get("rollback") or {}
     lines.append(
         f"greedy completion equal to the recorded one: after rollback {rollback.get('greedy_equal', '-')}, "
-        f"after warm {after.get('greedy_equal', '-')} (first {after.get('greedy_equal_tokens', '-')} tokens equal); "
+        f"after warm {after.get('greedy_equal', '-')} (first {after.get('greedy_equal_tokens', '-')} tokens equal; "
+        f"teacher-forced {forced_line(after.get('forced'))}); "
         "kernels in after warm: "
         + (", ".join(f"{k['op']}x{k['modules']}" for k in (after.get("kernels") or {}).get("active") or []) or "-")
     )

@@ -157,6 +157,9 @@ def test_campaign_bench_smoke(tmp_path):
             assert result[label]["inprocess"][batch]["tokens_per_s"] > 0
     assert [k["op"] for k in result["after"]["kernels"]["active"]] == ["rms_norm"]
     assert "greedy_equal" in result["after"] and "greedy_equal_tokens" in result["after"]
+    recorded, forced = result["before"]["forced"], result["after"]["forced"]
+    assert len(recorded["token_ids"]) == len(recorded["margins"]) == forced["positions"] > 0
+    assert forced["equal_positions"] + len(forced["differences"]) == forced["positions"]
     assert "warm" in proc.stdout and "first_deploy_s" in proc.stdout  # the table
 
 
@@ -176,6 +179,34 @@ def test_a_streamed_decode_rate_leaves_the_first_token_out_and_prefixes_count_eq
     assert bench.equal_prefix({"token_ids": [1, 2, 3, 4]}, {"token_ids": [1, 2, 9, 4]}) == 2
     assert bench.equal_prefix({"token_ids": [1, 2]}, {"token_ids": [1, 2, 3]}) == 2
     assert bench.equal_prefix({"text": "a"}, {"token_ids": [1]}) is None
+
+
+def test_the_teacher_forced_check_feeds_the_recorded_token_at_each_difference_and_goes_on():
+    bench = load_campaign_bench()
+    recorded = {"token_ids": [5, 6, 7, 8, 9, 10], "margins": [1.0, 0.01, 2.0, 1.0, 0.3, 1.0]}
+
+    def served(prefix: list[int], n: int) -> dict:
+        # Differs from the recorded tokens after contexts of length 1 and 4; right everywhere else.
+        flips = {1: 60, 4: 90}
+        ids, context = [], list(prefix)
+        for _ in range(n):
+            ids.append(flips.get(len(context), recorded["token_ids"][len(context)]))
+            context.append(ids[-1])
+        return {"token_ids": ids, "margins": [0.5] * n}
+
+    asked: list[list[int]] = []
+    result = bench.forced_comparison(recorded, lambda p, n: asked.append(p) or served(p, n), near_tie_nats=0.05)
+    assert asked == [[], [5, 6], [5, 6, 7, 8, 9]]  # the recorded token fed past each difference
+    assert [(d["position"], d["recorded"], d["got"]) for d in result["differences"]] == [(1, 6, 60), (4, 9, 90)]
+    assert result["equal_positions"] == 4 and result["positions"] == 6
+    assert [d["recorded_margin"] for d in result["differences"]] == [0.01, 0.3]
+    assert not result["all_differences_near_ties"]  # 0.3 nats is no tie
+    same = bench.forced_comparison(recorded, lambda p, n: {"token_ids": recorded["token_ids"][len(p) :]}, 0.05)
+    assert same["equal_positions"] == 6 and same["differences"] == [] and same["requests"] == 1
+    short = bench.forced_comparison(recorded, lambda p, n: {"token_ids": [5, 6]}, 0.05)
+    assert short["differences"] == [{"position": 2, "recorded": 7, "got": None}]
+    logprobs = {"token_logprobs": [-0.1, -2.0], "top_logprobs": [{"a": -0.1, "b": -1.6}, {"x": -2.0}]}
+    assert bench.top_margins(logprobs) == [1.5, None]  # one text for two tokens: no margin
 
 
 RMS_PROBLEM = """
