@@ -230,6 +230,13 @@ def main(argv=None) -> int:
                 }
         return list(shapes.values())
 
+    def projection(engine, weight_shape):
+        """The projection shape of weight shape "NxK" (`linear:NxK` in a list of swaps)."""
+        for shapes in projection_shapes(engine):
+            if "x".join(map(str, shapes["weight"])) == weight_shape:
+                return shapes
+        raise ValueError(f"no projection of weight shape {weight_shape}")
+
     def apply_swaps(engine, names):
         """Swap in the named template kernels (parity on live weights; with graphs: re-capture and
         graph-path parity before each commit); returns what each swap recorded. `linear`: the
@@ -238,6 +245,11 @@ def main(argv=None) -> int:
         todo = [(name, path, None) for name, path in campaign_swaps if name in names]
         if "linear" in names:
             todo += [("linear", kernels / "linear.py", shapes) for shapes in projection_shapes(engine)]
+        todo += [
+            ("linear", kernels / "linear.py", projection(engine, n[len("linear:") :]))
+            for n in names
+            if n.startswith("linear:")
+        ]
         for name, path, param_shapes in todo:
             t = time.perf_counter()
             try:
@@ -359,21 +371,25 @@ def main(argv=None) -> int:
     last_engine_again("graphs+attn+fused+swaps+linear waiting", False)
 
     # ------------------------------------------------------------------ where the graph step's time goes
+    def replay_only_ms(engine, replays=100):
+        """GPU milliseconds per batch-1 decode step: back-to-back replays, no host work between."""
+        engine.graphs.decode([5], [args.prompt_tokens])
+        graph = engine.graphs.static[1]["graph"]
+        sync()
+        t = time.perf_counter()
+        for _ in range(replays):
+            graph.replay()
+        sync()
+        return round((time.perf_counter() - t) * 1e3 / replays, 3)
+
     def profile_graph_step():
         """The last engine (graphs + decode attention + the swaps) at batch 1: a replay-only loop (GPU
         time per step, no host round trip) and the kernels of 10 replays by total GPU time."""
         engine = holder["engine"]
         if engine.graphs is None or not engine.graphs.capture_enabled:
             return {"skipped": "no captured graphs"}
-        tokens, positions = [5], [args.prompt_tokens]
-        engine.graphs.decode(tokens, positions)
+        replay_ms = replay_only_ms(engine)
         graph = engine.graphs.static[1]["graph"]
-        sync()
-        t = time.perf_counter()
-        for _ in range(100):
-            graph.replay()
-        sync()
-        replay_ms = (time.perf_counter() - t) * 10
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -537,6 +553,48 @@ def main(argv=None) -> int:
     section("torch.compile", compiled)
 
     # ------------------------------------------------------------------ summary
+    # ------------------------------------------------------------------ a campaign's swaps, in its orders
+    def campaign_order(label, arrange):
+        """The server's engine (graphs, decode attention, fused projections, prefill graphs, run-ahead)
+        with a campaign's swaps applied one at a time in `order` (batch 1 after each, as the campaign's
+        served checks read it), then every batch with prefill graphs and without, and the GPU's
+        replay-only step: does the order, or prefill graphs, change what decode reaches?"""
+
+        def run():
+            engine, _ = new_engine(label, cuda_graphs=True, decode_attention="triton", fuse_projections="on")
+            # The projections a campaign deploys at decode: all but the long-K one (down_proj stays cuBLAS).
+            kept = [s for s in projection_shapes(engine) if s["weight"][1] <= s["weight"][0]]
+            kept = kept[:1] if args.smoke else kept  # the interpreter: one projection shows the path
+            order = arrange(["linear:" + "x".join(map(str, s["weight"])) for s in kept])
+            steps = []
+            for name in order:
+                apply_swaps(engine, [name])
+                r = engine.benchmark(max_tokens=args.tokens, prompt_tokens=args.prompt_tokens, batch=1, repeats=2)
+                steps.append({"swap": name, "batch1_tokens_per_s": round(r["tokens_per_s"], 1)})
+                print(f"  {label} + {name}: {r['tokens_per_s']:.1f} tok/s", flush=True)
+            fed_before = engine.graphs.fed_steps if engine.graphs else None
+            out = {"order": order, "steps": steps, "with_prefill_graphs": bench(engine, f"{label} prefill graphs")}
+            with engine.eager_prefill():
+                out["eager_prefill"] = bench(engine, f"{label} eager prefill")
+            if engine.graphs is not None:
+                out["fed_steps"] = engine.graphs.fed_steps - fed_before
+                out["replays"] = engine.graphs.replays
+                if engine.graphs.capture_enabled:
+                    out["replay_only_ms_per_step"] = replay_only_ms(engine)
+                    print(f"  {label} replay-only: {out['replay_only_ms_per_step']} ms/step", flush=True)
+            if engine.prefill_graphs is not None:
+                out["prefill_graphs"] = engine.prefill_graphs.info()
+            return out
+
+        section(label, run)
+
+    campaign_order("order projections first", lambda linears: [*linears, "rope", "rms_norm", "silu_mul"])
+    if not args.smoke:
+        campaign_order(
+            "order interleaved",
+            lambda linears: [*linears[:1], "rope", "rms_norm", *linears[1:2], "silu_mul", *linears[2:]],
+        )
+
     summary = {}
     for name in (
         "eager",

@@ -41,6 +41,10 @@ def test_serving_bench_smoke(tmp_path):
     assert final["decode_attention"] == "triton"
     assert [s["op"] for s in final["swaps"]] == ["rms_norm", "rope", "silu_mul"]
     assert final["attention_calls_before_bench"]["kernel"] > 0
+    ordered = paths["order projections first"]
+    assert [s["swap"] for s in ordered["steps"]][1:] == ["rope", "rms_norm", "silu_mul"]
+    assert ordered["steps"][0]["swap"].startswith("linear:")
+    assert ordered["with_prefill_graphs"]["batch1"]["tokens_per_s"] > 0 and ordered["eager_prefill"]["batch2"]
     for name, section in paths.items():
         for key, value in section.items():
             if key.startswith("batch") and "agrees_with_eager_first_tokens" in value:
