@@ -576,6 +576,10 @@ def main(argv=None) -> int:
             out = {"order": order, "steps": steps, "with_prefill_graphs": bench(engine, f"{label} prefill graphs")}
             with engine.eager_prefill():
                 out["eager_prefill"] = bench(engine, f"{label} eager prefill")
+            # A campaign's paired check switches graph sets; the speed after it, with the set it keeps.
+            paired = engine.compare_swap(engine.swaps.active_ids()[-1], [1], rounds=2)
+            out["paired"] = {"batches": paired["batches"], "seconds": round(paired["seconds"], 1)}
+            out["after_paired"] = bench(engine, f"{label} after a paired check")
             if engine.graphs is not None:
                 out["fed_steps"] = engine.graphs.fed_steps - fed_before
                 out["replays"] = engine.graphs.replays
