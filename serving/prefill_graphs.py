@@ -17,8 +17,9 @@ A bucket is captured at its first use: the pass runs eagerly on the real prompt 
 prefill, and the reference), again on a side stream (warm-up), is captured, replayed and compared
 with the eager logits. A bucket whose capture raises or whose replay differs runs eagerly from then
 on, with a warning. `invalidate()` drops every graph when the forwards change (a swap, a rollback,
-a paired measurement switching graph sets). Multi-row prefill and prompts past the largest bucket
-stay eager. Without CUDA the same padded static-shape pass runs eagerly (tests).
+a paired measurement switching graph sets). Several rows admitted together replay a graph each when
+all their prompts are short (`takes_rows`), else they share one eager pass; prompts past the largest
+bucket stay eager. Without CUDA the same padded static-shape pass runs eagerly (tests).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ from serving.graphs import graph_tolerance, replay_error, warm_up_on_side_stream
 log = logging.getLogger("gpuyantra.serving")
 
 MIN_BUCKET, MAX_BUCKET = 16, 512  # prompt-length buckets: powers of two between these
+# Several rows admitted together are prefilled one graph replay each when every prompt fits a bucket
+# up to this length. Why: an eager multi-row pass is launch-bound (tens of ms on the 1.5B model: every
+# module and swapped kernel's launcher runs on the host) while a short bucket's replay is GPU work of
+# a millisecond or two; past this length the rows' GPU work dominates and one wide pass uses the GPU
+# better than several narrow ones.
+ROWWISE_MAX_BUCKET = 128
 
 
 class PrefillHost(Protocol):
@@ -96,6 +103,12 @@ class PrefillGraphs:
         st["graph"].replay()
         self.replays += 1
         return st["logits"]
+
+    def takes_rows(self, prompts: Sequence[Sequence[int]]) -> bool:
+        """Prefill these prompts one replay per row? Each fits a working bucket of at most
+        ROWWISE_MAX_BUCKET tokens."""
+        buckets = [self.bucket_for(len(p)) for p in prompts]
+        return all(b is not None and b <= ROWWISE_MAX_BUCKET and b not in self.broken for b in buckets)
 
     def invalidate(self) -> None:
         """The forwards changed: every bucket captures again at its next use (broken ones get a new try)."""

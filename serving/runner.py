@@ -151,6 +151,10 @@ class ModelRunner:
         prompt position."""
         if len(rows) == 1:
             return self.prefill_row(rows[0], prompts[0])
+        if self.prefill_graphs is not None and self.prefill_graphs.takes_rows(prompts):
+            # Several short prompts: one graph replay per row (a bucket's logits are overwritten by
+            # its next replay, hence the copies) instead of one eager pass paying every launch.
+            return torch.cat([self.prefill_row(r, p).clone() for r, p in zip(rows, prompts)])
         length = max(len(p) for p in prompts)
         ids = torch.tensor([list(p) + [0] * (length - len(p)) for p in prompts], dtype=torch.long, device=self.device)
         positions = self._arange[:length][None].expand(len(rows), length)

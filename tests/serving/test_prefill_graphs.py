@@ -75,6 +75,26 @@ def test_served_tokens_are_the_same_with_and_without_prefill_graphs(tmp_path):
     assert outputs[0] == outputs[1] == [reference_greedy(engine.model, p, 5) for p in PROMPTS]
 
 
+def test_rows_admitted_together_prefill_one_bucket_pass_each_when_their_prompts_are_short(tmp_path, monkeypatch):
+    engine = make_engine(tmp_path, max_seq_len=256)  # buckets 16 ... 256
+    graphs = engine.prefill_graphs
+    long_prompt = [(5 * i + 1) % 500 for i in range(140)]  # the 256-token bucket: past ROWWISE_MAX_BUCKET
+    assert graphs.takes_rows(PROMPTS[:3]) and not graphs.takes_rows([PROMPTS[0], long_prompt])
+    rows_run: list[int] = []
+    original = graphs.run
+    monkeypatch.setattr(graphs, "run", lambda row, prompt: rows_run.append(row) or original(row, prompt))
+    prompts = PROMPTS[:3]
+    got = engine.prefill_rows([0, 1, 2], prompts)
+    assert rows_run == [0, 1, 2]
+    engine.prefill_graphs = None
+    want = engine.prefill_rows([0, 1, 2], prompts)  # one eager pass, right-padded
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    engine.prefill_graphs = graphs
+    rows_run.clear()
+    engine.prefill_rows([0, 1], [PROMPTS[0], long_prompt])  # one long prompt: the shared eager pass
+    assert rows_run == []
+
+
 def test_a_swap_drops_the_captured_prefill_graphs(tmp_path):
     engine = make_engine(tmp_path)
     graphs = engine.prefill_graphs
