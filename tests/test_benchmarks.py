@@ -256,3 +256,19 @@ def test_kernel_resources_compiles_the_launches_for_a_gpu_without_one(tmp_path):
     assert proc.returncode == 1 and "1 over the -1 B limit" in proc.stdout
     proc = subprocess.run([*argv, "--set", "nonsense"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "expected KERNEL:NAME=VALUE" in proc.stderr
+
+
+def test_linear_verdicts_verifies_the_template_at_a_knob_point_and_refuses_unknown_knobs(tmp_path):
+    argv = [sys.executable, str(REPO / "benchmarks" / "linear_verdicts.py"), "--device", "cpu", "--weight", "8x32"]
+    argv += ["--shapes", "2x1x32", "--dtype", "float32", "--out", str(tmp_path / "points.json")]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [*argv, "--points", "BLOCK_N=2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (point,) = json.loads((tmp_path / "points.json").read_text())["points"]
+    assert point["point"] == {"BLOCK_N": "2"} and point["accepted"] is True and point["failures"] == []
+    bad = subprocess.run(
+        [*argv, "--points", "NO_SUCH_KNOB=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode != 0 and "NO_SUCH_KNOB is not a module constant" in bad.stderr
