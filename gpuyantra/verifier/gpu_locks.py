@@ -20,8 +20,9 @@ verifications (flock is not FIFO). Hence:
 * W `gpu-timers-waiting.lock`: a timer holds it shared from when it starts waiting until it has T.
   GPU work that may wait (`share_gpu(..., after_timers=True)`: a verdict's recheck, once its own
   timing is done) enters only when W can be taken exclusive for an instant, that is when no timer
-  waits. Six verifications at once then time back to back and recheck together afterwards, instead
-  of each recheck holding the next timer up (the timers' turns are what six at once wait for).
+  waits (for at most MAX_YIELD_S, then as any reader). Six verifications at once then time back to
+  back and recheck together afterwards, instead of each recheck holding the next timer up (the
+  timers' turns are what six at once wait for).
 
 The order is always P, T, Q (`ORDER`), and a lock is released before any lock that precedes it
 (`ExitStack`: Q, T, P). No deadlock: nobody waits for an earlier lock while holding a later one, a
@@ -54,6 +55,7 @@ TURN_FILE = "gpu-turn.lock"
 TIMING_FILE = "gpu-timing.lock"
 QUIET_FILE = "gpu-quiet.lock"
 TIMERS_WAITING_FILE = "gpu-timers-waiting.lock"
+MAX_YIELD_S = 10.0  # how long GPU work that yields to waiting timers yields at most
 MEMORY_FILE = "gpu-memory.lock"
 MEMORY_TURN_FILE = "gpu-memory-turn.lock"
 ORDER = ("turn", "timing", "quiet")  # the only order locks are taken in (P, T, Q)
@@ -167,9 +169,10 @@ def share_gpu(timing: Path, after_timers: bool = False) -> Iterator[float]:
     with contextlib.ExitStack() as stack:
         turn, timing_fd, quiet = (_open(stack, getattr(locks, name)) for name in ORDER)
         waiting = _open(stack, locks.timing.with_name(TIMERS_WAITING_FILE)) if after_timers else None
+        yield_until = time.monotonic() + MAX_YIELD_S
 
         def no_timer_waits() -> bool:
-            if waiting is None:
+            if waiting is None or time.monotonic() > yield_until:  # a stream of timers cannot starve it
                 return True
             if not _try(waiting, fcntl.LOCK_EX):
                 return False

@@ -5,6 +5,7 @@ to those), or a process. Tests assert the order things happen in, never how long
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import subprocess
 import sys
@@ -175,6 +176,19 @@ def test_a_recheck_waits_for_the_timers_waiting_and_a_correctness_phase_does_not
     start(holders, *both)
     until(lambda: all(h.inside.is_set() for h in both), "both share the GPU")
     let_through(both)
+
+
+def test_a_recheck_yields_to_waiting_timers_for_a_bounded_time(locks, polled, holders, monkeypatch):
+    monkeypatch.setattr(gpu_locks, "MAX_YIELD_S", 0.2)
+    waiting = gpu_locks._open  # a timer that waits forever: W held shared, as time_alone holds it
+    with contextlib.ExitStack() as stack:
+        fd = waiting(stack, locks.timing.with_name(TIMERS_WAITING_FILE))
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        order: list[str] = []
+        recheck = Holder("recheck", lambda: share_gpu(locks.timing, after_timers=True), order)
+        start(holders, recheck)
+        until(recheck.inside.is_set, "the recheck runs once it has yielded MAX_YIELD_S")
+        let_through([recheck])
 
 
 def test_a_problem_alone_on_the_gpus_memory_waits_for_those_running_and_lets_none_start(locks, polled, holders):
