@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
-#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes
+#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes linear-points
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
@@ -55,6 +55,14 @@ for part in $parts; do
     campaign-quick) run campaign_bench 340 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 330 --skip-compile ;;
     campaign-repeat) run campaign_bench 580 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --phases before,cold,warm,after --warm-runs 2 --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 565 ;;
     campaign-linear) run campaign_bench 580 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 560 ;;
+    # The linear template judged by the verifier at knob points of each decode projection (batch 8 and 1).
+    linear-points)
+      g2="BLOCK_N=2,GEMV_WARPS=2"; g4="BLOCK_N=4,GEMV_WARPS=4"; r8="GEMV_MAX_ROWS=8,BLOCK_K=256"
+      lv() { run "$1" "$2" python3 benchmarks/linear_verdicts.py --out "$OUT/$1.json" --weight "$3" --shapes "$4" ${5:+--bias} --points "$6"; }
+      lv down 200 1536x8960 8x1x8960,1x1x8960 "" "$g2,SMALL_BLOCK_N=16,SMALL_STAGES=5;$g2,SMALL_BLOCK_N=32,SMALL_STAGES=3;$g2,SMALL_BLOCK_N=32,SMALL_STAGES=5;$g2,SMALL_BLOCK_N=64,SMALL_STAGES=3;$g2,SMALL_BLOCK_N=32,SMALL_STAGES=3,SMALL_SPLIT_K=8;$g2,SMALL_BLOCK_N=16,SMALL_STAGES=5,SMALL_SPLIT_K=6;$g2,SMALL_BLOCK_N=64,SMALL_BLOCK_K=256,SMALL_STAGES=3;$g2,$r8;$g2,$r8,SPLIT_K=4"
+      lv gate_up 120 17920x1536 8x1x1536,1x1x1536 "" "$g2,SMALL_BLOCK_N=32,SMALL_STAGES=3;$g2,$r8;$g4,$r8,DEFER_REDUCE=False;$g2,SMALL_BLOCK_N=64,SMALL_STAGES=3"
+      lv qkv 100 2048x1536 8x1x1536,1x1x1536 1 "$g4,SMALL_BLOCK_N=16,SMALL_STAGES=5;$g4,$r8;$g4,SMALL_BLOCK_N=32,SMALL_STAGES=3"
+      lv o_proj 100 1536x1536 8x1x1536,1x1x1536 "" "$g4,SMALL_BLOCK_N=16,SMALL_STAGES=5;$g4,$r8;$g4,SMALL_BLOCK_N=32,SMALL_STAGES=3" ;;
     linear-regimes) run linear_regimes_a 290 python3 benchmarks/linear_gemv.py --shapes qkv,o_proj,down_proj --no-compile --out "$OUT/linear_regimes_a.json"
            run linear_regimes_b 290 python3 benchmarks/linear_gemv.py --shapes gate_up,lm_head --no-compile --out "$OUT/linear_regimes_b.json" ;;
     campaign) run campaign_bench 560 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 2 --max-iterations 2 ;;
