@@ -1,8 +1,8 @@
 """Measurements that do not depend on the candidate, kept in the state folder and reused.
 
 * copy bandwidth per device name (the physical floor of the benchmark layer);
-* the eager and torch.compile (default and reduce-overhead) baselines per (op, module class, shape,
-  dtype, device name, torch and triton versions): compiling and timing them is most of the benchmark
+* the eager and torch.compile (default and reduce-overhead) baselines per (op, module class, the
+  parameters (`params_digest`), shape, dtype, device name, torch and triton versions): compiling and timing them is most of the benchmark
   layer's time and their value does not change between candidates. Verifications on one GPU take
   turns timing, so a baseline timed again in each would lengthen every other's wait; the first
   verification of a shape times eager interleaved with its candidate, later ones time the candidate
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -84,24 +85,39 @@ def _versions() -> str:
 
 
 # Bumped when what a baseline times changes (2: the module's own computation, `OpFamily.eager`; 3: device
-# time, launches queued ahead, `bench.time_cuda`), so timings cached by an older verifier are never
-# reused as if they measured the same thing.
-BASELINE_FORMAT = 3
+# time, launches queued ahead, `bench.time_cuda`; 4: keyed by the parameters too), so timings cached by
+# an older verifier are never reused as if they measured the same thing.
+BASELINE_FORMAT = 4
 
 
-def baseline_key(op: str, module_class: str | None, shape: Sequence[int], dtype: str, device_name: str) -> str:
+def params_digest(param_specs: Sequence[dict[str, Any]]) -> str:
+    """The module's parameters as the cases build them (shapes, kinds, values): two projections
+    with the same activations and different weights (q/k/v and o_proj) time differently."""
+    text = json.dumps(list(param_specs), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def baseline_key(
+    op: str, module_class: str | None, shape: Sequence[int], dtype: str, device_name: str, params: str = ""
+) -> str:
     shape_text = "x".join(str(d) for d in shape)
-    return f"{op}|{module_class}|{shape_text}|{dtype}|{device_name}|{_versions()}|v{BASELINE_FORMAT}"
+    return f"{op}|{module_class}|{params}|{shape_text}|{dtype}|{device_name}|{_versions()}|v{BASELINE_FORMAT}"
 
 
 def cached_baselines(
-    op: str, module_class: str | None, shapes: Sequence[Sequence[int]], dtype: str, device_name: str
+    op: str,
+    module_class: str | None,
+    shapes: Sequence[Sequence[int]],
+    dtype: str,
+    device_name: str,
+    params: str = "",
 ) -> dict[str, dict[str, float]]:
-    """{shape as "AxB": {eager_us, eager_launch_us, compile_us, compile_ro_us}} for the shapes measured before."""
+    """{shape as "AxB": {eager_us, eager_launch_us, compile_us, compile_ro_us}} for the shapes measured
+    before with the same parameters (`params_digest`)."""
     data = _read(BASELINES_FILE)
     out: dict[str, dict[str, float]] = {}
     for shape in shapes:
-        entry = data.get(baseline_key(op, module_class, shape, dtype, device_name))
+        entry = data.get(baseline_key(op, module_class, shape, dtype, device_name, params))
         if isinstance(entry, dict):
             values = {k: float(entry[k]) for k in CACHED_KEYS if isinstance(entry.get(k), (int, float))}
             if values:
@@ -109,14 +125,16 @@ def cached_baselines(
     return out
 
 
-def store_baselines(op: str, module_class: str | None, rows: Sequence[dict[str, Any]], device_name: str) -> None:
+def store_baselines(
+    op: str, module_class: str | None, rows: Sequence[dict[str, Any]], device_name: str, params: str = ""
+) -> None:
     """Keep the baseline timings of bench rows measured in this verification (not the reused ones)."""
     fresh = []
     for row in rows:
         reused = set(row.get("cached") or ())
         values = {k: row[k] for k in CACHED_KEYS if k not in reused and isinstance(row.get(k), (int, float))}
         if values:
-            fresh.append((baseline_key(op, module_class, row["shape"], row["dtype"], device_name), values))
+            fresh.append((baseline_key(op, module_class, row["shape"], row["dtype"], device_name, params), values))
     if fresh:
         with _locked(BASELINES_FILE) as data:
             for key, values in fresh:

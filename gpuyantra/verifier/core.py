@@ -187,6 +187,7 @@ def _run(
         )
         job_bench_shapes = live or default_bench
         device_name = _device_name(device)
+        params = baselines.params_digest(contract.param_specs)  # baselines are kept per parameter set too
         job: dict[str, Any] = {
             "path": str(staged),
             "op": family.name,
@@ -202,7 +203,7 @@ def _run(
             "bench_dtype": dtypes[0],
             "bandwidth_cache": baselines.bandwidth_cache() if run_bench else {},
             "cached_baselines": baselines.cached_baselines(
-                family.name, contract.module_class, job_bench_shapes, dtypes[0], device_name
+                family.name, contract.module_class, job_bench_shapes, dtypes[0], device_name, params
             )
             if run_bench
             else {},
@@ -230,7 +231,7 @@ def _run(
         verdict.checks = judgement.checks
         verdict.bench = judgement.bench
         if run_bench and not judgement.failures:
-            baselines.store_baselines(family.name, contract.module_class, judgement.bench, device_name)
+            baselines.store_baselines(family.name, contract.module_class, judgement.bench, device_name, params)
         for key in (
             "speedup_vs_eager",
             "speedup_vs_compile",

@@ -84,6 +84,19 @@ def test_baselines_round_trip_per_op_shape_dtype_and_device(state):
     assert (kept["compile_us"], kept["eager_us"]) == (17.5, 30.0)
 
 
+def test_baselines_are_kept_per_parameter_set(state):
+    # q/k/v and o_proj take the same activations: their eager and compile times must not be shared.
+    qkv = baselines.params_digest([{"name": "weight", "kind": "tensor", "shape": [2048, 1536]}])
+    o_proj = baselines.params_digest([{"name": "weight", "kind": "tensor", "shape": [1536, 1536]}])
+    assert qkv != o_proj
+    row = {"shape": [8, 1, 1536], "dtype": "bfloat16", "eager_us": 9.2, "compile_us": 9.3}
+    baselines.store_baselines("linear", "Linear", [row], "H200", qkv)
+    assert baselines.cached_baselines("linear", "Linear", [[8, 1, 1536]], "bfloat16", "H200", o_proj) == {}
+    assert baselines.cached_baselines("linear", "Linear", [[8, 1, 1536]], "bfloat16", "H200", qkv) == {
+        "8x1x1536": {"eager_us": 9.2, "compile_us": 9.3}
+    }
+
+
 def test_a_bench_row_reuses_baselines_only_when_every_key_was_kept():
     from gpuyantra.verifier.bench import EAGER_KEYS, _reuse_cached
 
