@@ -398,6 +398,8 @@ def test_start_fills_every_regime_from_all_the_shapes():
     long_prefill = start_point(2048, 1536, [[8, 1, 1536], [1, 600, 1536]])
     assert (long_prefill["BLOCK_M"], long_prefill["MM_BLOCK_N"]) == (128, 128)
     assert start_point(17920, 1536, [[8, 1, 1536]])["SMALL_BLOCK_N"] == 32  # wide N: wider tiles
+    down = start_point(1536, 8960, [[8, 1, 8960]])  # a long K over few features: wider tiles, 5 stages
+    assert (down["SMALL_BLOCK_N"], down["SMALL_STAGES"]) == (32, 5)
     cpu = start_point(2048, 1536, [[8, 1, 1536]], hardware="cpu")
     assert cpu["SMALL_SPLIT_K"] == 1 and cpu["SMALL_BLOCK_N"] >= 64  # few wide programs in the interpreter
 
