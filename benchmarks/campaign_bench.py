@@ -1085,10 +1085,17 @@ def equal_prefix(a: dict[str, Any], b: dict[str, Any]) -> int | None:
 
 
 def top_margins(logprobs: dict[str, Any] | None) -> list[float | None]:
-    """Per generated token: how far (in nats) the chosen token's log-probability lies above the best
-    other one of `top_logprobs` (None where two tokens share a text, so the map kept one of them)."""
+    """Per generated token: how far (in nats) the chosen token's log-probability lies above the next
+    likeliest token's (`top_token_logprobs`, by id; from `top_logprobs` where a server gives only
+    that: None where two tokens share a text, so the map kept one of them)."""
     if not logprobs:
         return []
+    by_id = logprobs.get("top_token_logprobs")  # by token id where the server gives it: no shared texts
+    if by_id is not None:
+        return [
+            round(chosen - top[1][1], 6) if len(top) >= 2 else None
+            for chosen, top in zip(logprobs["token_logprobs"], by_id)
+        ]
     out: list[float | None] = []
     for chosen, top in zip(logprobs["token_logprobs"], logprobs["top_logprobs"]):
         others = sorted((v for v in top.values()), reverse=True)

@@ -75,6 +75,8 @@ def completion_logprobs(tok, ids: list[int], entries: list[LogprobEntry], offset
         "token_logprobs": [e[0] for e in entries],
         "top_logprobs": top,
         "text_offset": list(offsets),
+        # Beyond OpenAI's object: by token id, so two tokens sharing a text stay apart.
+        "top_token_logprobs": [[[a, lp] for a, lp in alternatives] for _, alternatives in entries],
     }
 
 

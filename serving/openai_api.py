@@ -15,7 +15,9 @@ Semantics worth knowing (as vLLM and OpenAI, unless said otherwise):
 - log-probabilities are log_softmax of the model's float32 logits (before temperature / top_p).
   Completions `logprobs: k` (0..20) gives `{tokens, token_logprobs, top_logprobs, text_offset}`:
   `top_logprobs[i]` maps the k most likely tokens' text (plus the chosen token's) to their
-  log-probabilities, `text_offset[i]` is where token i's text starts in the choice's text. Chat
+  log-probabilities, `text_offset[i]` is where token i's text starts in the choice's text, and
+  `top_token_logprobs[i]` (an addition) lists the k most likely as `[token id, log-probability]`,
+  likeliest first (ids that share a text stay apart). Chat
   `logprobs: true` (+ `top_logprobs: k`, 0..20) gives `logprobs.content[]` items `{token, logprob,
   bytes, top_logprobs}`.
 - chat prompts are the tokenizer's chat template (`apply_chat_template(messages,
@@ -121,6 +123,9 @@ class CompletionLogprobs(BaseModel):
     token_logprobs: list[float]
     top_logprobs: list[dict[str, float]]
     text_offset: list[int]
+    top_token_logprobs: list[list[tuple[int, float]]] = Field(
+        ..., description="per token, the k most likely [token id, log-probability], likeliest first"
+    )
 
 
 class CompletionChoice(BaseModel):

@@ -211,6 +211,8 @@ def test_the_teacher_forced_check_feeds_the_recorded_token_at_each_difference_an
     assert short["differences"] == [{"position": 2, "recorded": 7, "got": None}]
     logprobs = {"token_logprobs": [-0.1, -2.0], "top_logprobs": [{"a": -0.1, "b": -1.6}, {"x": -2.0}]}
     assert bench.top_margins(logprobs) == [1.5, None]  # one text for two tokens: no margin
+    by_id = {**logprobs, "top_token_logprobs": [[[3, -0.1], [9, -1.6]], [[4, -2.0], [8, -2.03125]]]}
+    assert bench.top_margins(by_id) == [1.5, 0.03125]  # by token id: both margins
 
 
 RMS_PROBLEM = """

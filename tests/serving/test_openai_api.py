@@ -77,6 +77,8 @@ def test_logprob_objects():
     assert legacy["top_logprobs"][1] == {"\ufffd": -0.4}  # two ids with one text: the likelier one's
     assert legacy["top_logprobs"][2] == {"\ufffd": -0.2}  # the chosen token is always there
     assert legacy["text_offset"] == [0, 1, 1]
+    # By id, likeliest first: the ids one text merged above stay apart (the chosen one is not added).
+    assert legacy["top_token_logprobs"] == [[[104, -0.1], [105, -2.0]], [[0xC4, -0.4]], []]
     chat = chat_logprobs(tok, ids, entries)["content"]
     assert chat[0] == {
         "token": "h",
