@@ -1160,7 +1160,7 @@ def forced_comparison(
 def forced_line(forced: dict[str, Any] | None) -> str:
     if not forced:
         return "-"
-    margins = ", ".join(fmt(d.get("recorded_margin")) for d in forced["differences"])
+    margins = ", ".join(fmt(d.get("recorded_margin"), 3) for d in forced["differences"])
     return f"{forced['equal_positions']} of {forced['positions']} equal" + (
         f", recorded margins where different: {margins} nats" if forced["differences"] else ""
     )
