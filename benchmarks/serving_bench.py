@@ -556,7 +556,8 @@ def main(argv=None) -> int:
     # ------------------------------------------------------------------ a campaign's swaps, in its orders
     def campaign_order(label, arrange):
         """The server's engine (graphs, decode attention, fused projections, prefill graphs, run-ahead)
-        with a campaign's swaps applied one at a time in `order` (batch 1 after each, as the campaign's
+        with a campaign's swaps applied one at a time in the order `arrange` makes of the decode
+        projections and the other families (batch 1 after each, as the campaign's
         served checks read it), then every batch with prefill graphs and without, and the GPU's
         replay-only step: does the order, or prefill graphs, change what decode reaches?"""
 

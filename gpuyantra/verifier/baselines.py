@@ -4,10 +4,10 @@
 * the eager and torch.compile (default and reduce-overhead) baselines per (op, module class, the
   parameters (`params_digest`), shape, dtype, device name, torch and triton versions): compiling
   and timing them is most of the benchmark layer's time and their value does not change between
-  candidates. Verifications on one GPU take
-  turns timing, so a baseline timed again in each would lengthen every other's wait; the first
-  verification of a shape times eager interleaved with its candidate, later ones time the candidate
-  alone (after the same spin-up to load clocks) against the kept figure.
+  candidates. Verifications on one GPU take turns timing, so a baseline timed again in each would
+  lengthen every other's wait; the first verification of a shape times eager interleaved with its
+  candidate, later ones time the candidate alone (after the same spin-up to load clocks) against
+  the kept figure.
 
 Several verifications may run at once on one GPU: files are rewritten under an exclusive lock, and
 `timing_lock()` names the lock the sandbox children hold while they time (no verdict's speed is

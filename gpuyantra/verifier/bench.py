@@ -284,8 +284,9 @@ def bench_shape(
         timed: dict[str, tuple[Callable[[int], Any], Callable[[], None] | None]] = {
             "kernel_us": (lambda i: entry(*sets[i][0], **sets[i][1]), None)
         }
-        # Eager does not depend on the candidate: timed once per (op, shape, dtype, device, versions)
-        # and reused; verifications on one GPU take turns timing, so each one timed is one less in turn.
+        # Eager does not depend on the candidate: timed once per (op, parameters, shape, dtype, device,
+        # versions) and reused; verifications on one GPU take turns timing, each baseline timed again
+        # would lengthen every other's wait.
         eager_cached = _reuse_cached(row, cached, EAGER_KEYS)
         if not eager_cached:
             timed["eager_us"] = (lambda i: eager(*sets[i][0], **sets[i][1]), None)
