@@ -11,15 +11,17 @@ first campaign is cold: empty skill library, no Temporal history):
 2. `before`: served decode tokens/s at each batch (default 1 and 8) through HTTP (C concurrent clients
    on `/v1/completions`, greedy, completion tokens over wall time, median of --http-repeats runs of at
    least 4 requests per client) and
-   in-process (`POST /admin/benchmark`, mode `benchmark`: median of repeats with their spread), and a
-   recorded greedy completion of a fixed prompt (text and token ids).
+   in-process (`POST /admin/benchmark`, mode `benchmark`: median of repeats with their spread), a
+   recorded greedy completion of a fixed prompt (text and token ids), and the greedy continuation of
+   that prompt's bytes sent as token ids with each token's top-two margin (`forced`).
 3. `cold`: `gpuyantra optimize --wait --json` (no `--ops` unless given: the profiler picks the top
    targets), timed from start to exit; the first deployment's time comes from the workflow history
    (`temporal workflow show --output json`: when the first `deploy_kernel` activity completed).
 4. `warm`: `POST /admin/rollback {"all": true}` (then the greedy completion must equal the recorded
    one: the original forward is back), then the same campaign again: the skill library seeds it.
 5. `after`: the measurements of `before` with the warm campaign's kernels in, the greedy completion
-   compared with the recorded one, `/admin/kernels`.
+   compared with the recorded one (free-running, and teacher-forced: `forced_comparison` feeds the
+   recorded token at each difference and names the differences that were near ties), `/admin/kernels`.
 6. `reports`: `gpuyantra report CAMPAIGN_ID --out` for both campaigns.
 7. `compile`: torch.compile (reduce-overhead, static KV cache) of the same model in a separate
    process, `benchmarks/serving_bench.py --only-compile` (skipped on a CPU, or with --skip-compile).
