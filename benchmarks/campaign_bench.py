@@ -631,22 +631,32 @@ class CampaignBench:
             raise PhaseFailed(f"{method} {path}: HTTP {response.status_code} {response.text[:300]}")
         return response.json()
 
-    def completion(self, client: httpx.Client, prompt: str, max_tokens: int, deadline: Deadline) -> dict[str, Any]:
+    def completion(
+        self,
+        client: httpx.Client,
+        prompt: str | list[int],
+        max_tokens: int,
+        deadline: Deadline,
+        logprobs: int | None = None,
+    ) -> dict[str, Any]:
+        """One greedy completion (of text or token ids; with the k most likely per token when `logprobs`)."""
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
         response = client.post(
-            f"{self.url}/v1/completions",
-            json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
-            timeout=max(1.0, deadline.check("a completion")),
+            f"{self.url}/v1/completions", json=body, timeout=max(1.0, deadline.check("a completion"))
         )
         if response.status_code != 200:
             raise PhaseFailed(f"/v1/completions: HTTP {response.status_code} {response.text[:300]}")
         body = response.json()
         choice = body["choices"][0]
-        return {
+        out = {
             "text": choice["text"],
             "token_ids": choice.get("token_ids"),
             "finish_reason": choice.get("finish_reason"),
             "completion_tokens": body["usage"]["completion_tokens"],
         }
+        return {**out, "logprobs": choice.get("logprobs")} if logprobs is not None else out
 
     def greedy(self, deadline: Deadline) -> dict[str, Any]:
         with httpx.Client() as client:
@@ -655,14 +665,8 @@ class CampaignBench:
 
     def continuation(self, client: httpx.Client, ids: list[int], max_tokens: int, deadline: Deadline) -> dict[str, Any]:
         """The greedy continuation of token ids, with each token's margin over the runner-up."""
-        body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2}
-        response = client.post(
-            f"{self.url}/v1/completions", json=body, timeout=max(1.0, deadline.check("a completion"))
-        )
-        if response.status_code != 200:
-            raise PhaseFailed(f"/v1/completions (token ids): HTTP {response.status_code} {response.text[:300]}")
-        choice = response.json()["choices"][0]
-        return {"token_ids": choice["token_ids"], "margins": top_margins(choice["logprobs"])}
+        out = self.completion(client, ids, max_tokens, deadline, logprobs=2)
+        return {"token_ids": out["token_ids"], "margins": top_margins(out["logprobs"])}
 
     def forced(self, recorded: dict[str, Any] | None, deadline: Deadline) -> dict[str, Any]:
         """Before any swap (`recorded` None): the greedy continuation of FORCED_PROMPT_IDS with margins.

@@ -180,9 +180,9 @@ def test_a_recheck_waits_for_the_timers_waiting_and_a_correctness_phase_does_not
 
 def test_a_recheck_yields_to_waiting_timers_for_a_bounded_time(locks, polled, holders, monkeypatch):
     monkeypatch.setattr(gpu_locks, "MAX_YIELD_S", 0.2)
-    waiting = gpu_locks._open  # a timer that waits forever: W held shared, as time_alone holds it
     with contextlib.ExitStack() as stack:
-        fd = waiting(stack, locks.timing.with_name(TIMERS_WAITING_FILE))
+        # A timer that waits forever: W held shared, as time_alone holds it while it waits.
+        fd = gpu_locks._open(stack, locks.timing.with_name(TIMERS_WAITING_FILE))
         fcntl.flock(fd, fcntl.LOCK_SH)
         order: list[str] = []
         recheck = Holder("recheck", lambda: share_gpu(locks.timing, after_timers=True), order)
