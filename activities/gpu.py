@@ -94,6 +94,8 @@ def deploy_kernel(request: DeployInput) -> dict[str, Any]:
     }  # the server swaps only the bytes this attests
     if target.param_shapes:  # linear: only the modules of the target's projection shape
         body["param_shapes"] = target.param_shapes
+    if request.rows_gate:  # the row counts where the verdict timed the kernel slower: the original serves them
+        body["rows_gate"] = request.rows_gate
     return admin_post(request.server_url, "/admin/swap", body)
 
 
@@ -108,7 +110,7 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.triton_env import prepare
     from gpuyantra.verifier import reuse, run_verification
-    from gpuyantra.verifier.verdict import judged_on_served_decode
+    from gpuyantra.verifier.verdict import judged_on_served_decode, rows_gate
 
     ensure_open_target(request.target)  # an open op travels with its target
 
@@ -152,7 +154,7 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
         result.setdefault("device", device)
         reuse.store(key, result)
     result["candidate_path"] = str(path)
-    return judged_on_served_decode(result, request.target)
+    return {**judged_on_served_decode(result, request.target), "rows_gate": rows_gate(result)}
 
 
 def device_name(device: str) -> str:

@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
-#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes linear-points
+#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes linear-points linear-b8-grid
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
@@ -63,6 +63,21 @@ for part in $parts; do
       lv gate_up 120 17920x1536 8x1x1536,1x1x1536 "" "$g2,SMALL_BLOCK_N=32,SMALL_STAGES=3;$g2,$r8;$g4,$r8,DEFER_REDUCE=False;$g2,SMALL_BLOCK_N=64,SMALL_STAGES=3"
       lv qkv 100 2048x1536 8x1x1536,1x1x1536 1 "$g4,SMALL_BLOCK_N=16,SMALL_STAGES=5;$g4,$r8;$g4,SMALL_BLOCK_N=32,SMALL_STAGES=3"
       lv o_proj 100 1536x1536 8x1x1536,1x1x1536 "" "$g4,SMALL_BLOCK_N=16,SMALL_STAGES=5;$g4,$r8;$g4,SMALL_BLOCK_N=32,SMALL_STAGES=3" ;;
+    # Batch-8 decode tiles of each projection over a knob grid (both tile orientations): every point
+    # compiled first in four processes at once (timings thrown away; Triton's cache keeps the
+    # binaries, PYTHONHASHSEED keeps the rendered file names), then timed one shape at a time.
+    linear-b8-grid)
+      sw="SMALL_SWAP_AB=False|True"
+      declare -A grid=(
+        [qkv]="$sw;SMALL_BLOCK_N=16|32|64;SMALL_BLOCK_K=128|256|512;SMALL_SPLIT_K=1|2;SMALL_STAGES=3"
+        [o_proj]="$sw;SMALL_BLOCK_N=16|32|64;SMALL_BLOCK_K=128|256|512;SMALL_SPLIT_K=1|2;SMALL_STAGES=3"
+        [down_proj]="$sw;SMALL_BLOCK_N=16|32|64;SMALL_BLOCK_K=128|256;SMALL_SPLIT_K=0|4|8;SMALL_STAGES=4"
+        [gate_up]="$sw;SMALL_BLOCK_N=32|64|128;SMALL_BLOCK_K=128|256;SMALL_STAGES=3|4"
+      )
+      lg() { PYTHONHASHSEED=0 python3 benchmarks/linear_gemv.py --batches 8 --no-compile --max-points 64 --shapes "$1" --grid "${grid[$1]}" "${@:2}"; }
+      for s in "${!grid[@]}"; do timeout 240 bash -c "$(declare -p grid); $(declare -f lg); lg $s --replays 1 --repeats 1 --out /tmp/warm_$s.json" > "$OUT/warm_$s.log" 2>&1 & done
+      wait; tail -2 "$OUT"/warm_*.log
+      for s in qkv o_proj down_proj gate_up; do run "b8_grid_$s" 150 bash -c "$(declare -p grid); $(declare -f lg); lg $s --out $OUT/b8_grid_$s.json"; done ;;
     linear-regimes) run linear_regimes_a 290 python3 benchmarks/linear_gemv.py --shapes qkv,o_proj,down_proj --no-compile --out "$OUT/linear_regimes_a.json"
            run linear_regimes_b 290 python3 benchmarks/linear_gemv.py --shapes gate_up,lm_head --no-compile --out "$OUT/linear_regimes_b.json" ;;
     campaign) run campaign_bench 560 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 2 --max-iterations 2 ;;

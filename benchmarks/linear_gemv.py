@@ -30,6 +30,8 @@ interpreter (plain loops instead of graphs), so the script is tested where no GP
 from __future__ import annotations
 
 import argparse
+import ast
+import itertools
 import json
 import math
 import os
@@ -67,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="measurements per method (the median is kept)")
     p.add_argument("--max-points", type=int, default=40, help="template strategies timed per shape and batch")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument(
+        "--grid",
+        default="",
+        help="time this grid over the author's start instead of its neighbours and space: "
+        "'KNOB=v1|v2;KNOB2=v3|v4' (every combination; the start is timed first)",
+    )
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (Triton's interpreter)")
     return p.parse_args(argv)
 
@@ -134,9 +142,11 @@ def time_calls(torch: Any, device: str, calls: list[Callable[[], Any]], replays:
 # ------------------------------------------------------------------------------------------ methods
 
 
-def template_points(n: int, k: int, batch: int, dtype: str, hardware: str, limit: int) -> list[dict[str, Any]]:
+def template_points(
+    n: int, k: int, batch: int, dtype: str, hardware: str, limit: int, grid: dict[str, list[Any]] | None = None
+) -> list[dict[str, Any]]:
     """The offline author's first point for this shape, its one-step neighbours in the knobs of the
-    regime that runs at `batch` rows, then its strategy space, without twins."""
+    regime that runs at `batch` rows, then its strategy space (or the `grid` over the start), without twins."""
     from gpuyantra.authors.base import WriteRequest
     from gpuyantra.authors.template import canonical, initial_strategy, strategy_space
 
@@ -150,13 +160,39 @@ def template_points(n: int, k: int, batch: int, dtype: str, hardware: str, limit
         param_shapes={"weight": [n, k], "bias": None},
     )
     start = initial_strategy(request)
+    if grid:
+        candidates = grid_points(start, grid)
+    else:
+        candidates = [start, *regime_neighbours(start, batch), *strategy_space("linear", request)]
     points, seen = [], set()
-    for point in [start, *regime_neighbours(start, batch), *strategy_space("linear", request)]:
+    for point in candidates:
         key = canonical("linear", point, [[batch, k]], n)
         if key not in seen:
             seen.add(key)
             points.append(point)
     return points[:limit]
+
+
+def parse_grid(text: str) -> dict[str, list[Any]]:
+    """'A=1|2;B=True|False' -> {"A": [1, 2], "B": [True, False]} (values as Python literals, else strings)."""
+    grid: dict[str, list[Any]] = {}
+    for chunk in filter(None, (c.strip() for c in text.split(";"))):
+        knob, _, values = chunk.partition("=")
+        grid[knob.strip()] = [_literal(v.strip()) for v in values.split("|")]
+    return grid
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def grid_points(start: dict[str, Any], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The start, then every combination of the grid's values over it."""
+    combos = itertools.product(*grid.values())
+    return [start, *({**start, **dict(zip(grid, values))} for values in combos)]
 
 
 def regime_neighbours(start: dict[str, Any], rows: int) -> list[dict[str, Any]]:
@@ -242,7 +278,8 @@ def bench_shape(torch: Any, args: argparse.Namespace, shape: tuple, batch: int, 
             torch._dynamo.reset()
         best: dict[str, Any] | None = None
         tried = []
-        for point in template_points(n, k, batch, args.dtype, ctx["hardware"], args.max_points):
+        grid = parse_grid(args.grid)
+        for point in template_points(n, k, batch, args.dtype, ctx["hardware"], args.max_points, grid):
             try:
                 entry = load_template(point, ctx["folder"])
                 err = max_error(torch, entry(x, weight=weights[0], bias=biases[0]), x, weights[0], biases[0])

@@ -6,7 +6,7 @@ declares them. Strict where JSON could be misread: `true` or `"5"` is no integer
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -33,6 +33,15 @@ class Attestation(BaseModel):
     )
 
 
+class RowsGate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kernel: list[Annotated[int, Field(ge=1)]] = Field(..., description="row counts the kernel serves")
+    original: list[Annotated[int, Field(ge=1)]] = Field(
+        ..., min_length=1, description="row counts the original forward serves"
+    )
+
+
 class SwapBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -46,6 +55,11 @@ class SwapBody(BaseModel):
     )
     shapes: list[list[int]] | None = Field(
         None, description="input shapes to check parity on, instead of the shapes seen in live traffic"
+    )
+    rows_gate: RowsGate | None = Field(
+        None,
+        description="row counts at which the verdict timed the kernel faster (`kernel`) and not faster "
+        "(`original`): each call is served by whichever won at the timed row count nearest its own",
     )
     attestation: Attestation | None = Field(
         None,

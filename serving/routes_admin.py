@@ -132,6 +132,7 @@ def swap_answer(record: SwapRecord) -> dict[str, Any]:
         "status": record.status,
         "file": record.file,
         "digest": record.digest,
+        "rows_gate": record.rows_gate,
     }
 
 
@@ -146,6 +147,7 @@ async def swap(body: SwapBody, state: State):
             live_shapes=body.shapes,
             admit=admit,
             param_shapes=body.param_shapes,
+            rows_gate=body.rows_gate.model_dump() if body.rows_gate else None,
         ),
         name="swap",
     )

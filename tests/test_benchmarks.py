@@ -167,11 +167,26 @@ def test_campaign_bench_smoke(tmp_path):
     assert "warm" in proc.stdout and "first_deploy_s" in proc.stdout  # the table
 
 
-def load_campaign_bench():
-    spec = importlib.util.spec_from_file_location("campaign_bench", REPO / "benchmarks" / "campaign_bench.py")
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_campaign_bench():
+    return load_bench("campaign_bench")
+
+
+def test_a_linear_grid_times_every_combination_over_the_start():
+    bench = load_bench("linear_gemv")
+    grid = bench.parse_grid("SMALL_SWAP_AB=False|True; SMALL_BLOCK_N=16|64;W_EVICTION=evict_first|''")
+    assert grid == {"SMALL_SWAP_AB": [False, True], "SMALL_BLOCK_N": [16, 64], "W_EVICTION": ["evict_first", ""]}
+    points = bench.template_points(1536, 8960, 8, "bfloat16", "NVIDIA H200", 100, grid)
+    start = bench.template_points(1536, 8960, 8, "bfloat16", "NVIDIA H200", 1)[0]
+    assert points[0] == start and (start["SMALL_SWAP_AB"], start["SMALL_BLOCK_N"]) == (True, 64)  # the start first
+    # then the grid's other points; W_EVICTION is a GEMV knob, so its two values are twins at 8 rows
+    assert [(p["SMALL_SWAP_AB"], p["SMALL_BLOCK_N"]) for p in points[1:]] == [(False, 16), (False, 64), (True, 16)]
 
 
 def test_a_streamed_decode_rate_leaves_the_first_token_out_and_prefixes_count_equal_tokens():

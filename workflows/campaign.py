@@ -431,6 +431,7 @@ class OptimizeCampaign:
                     target=target.to_dict(),
                     source=best.written.source,
                     attestation=verdict.attestation,
+                    rows_gate=verdict.rows_gate,
                 ),
                 timedelta(minutes=10),
                 summary=f"deploy {target.op}",

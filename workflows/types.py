@@ -92,6 +92,7 @@ class VerdictSummary(JsonRecord):
     dtypes: list[str] | None = None
     candidate_path: str | None = None
     attestation: dict[str, Any] | None = None  # the signed record the server checks before swapping
+    rows_gate: dict[str, list[int]] | None = None  # row counts where the kernel lost: the original serves them
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> VerdictSummary:
@@ -239,6 +240,7 @@ class DeployInput:
     target: dict[str, Any]
     source: str
     attestation: dict[str, Any] | None = None  # the verdict's signed record of exactly `source`
+    rows_gate: dict[str, list[int]] | None = None  # row counts the kernel and the original serve (the verdict's)
 
 
 @dataclass

@@ -57,6 +57,7 @@ LINEAR_KNOBS: dict[str, list[Any]] = {
     "SMALL_BLOCK_K": [32, 64, 128, 256, 512],
     "SMALL_STAGES": [1, 2, 3, 4, 5],
     "SMALL_WARPS": [2, 4, 8],
+    "SMALL_SWAP_AB": [False, True],
     "TARGET_PROGRAMS": [132, 264, 528, 1056],
     "SMALL_MAX_ROWS": [8, 16, 32, 64],
     "MM_SPLIT_K": [0, 1, 2, 3, 4, 6, 8],  # 0: auto (TARGET_PROGRAMS)
@@ -79,7 +80,7 @@ LINEAR_REGIME_KNOBS: dict[str, tuple[str, ...]] = {
         "GEMV_UNROLL",
         "GEMV_UNROLL_ROWS",
     ),
-    "small": ("SMALL_BLOCK_N", "SMALL_BLOCK_K", "SMALL_SPLIT_K", "SMALL_WARPS", "SMALL_STAGES"),
+    "small": ("SMALL_BLOCK_N", "SMALL_BLOCK_K", "SMALL_SPLIT_K", "SMALL_WARPS", "SMALL_STAGES", "SMALL_SWAP_AB"),
     "big": ("BLOCK_M", "MM_BLOCK_N", "MM_BLOCK_K", "MM_SPLIT_K", "GROUP_M", "MM_WARPS", "NUM_STAGES"),
 }
 LINEAR_SPLIT_KNOB = {"gemv": "SPLIT_K", "small": "SMALL_SPLIT_K", "big": "MM_SPLIT_K"}

@@ -19,6 +19,9 @@ with its own knobs, so one strategy serves batch-1 decode, batched decode and pr
   (the smallest the tensor cores take) over SMALL_BLOCK_N features; on an H200 such a tile streams
   the weights of a batch-8 decode faster than the GEMV's broadcast product. With few tiles (down_proj)
   K is split (SMALL_SPLIT_K, 0: automatic, ~TARGET_PROGRAMS programs) and reduced like the GEMV's.
+  With SMALL_SWAP_AB, `_matmul_swapped` computes the transposed tile, y^T = W x^T: the weight tile
+  [SMALL_BLOCK_N, K step] is the dot's left operand and the 16 rows its right one, so the feature
+  block is free of the 16-row minimum that binds the rows (the tensor cores' wide-M shapes take it).
 * big-tile `_matmul` (more rows: prefill). Tiled tl.dot over [BLOCK_M, MM_BLOCK_N] outputs with
   GROUP_M swizzling (neighbouring programs share weight tiles in L2), optionally split over K
   (MM_SPLIT_K, 0: automatic), reduced the same way.
@@ -55,6 +58,7 @@ SMALL_BLOCK_K = 128  # small-row matmul: K per step
 SMALL_SPLIT_K = 0  # small-row matmul: K slices (0: auto, ~TARGET_PROGRAMS programs where tiles are few)
 SMALL_WARPS = 4  # small-row matmul: num_warps
 SMALL_STAGES = 5  # small-row matmul: software pipelining depth of the K loop
+SMALL_SWAP_AB = False  # small-row matmul: weight tile as the dot's left operand (y^T = W x^T)
 BLOCK_M = 64  # big-tile matmul (more rows: prefill): rows per tile
 MM_BLOCK_N = 64  # big-tile matmul: output features per tile
 MM_BLOCK_K = 32  # big-tile matmul: K per step
@@ -274,12 +278,23 @@ def _matmul(
         k_mask = (k + rk) < k_end
         a = tl.load(x_tile, mask=(rm < M)[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(w_tile, mask=k_mask[:, None] & (rn < N)[None, :], other=0.0)
-        if X.dtype.element_ty == tl.float32:
-            acc = tl.dot(a, b, acc, input_precision="ieee")  # TF32 would not be float32 accuracy
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _dot(a, b, acc, X.dtype.element_ty == tl.float32)
         x_tile += BLOCK_K
         w_tile += BLOCK_K
+    _store_tile(acc, rm, rn, M, N, B, Y, P, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b: float32 inputs as IEEE products (TF32 would not be float32 accuracy), 16-bit on the tensor cores."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _store_tile(acc, rm, rn, M, N, B, Y, P, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """The [rows, features] tile `acc`: bias, one rounding and y, or this K slice's float32 partial sums."""
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     if SPLIT == 1:
         if HAS_BIAS:
@@ -288,6 +303,44 @@ def _matmul(
     else:
         part = P + (tl.program_id(1) * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
         tl.store(part, acc, mask=mask)
+
+
+@triton.jit
+def _matmul_swapped(
+    X,
+    W,
+    B,
+    Y,
+    P,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The small-row tile transposed: acc[BLOCK_N, BLOCK_M] = W[cols, ks] @ x[rows, ks]^T."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    k_start = tl.program_id(1) * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    rk = tl.arange(0, BLOCK_K)
+    w_tile = W + rn.to(tl.int64)[:, None] * stride_wn + (k_start + rk)[None, :]  # [BLOCK_N, BLOCK_K]
+    x_tile = X + rm.to(tl.int64)[None, :] * stride_xm + (k_start + rk)[:, None]  # [BLOCK_K, BLOCK_M] of x^T
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        k_mask = (k + rk) < k_end
+        w = tl.load(w_tile, mask=(rn < N)[:, None] & k_mask[None, :], other=0.0)
+        xt = tl.load(x_tile, mask=k_mask[:, None] & (rm < M)[None, :], other=0.0)
+        acc = _dot(w, xt, acc, X.dtype.element_ty == tl.float32)
+        w_tile += BLOCK_K
+        x_tile += BLOCK_K
+    _store_tile(tl.trans(acc), rm, rn, M, N, B, Y, P, HAS_BIAS, SPLIT)
 
 
 def _reduce_splits(partials, bias, y, m, n, split):
@@ -395,7 +448,38 @@ def _launch_matmul(x2, weight, bias, y, m, n, k, *, block_m, block_n, block_k, s
         _reduce_splits(partials, bias, y, m, n, split)
 
 
+def _launch_swapped(x2, weight, bias, y, m, n, k):
+    tiles_n, tiles_m = triton.cdiv(n, SMALL_BLOCK_N), triton.cdiv(m, SMALL_BLOCK_M)
+    split, k_per_split = _k_slices(k, SMALL_BLOCK_K, SMALL_SPLIT_K, tiles_n * tiles_m, MATMUL_MIN_SLICE_STEPS)
+    partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    _matmul_swapped[(tiles_n, split, tiles_m)](
+        x2,
+        weight,
+        bias,
+        y,
+        partials,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        weight.stride(0),
+        k_per_split,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_M=SMALL_BLOCK_M,
+        BLOCK_N=SMALL_BLOCK_N,
+        BLOCK_K=SMALL_BLOCK_K,
+        num_warps=SMALL_WARPS,
+        num_stages=SMALL_STAGES,
+    )
+    if split > 1:
+        _reduce_splits(partials, bias, y, m, n, split)
+
+
 def _launch_small_rows(x2, weight, bias, y, m, n, k):
+    if SMALL_SWAP_AB:
+        _launch_swapped(x2, weight, bias, y, m, n, k)
+        return
     _launch_matmul(
         x2,
         weight,

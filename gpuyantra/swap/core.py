@@ -205,6 +205,7 @@ class SwapCore:
             record.committed_at = reapply_record.committed_at or now
             record.reapplied_at = now
             record.calls, record.fallbacks = reapply_record.calls, reapply_record.fallbacks
+            record.original_calls = reapply_record.original_calls
             self._history = [record if r.swap_id == record.swap_id else r for r in self._history]
         else:
             record.committed_at = now

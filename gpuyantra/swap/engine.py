@@ -25,6 +25,7 @@ from gpuyantra.swap.records import (
     SwapForbidden,
     SwapRecord,
     UnknownSwapError,
+    gate_dict,
     shapes_dict,
 )
 
@@ -61,12 +62,15 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
         swap_id: str | None = None,
         admit: Callable[[bytes], str | None] | None = None,
         param_shapes: Mapping[str, Sequence[int] | None] | None = None,
+        rows_gate: Mapping[str, Sequence[int]] | None = None,
         _reapply_record: SwapRecord | None = None,
     ) -> SwapRecord:
         """Load, bind, check parity, commit. Raises a `SwapError` subclass when nothing changed.
 
         `param_shapes` restricts the swap to modules with those live parameter shapes (a profile
         target's `param_shapes`: one linear projection shape, e.g. {"weight": [2048, 1536], ...}).
+        `rows_gate` ({"kernel": rows, "original": rows}, from the verdict's timings) serves each call
+        of a module swap with the kernel or the original forward by its row count (`serves_kernel`).
 
         `admit` sees the exact bytes about to be imported (the kept copy) and returns why they may
         not be, or None; it runs before the candidate's code does.
@@ -107,8 +111,10 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
                 )
 
             wanted_shapes = shapes_dict(param_shapes)
+            gate = gate_dict(rows_gate)
             if _reapply_record is not None:
                 wanted_shapes = _reapply_record.requested_param_shapes
+                gate = _reapply_record.rows_gate
             groups = self._select_groups(family, module_class, wanted_shapes)
             if not groups and family.known_functions:
                 sites = [s for s in self.function_sites(family.name) if site_matches(s, family, module_class)]
@@ -137,6 +143,7 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
                 wanted_shapes,
                 live_shapes,
                 _reapply_record,
+                gate,
             )
 
     # ------------------------------------------------------------------ public: rollback

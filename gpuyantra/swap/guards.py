@@ -9,6 +9,7 @@ turn a raising kernel into a fallback to the original plus a queued rollback (`_
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,15 +92,39 @@ def _original_callable(module: torch.nn.Module, original: Any) -> Callable[..., 
     return original
 
 
+def serves_kernel(gate: dict[str, list[int]] | None, rows: int) -> bool:
+    """Whether a call of `rows` rows goes to the kernel under a swap's rows gate
+    (`gpuyantra.verifier.verdict.rows_gate`): the kernel where it was faster at the timed row count
+    nearest `rows` (by ratio), the original where it was not; a tie goes to the original."""
+    if not gate or not gate.get("original"):
+        return True
+    timed = [(r, True) for r in gate.get("kernel") or []] + [(r, False) for r in gate["original"]]
+    distance = {r: abs(math.log(max(rows, 1) / r)) for r, _ in timed}
+    nearest = min(distance.values())
+    return all(wins for r, wins in timed if distance[r] == nearest)
+
+
+def _call_rows(args: tuple[Any, ...]) -> int:
+    """Rows of a call: the leading dims of its first tensor argument (1 when there is none)."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    return int(first.numel() // first.shape[-1]) if first is not None and first.dim() > 0 and first.shape[-1] else 1
+
+
 def _bind(module: torch.nn.Module, live: _LiveSwap, original: Any) -> None:
-    """Bind the candidate as `module.forward`, guarded: a raising kernel falls back to `original`."""
+    """Bind the candidate as `module.forward`, guarded: a raising kernel falls back to `original`;
+    calls whose row count the swap's rows gate gives to the original go there."""
     kernel_forward = live.family.replacement_forward(module, live.candidate.entry, live.candidate.adapter)
     fallback = _original_callable(module, original)
     record = live.record
+    gate = record.rows_gate
 
     def forward(self, *args, **kwargs):
         if live.faulted:
             record.fallbacks += 1
+            return fallback(*args, **kwargs)
+        if gate and not serves_kernel(gate, _call_rows(args)):
+            if not live.strict:
+                record.original_calls += 1
             return fallback(*args, **kwargs)
         try:
             out = kernel_forward(self, *args, **kwargs)

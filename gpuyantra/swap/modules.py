@@ -55,6 +55,7 @@ class ModuleSwaps(SwapCore):
         wanted_shapes: dict[str, list[int] | None] | None,
         live_shapes,
         reapply_record: SwapRecord | None,
+        rows_gate: dict[str, list[int]] | None = None,
     ) -> SwapRecord:
         """`swap` for a family bound on modules: bind every module of `groups`, check parity, commit or restore."""
         record = SwapRecord(
@@ -65,6 +66,7 @@ class ModuleSwaps(SwapCore):
             digest=candidate.digest,
             requested_module_class=module_class,
             requested_param_shapes=wanted_shapes,
+            rows_gate=rows_gate,
             adapter=candidate.adapter,
             origin=origin,
             source_path=source_path,

@@ -103,6 +103,10 @@ class SwapRecord:
     parity: dict[str, Any] = field(default_factory=dict)
     calls: int = 0
     fallbacks: int = 0
+    # Row counts served by the kernel and by the original forward ({"kernel": [...], "original": [...]},
+    # from the verdict's timings; None: the kernel serves every call), and calls the gate gave the original.
+    rows_gate: dict[str, list[int]] | None = None
+    original_calls: int = 0
     last_error: str | None = None
     superseded_by: str | None = None
     binding: str = "module"  # module: forwards bound on modules; function: module globals replaced
@@ -122,6 +126,13 @@ def shapes_dict(param_shapes: Mapping[str, Sequence[int] | None] | None) -> dict
     if not param_shapes:
         return None
     return {str(k): None if v is None else [int(d) for d in v] for k, v in param_shapes.items()}
+
+
+def gate_dict(gate: Mapping[str, Sequence[int]] | None) -> dict[str, list[int]] | None:
+    """A JSON-able rows gate ({"kernel": rows, "original": rows}); None when it sends no row count to the original."""
+    if not gate or not gate.get("original"):
+        return None
+    return {side: sorted({int(r) for r in gate.get(side) or []}) for side in ("kernel", "original")}
 
 
 # ---------------------------------------------------------------------- manifest

@@ -152,3 +152,29 @@ def judged_on_served_decode(verdict: dict[str, Any], target: dict[str, Any]) -> 
         "all_shapes": {key: verdict.get(key) for key in keys},
         "judged_on": {"shapes": judged["shapes"], "why": "served decode shapes"},
     }
+
+
+def rows_gate(verdict: dict[str, Any]) -> dict[str, list[int]] | None:
+    """Which row counts the kernel should serve: {"kernel": rows, "original": rows} from the timed rows
+    (rows: the product of the activation shape's leading dims), or None where the kernel was faster at
+    every timed row count, or speed was not judged (CPU, failures).
+
+    Why: one verdict times a kernel at several row counts (decode at batch 1 and 8, a prefill), and a
+    GEMV that halves the one-row projection can lose to cuBLAS at eight rows. The server then serves
+    each call with the kernel or the original forward, whichever was faster at the nearest timed row
+    count (`gpuyantra.swap.guards.serves_kernel`). Ratios of several dtypes at one row count are
+    combined by their geometric mean."""
+    if verdict.get("failures") or str(verdict.get("device") or "") != "cuda":
+        return None
+    ratios: dict[int, list[float]] = {}
+    for row in verdict.get("bench") or []:
+        shape, kernel, eager = row.get("shape"), row.get("kernel_us"), row.get("eager_us")
+        if not shape or not kernel or not eager:
+            continue
+        rows = math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1
+        ratios.setdefault(rows, []).append(eager / kernel)
+    faster = {rows: (geomean(values) or 0.0) > 1.0 for rows, values in ratios.items()}
+    original = sorted(rows for rows, wins in faster.items() if not wins)
+    if not original:
+        return None
+    return {"kernel": sorted(rows for rows, wins in faster.items() if wins), "original": original}

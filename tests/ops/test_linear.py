@@ -168,6 +168,9 @@ def test_template_gemv_and_matmul_paths(dtype, load_rendered):
         {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 8, "SMALL_BLOCK_N": 16, "SMALL_BLOCK_K": 32},  # 14 rows: big tiles
         {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 32, "SMALL_BLOCK_N": 32, "SMALL_BLOCK_K": 64},  # grouped row tiles
         {"GEMV_MAX_ROWS": 16, "DEFER_REDUCE": False, "BLOCK_K": 64},  # per-step reduction, 14 rows
+        {"GEMV_MAX_ROWS": 1, "SMALL_SWAP_AB": True, "SMALL_BLOCK_N": 32, "SMALL_BLOCK_K": 32, "SMALL_SPLIT_K": 1},
+        {"GEMV_MAX_ROWS": 1, "SMALL_SWAP_AB": True, "SMALL_BLOCK_N": 16, "SMALL_BLOCK_K": 32, "SMALL_SPLIT_K": 3},
+        {"GEMV_MAX_ROWS": 1, "SMALL_MAX_ROWS": 32, "SMALL_SWAP_AB": True, "SMALL_BLOCK_N": 64, "SMALL_BLOCK_K": 64},
     ],
     ids=[
         "split3",
@@ -181,6 +184,9 @@ def test_template_gemv_and_matmul_paths(dtype, load_rendered):
         "small-bound-8",
         "small-bound-32",
         "per-step-sum",
+        "swapped",
+        "swapped-split3",
+        "swapped-row-tiles",
     ],
 )
 def test_template_knobs(strategy, load_rendered):
@@ -325,6 +331,9 @@ SHARED_LINEAR_KNOBS = {"GEMV_MAX_ROWS", "SMALL_MAX_ROWS", "TARGET_PROGRAMS"}
 CAMPAIGN_SHAPES = {"qkv": (2048, 1536), "down": (1536, 8960), "gate_up": (17920, 1536)}
 
 
+REGIME_KERNELS = {"gemv": ("_gemv", "_gemv_unrolled"), "small": ("_matmul", "_matmul_swapped"), "big": ("_matmul",)}
+
+
 @pytest.mark.parametrize("strategy_name", ["default", "splitting", "gpu_start"])
 def test_the_author_mirrors_the_regime_and_split_the_template_launches(strategy_name, load_rendered, monkeypatch):
     """What the author's canonical form and start assume (regime, tile rows, K slices) is what the
@@ -337,7 +346,7 @@ def test_the_author_mirrors_the_regime_and_split_the_template_launches(strategy_
         }[strategy_name]
         module = load_rendered("linear", strategy).module
         calls: list = []
-        for kernel in ("_gemv", "_gemv_unrolled", "_matmul", "_splitk_reduce"):
+        for kernel in ("_gemv", "_gemv_unrolled", "_matmul", "_matmul_swapped", "_splitk_reduce"):
             monkeypatch.setattr(module, kernel, LaunchSpy(kernel, calls))
         weight = torch.empty((n, k), dtype=torch.float16)
         for rows in BOUNDARY_ROWS:
@@ -346,7 +355,7 @@ def test_the_author_mirrors_the_regime_and_split_the_template_launches(strategy_
             kernel, grid, constexprs = calls[0]
             regime = linear_regime(strategy, rows)
             split = linear_split(strategy, n, k, rows)
-            assert kernel in (("_gemv", "_gemv_unrolled") if regime == "gemv" else ("_matmul",)), (name, rows)
+            assert kernel in REGIME_KERNELS[regime], (name, rows)
             assert grid[1] == constexprs["SPLIT"] == split, (name, rows)
             assert [c[0] for c in calls[1:]] == (["_splitk_reduce"] if split > 1 else []), (name, rows)
             if regime != "gemv":
@@ -372,15 +381,15 @@ def test_batch_8_decode_fills_the_gpu_from_a_start_that_also_saw_prefill(load_re
     for name, (n, k) in CAMPAIGN_SHAPES.items():
         module = load_rendered("linear", start_point(n, k, [[8, 1, k], [1, 54, k]])).module
         calls: list = []
-        for kernel in ("_gemv", "_matmul", "_splitk_reduce"):
+        for kernel in ("_gemv", "_matmul", "_matmul_swapped", "_splitk_reduce"):
             monkeypatch.setattr(module, kernel, LaunchSpy(kernel, calls))
         module.entry(torch.empty((8, 1, k), dtype=torch.float16), weight=torch.empty((n, k)), bias=None)
         grid, constexprs = calls[0][1], calls[0][2]
         assert constexprs["BLOCK_M"] == 16, name
         programs[name] = (grid[0] * grid[1], grid[1])
     assert programs["qkv"] == (128, 1)  # N 2048 / 16 features, K 1536 unsplit (as measured on an H200)
-    assert programs["down"][1] > 1 and programs["down"][0] >= 132  # 96 tiles: K split to fill 132 SMs
-    assert programs["gate_up"] == (560, 1)  # N 17920 / 32 features
+    assert programs["down"] == (96, 4)  # 24 tiles, K split in 4 (slices of at least 8 steps): the best measured
+    assert programs["gate_up"] == (280, 1)  # N 17920 / 64 features
 
 
 def test_start_fills_every_regime_from_all_the_shapes():
@@ -397,9 +406,16 @@ def test_start_fills_every_regime_from_all_the_shapes():
         }
     long_prefill = start_point(2048, 1536, [[8, 1, 1536], [1, 600, 1536]])
     assert (long_prefill["BLOCK_M"], long_prefill["MM_BLOCK_N"]) == (128, 128)
-    assert start_point(17920, 1536, [[8, 1, 1536]])["SMALL_BLOCK_N"] == 32  # wide N: wider tiles
-    down = start_point(1536, 8960, [[8, 1, 8960]])  # a long K over few features: wider tiles, 5 stages
-    assert (down["SMALL_BLOCK_N"], down["SMALL_STAGES"]) == (32, 5)
+    wide = start_point(17920, 1536, [[8, 1, 1536]])  # wide N: the transposed tile over 64 features
+    assert (wide["SMALL_SWAP_AB"], wide["SMALL_BLOCK_N"], wide["SMALL_BLOCK_K"]) == (True, 64, 128)
+    down = start_point(1536, 8960, [[8, 1, 8960]])  # a long K over few features: transposed, K 256
+    assert (down["SMALL_SWAP_AB"], down["SMALL_BLOCK_N"], down["SMALL_BLOCK_K"], down["SMALL_STAGES"]) == (
+        True,
+        64,
+        256,
+        4,
+    )
+    assert not mixed["SMALL_SWAP_AB"]  # q/k/v: the untransposed 16-feature tile
     cpu = start_point(2048, 1536, [[8, 1, 1536]], hardware="cpu")
     assert cpu["SMALL_SPLIT_K"] == 1 and cpu["SMALL_BLOCK_N"] >= 64  # few wide programs in the interpreter
 

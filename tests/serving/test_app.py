@@ -101,6 +101,8 @@ def test_token_from_environment(tmp_path, monkeypatch):
         ("/admin/swap", {"source": "x", "shapes": [[0, 64]]}, "positive dims"),
         ("/admin/swap", [1, 2], "Input should be a valid dictionary"),
         ("/admin/swap", {"source": "x", "attestation": {"digest": "ab"}}, "attestation.digest: String should match"),
+        ("/admin/swap", {"source": "x", "rows_gate": {"kernel": [1], "original": []}}, "rows_gate.original: List"),
+        ("/admin/swap", {"source": "x", "rows_gate": {"kernel": [0], "original": [8]}}, "rows_gate.kernel.0: Input"),
         ("/admin/rollback", {}, "give either 'swap_id' or 'all'"),
         ("/admin/rollback", {"swap_id": "a", "all": True}, "give either 'swap_id' or 'all'"),
         ("/admin/rollback", {"all": "maybe"}, "all: Input should be a valid boolean"),
@@ -230,11 +232,13 @@ def test_swap_kernels_rollback_roundtrip(client):
             "path": str(RMS_NORM_KERNEL),
             "module_class": "Qwen2RMSNorm",
             "attestation": attested(RMS_NORM_KERNEL.read_bytes()),
+            "rows_gate": {"kernel": [1], "original": [4096]},  # prompts go to the original, decode to the kernel
         },
         headers=AUTH,
     )
     assert r.status_code == 200, r.text
     swap = r.json()
+    assert swap["rows_gate"] == {"kernel": [1], "original": [4096]}
     assert {k: swap[k] for k in ("op", "module_class", "modules", "status")} == {
         "op": "rms_norm",
         "module_class": "Qwen2RMSNorm",
@@ -245,7 +249,7 @@ def test_swap_kernels_rollback_roundtrip(client):
     assert completion(client, prompt="roundtrip", max_tokens=5).json()["choices"][0]["token_ids"] == want
     kernels = client.get("/admin/kernels", headers=AUTH).json()
     assert [a["swap_id"] for a in kernels["active"]] == [swap["swap_id"]]
-    assert kernels["active"][0]["calls"] > 0
+    assert kernels["active"][0]["calls"] > 0 and kernels["active"][0]["original_calls"] == 0  # 9-token prompt: kernel
     assert swap["swap_id"] in [h["swap_id"] for h in kernels["history"]]
     r = client.post("/admin/rollback", json={"all": True}, headers=AUTH)
     assert r.status_code == 200 and [x["swap_id"] for x in r.json()["rolled_back"]] == [swap["swap_id"]]

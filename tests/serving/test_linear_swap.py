@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gpuyantra.swap import ParityError, SwapEngine, swapped_id
+from gpuyantra.swap.guards import serves_kernel
 from serving.engine import Engine, GenRequest
 from serving.models import load_model
 from tests.serving.helpers import PROMPTS, REPO, reference_greedy
@@ -54,6 +55,45 @@ def test_manifest_reapplies_the_shape_restriction(tmp_path):
     results = SwapEngine(other, tmp_path, model_id="tiny-qwen2").reapply()
     assert results == [{"swap_id": record.swap_id, "status": "committed", "reapplied": True}]
     assert {n for n, m in linears(other).items() if swapped_id(m)} == set(record.module_names)
+
+
+def test_a_rows_gate_serves_the_rows_the_kernel_lost_with_the_original_and_survives_a_restart(tmp_path):
+    model = load_model("tiny-qwen2").model
+    engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2")
+    gate = {"kernel": [1, 54], "original": [8]}  # as timed: faster at 1 and 54 rows, slower at 8
+    record = engine.swap(LINEAR_KERNEL, param_shapes=O_PROJ, rows_gate=gate)
+    assert record.rows_gate == gate and record.calls == record.original_calls == 0  # parity calls do not count
+    o_proj = model.model.layers[0].self_attn.o_proj
+    for rows, kernel_calls, original_calls in ((1, 1, 0), (6, 1, 1), (8, 1, 2), (30, 2, 2), (100, 3, 2)):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(o_proj(x), torch.nn.functional.linear(x, o_proj.weight), atol=1e-4, rtol=1e-4)
+        assert (record.calls, record.original_calls) == (kernel_calls, original_calls), rows
+    other = load_model("tiny-qwen2").model  # a restarted server keeps the gate
+    restarted = SwapEngine(other, tmp_path, model_id="tiny-qwen2")
+    restarted.reapply()
+    assert restarted.active()[0]["rows_gate"] == gate
+    counted = restarted.active()[0]["original_calls"]
+    other.model.layers[0].self_attn.o_proj(torch.randn(8, 64))
+    assert restarted.active()[0]["original_calls"] == counted + 1
+
+
+def test_a_rows_gate_follows_the_nearest_timed_row_count():
+    gate = {"kernel": [1, 54], "original": [8]}
+    assert [serves_kernel(gate, rows) for rows in (1, 2, 3, 4, 8, 16, 20, 21, 54, 4096)] == [
+        True,  # timed
+        True,  # nearer 1 than 8 (ratios 2 and 4)
+        False,  # nearer 8 (ratio 2.67) than 1 (3)
+        False,  # 4: ratio 4 from 1, 2 from 8
+        False,
+        False,  # 16: ratio 2 from 8, 3.4 from 54
+        False,
+        True,  # 21: ratio 2.57 from 54, 2.625 from 8
+        True,
+        True,
+    ]
+    assert serves_kernel(None, 8) and serves_kernel({"kernel": [1], "original": []}, 8)
+    assert not serves_kernel({"kernel": [], "original": [8]}, 1)  # slower everywhere it was timed
+    assert not serves_kernel({"kernel": [2], "original": [8]}, 4)  # a tie goes to the original
 
 
 def test_a_wrong_linear_kernel_is_rolled_back_everywhere(tmp_path):

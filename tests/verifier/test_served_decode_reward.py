@@ -3,7 +3,7 @@ shape per step, while the prefill shape runs once per request."""
 
 from __future__ import annotations
 
-from gpuyantra.verifier.verdict import judged_on_served_decode, reward_on_shapes
+from gpuyantra.verifier.verdict import judged_on_served_decode, reward_on_shapes, rows_gate
 
 DECODE_1, DECODE_8, PREFILL = [1, 1, 1536], [8, 1, 1536], [1, 54, 1536]
 
@@ -51,3 +51,19 @@ def test_compile_speedup_needs_every_decode_shape_compiled():
     verdict = _verdict(_row(DECODE_1, 4.5, 5.8, 9.0), {**_row(DECODE_8, 4.5, 5.9, 9.0), "compile_us": None})
     judged = reward_on_shapes(verdict, [DECODE_1, DECODE_8])
     assert judged["speedup_vs_compile"] is None and judged["reward"] == 2
+
+
+def test_the_rows_gate_gives_each_timed_row_count_to_whichever_was_faster_there():
+    assert rows_gate(GEMV) == {"kernel": [1, 8], "original": [54]}  # the prefill shape lost
+    two_dtypes = _verdict(
+        _row(DECODE_8, 5.0, 4.0, 9.0), {**_row(DECODE_8, 5.0, 7.0, 9.0), "dtype": "float16"}, _row(DECODE_1, 3, 5, 9)
+    )
+    assert rows_gate(two_dtypes) is None  # 8 rows: 0.8 and 1.4 over two dtypes, geometric mean 1.06
+    assert rows_gate(_verdict(_row(DECODE_1, 3.0, 5.0, 9.0), _row(DECODE_8, 6.0, 5.0, 9.0))) == {
+        "kernel": [1],
+        "original": [8],
+    }
+    assert rows_gate(_verdict(_row(DECODE_1, 3.0, 5.0, 9.0))) is None  # faster everywhere: no gate
+    assert rows_gate({**GEMV, "device": "cpu"}) is None  # the interpreter's speed says nothing
+    failed = _verdict(_row(PREFILL, 7.1, 5.9, 9.0), failures=[{"layer": "correctness"}])
+    assert rows_gate(failed) is None

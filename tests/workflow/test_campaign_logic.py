@@ -76,6 +76,7 @@ class Script:
         self.slower_after_deploy = slower_after_deploy
         self.device = device
         self.calls: list[str] = []
+        self.deployed_gates: list[dict[str, list[int]] | None] = []  # each deploy's rows gate
         self.outcomes: list[float] = []
         self.events: list[tuple[str, str]] = []  # (event, op), in the order they happened
         self._events_lock = threading.Lock()
@@ -131,10 +132,12 @@ class Script:
                 "failures": [] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
                 "speedup_vs_eager": 2.0,
                 "speedup_vs_compile": 1.1,
+                "rows_gate": {"kernel": [1], "original": [request.iteration * 8]},
             }
 
         @activity.defn(name="deploy_kernel")
         def deploy_kernel(request: DeployInput) -> dict:
+            self.deployed_gates.append(request.rows_gate)
             self.event("deploy-start", request.target["op"])
             time.sleep(0.05)
             self.event("deploy-end", request.target["op"])
@@ -228,6 +231,7 @@ async def test_loop_stops_at_reward_three_and_deploys(env):
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert [c for c in script.calls if c.startswith("verify")] == ["verify1", "verify2", "verify3"]
     assert "learn3" in script.calls and script.calls[-2:] == ["deploy", "profile"]
+    assert script.deployed_gates == [{"kernel": [1], "original": [24]}]  # the deployed verdict's own gate
     assert result["deployed"][0]["iterations"] == 3 and result["deployed"][0]["reward"] == 3
     assert result["profile"]["targets"][0]["op"] == "rms_norm" and result["profile_after"]["hardware"] == "test-gpu"
     assert script.outcomes == [-1.0]  # the seed skill's bandit arm is paid with its own attempt
