@@ -169,9 +169,9 @@ def rows_gate(verdict: dict[str, Any]) -> dict[str, list[int]] | None:
     ratios: dict[int, list[float]] = {}
     for row in verdict.get("bench") or []:
         shape, kernel, eager = row.get("shape"), row.get("kernel_us"), row.get("eager_us")
-        if not shape or not kernel or not eager:
-            continue
-        rows = math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1
+        if not shape or not kernel or not eager or not all(isinstance(d, int) and d > 0 for d in shape):
+            continue  # untimed, or not one activation's shape (nothing to count rows by)
+        rows = math.prod(shape[:-1])
         ratios.setdefault(rows, []).append(eager / kernel)
     faster = {rows: (geomean(values) or 0.0) > 1.0 for rows, values in ratios.items()}
     original = sorted(rows for rows, wins in faster.items() if not wins)

@@ -67,3 +67,5 @@ def test_the_rows_gate_gives_each_timed_row_count_to_whichever_was_faster_there(
     assert rows_gate({**GEMV, "device": "cpu"}) is None  # the interpreter's speed says nothing
     failed = _verdict(_row(PREFILL, 7.1, 5.9, 9.0), failures=[{"layer": "correctness"}])
     assert rows_gate(failed) is None
+    nested = _verdict(_row(DECODE_1, 3.0, 5.0, 9.0), {**_row(DECODE_8, 6.0, 5.0, 9.0), "shape": [[8, 3], [3, 4]]})
+    assert rows_gate(nested) is None  # a row without one activation's shape decides nothing
