@@ -7,7 +7,8 @@ not depend on the job (imports, on CUDA the context) while the parent finishes t
 (or, as a warm spare, before the job exists), then reads one JSON job on stdin. It records raw
 observations (launch counts, host-side aten ops, input mutation, output aliasing and reuse, types,
 devices, timings) into the results file the parent named, and hands the outputs to the parent in
-numbered chunk files of bounded size (`OutputSink`); it judges nothing. Its stdout and stderr belong
+numbered chunk files of bounded size (`OutputSink`; on CUDA the files carry CUDA IPC handles of
+clones on the GPU, `transport`); it judges nothing. Its stdout and stderr belong
 to the candidate and are ignored by the verdict.
 """
 
@@ -359,25 +360,39 @@ class OutputSink:
     ...) in `folder`. The parent judges and deletes each chunk while the harness goes on, and the
     harness never leaves more than `budget` bytes of outputs unread there: outputs of any total size
     pass through a bounded folder and stay far below the sandbox's file-size limit. One call whose
-    outputs alone exceed the budget is refused (the verdict names the limit)."""
+    outputs alone exceed the budget is refused (the verdict names the limit).
 
-    def __init__(self, folder: str, budget: int, chunk_per_group: bool = False) -> None:
+    With `cuda_ipc` (CUDA runs) each output is cloned on the GPU and the chunk carries CUDA IPC
+    handles of the clones instead of their bytes (`transport`): the clones are held (`held`, counted
+    in the budget as the unread bytes they are) until the parent has deleted the chunk, which it does
+    once it has copied them. Where exporting fails, or the parent leaves a nack for a chunk it could
+    not map, those outputs go by the host, and so does everything after (`cuda_ipc` is cleared: a
+    failure repeats, and a clone nobody maps is never released by torch)."""
+
+    def __init__(self, folder: str, budget: int, chunk_per_group: bool = False, cuda_ipc: bool = False) -> None:
+        from gpuyantra.verifier.transport import export_cuda_ipc
+
         self.folder = folder
         self.budget = max(1, int(budget))
         # On CUDA each group of calls is a chunk: the parent judges it (on the GPU) while the next group
         # runs. On CPU chunks go by size: judging beside the interpreter only slowed a small worker.
         self.chunk_per_group = chunk_per_group
         self.chunk_bytes = max(1, self.budget // CHUNKS_PER_BUDGET)
+        self.cuda_ipc = cuda_ipc
+        self.export: Callable[[Any], dict[str, Any]] = export_cuda_ipc
         self.pending: dict[str, Any] = {}
         self.pending_bytes = 0
+        self.held: dict[int, tuple[int, dict[str, Any]]] = {}  # cuda_ipc chunk -> (bytes, clones) until read
         self.written = 0
         self.parent = os.getppid()
         self.wait_seconds = 0.0  # waiting for the parent to read earlier chunks (back-pressure)
-        self.copy_seconds = 0.0  # outputs to the host
-        self.write_seconds = 0.0  # chunk files written
+        self.copy_seconds = 0.0  # outputs cloned on the GPU (cuda_ipc) or copied to the host
+        self.write_seconds = 0.0  # chunk files written (with cuda_ipc: the clones exported too)
 
     def add(self, case_id: int, outs: list[tuple[int, Any]]) -> str | None:
-        """Queue one call's outputs (copied to the host); the refusal message when they exceed the budget."""
+        """Queue one call's outputs (cloned on their GPU for cuda_ipc, else copied to the host,
+        either way detached from the candidate's buffers); the refusal message when they exceed the
+        budget."""
         import torch
 
         size = sum(o.numel() * o.element_size() for _, o in outs)
@@ -390,8 +405,9 @@ class OutputSink:
             self.flush()
         started = time.perf_counter()
         for j, o in outs:
-            # One copy: to the host, contiguous (no second clone of a host copy).
-            self.pending[f"{case_id}:{j}"] = o.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+            # One copy, contiguous: on the GPU where it goes by CUDA IPC, else to the host.
+            where = o.device if self.cuda_ipc and o.device.type == "cuda" else "cpu"
+            self.pending[f"{case_id}:{j}"] = o.detach().to(where, memory_format=torch.contiguous_format, copy=True)
         self.pending_bytes += size
         self.copy_seconds += time.perf_counter() - started
         return None
@@ -404,36 +420,94 @@ class OutputSink:
         """Write the queued outputs as the next chunk, once the unread ones leave room for it."""
         if not self.pending:
             return
-        import torch
+        from gpuyantra.verifier.transport import choose_transport, host_chunk, ipc_chunk
 
         self._wait(lambda count, unread: count == 0 or unread + self.pending_bytes <= self.budget)
-        started = time.perf_counter()
-        name = chunk_name(self.written)
-        partial = os.path.join(self.folder, f".{name}.partial")
-        try:
-            _without_crc32()
-            torch.save(self.pending, partial)
-        except Exception as exc:  # a full disk or the file-size limit: say which chunk, not just "zip error"
-            raise RuntimeError(
-                f"cannot hand {self.pending_bytes} bytes of outputs to the parent (chunk {self.written}): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        os.replace(partial, os.path.join(self.folder, name))  # the parent never sees a half-written chunk
-        self.write_seconds += time.perf_counter() - started
-        self.written += 1
+        started, copied = time.perf_counter(), self.copy_seconds
+        outputs, nbytes = self.pending, self.pending_bytes
         self.pending, self.pending_bytes = {}, 0
+        if self.cuda_ipc and any(t.device.type == "cuda" for t in outputs.values()):
+            import torch
+
+            torch.cuda.synchronize()  # the clones complete before any handle to them is written
+        transport, entries, reason = choose_transport(
+            "cuda" if self.cuda_ipc else "cpu", lambda: {key: self.export(t) for key, t in outputs.items()}
+        )
+        if entries is not None:
+            self.held[self._write(ipc_chunk(entries))] = (nbytes, outputs)
+        else:
+            if reason is not None:
+                self.cuda_ipc = False
+            self._write(host_chunk(self._to_host(outputs), reason))
+        self.write_seconds += time.perf_counter() - started - (self.copy_seconds - copied)
+
+    def close(self) -> None:
+        """Flush, and wait until the parent has copied every clone it was handed by CUDA IPC: they must
+        outlive its reading (host chunks the parent reads after the child is gone)."""
+        self.flush()
+        self._wait(lambda count, unread: not self.held)
 
     def drain(self) -> None:
         """Flush and wait until the parent has read every chunk (its GPU work must not overlap timing)."""
         self.flush()
         self._wait(lambda count, unread: count == 0)
 
+    def _to_host(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        started = time.perf_counter()
+        host = {k: t.to("cpu", memory_format=torch.contiguous_format) for k, t in outputs.items()}
+        self.copy_seconds += time.perf_counter() - started
+        return host
+
+    def _write(self, chunk: dict[str, Any]) -> int:
+        """Write `chunk` as the next numbered file (whole or not at all); its number."""
+        import torch
+
+        sequence = self.written
+        name = chunk_name(sequence)
+        partial = os.path.join(self.folder, f".{name}.partial")
+        try:
+            _without_crc32()
+            torch.save(chunk, partial)
+        except Exception as exc:  # a full disk or the file-size limit: say which chunk, not just "zip error"
+            raise RuntimeError(
+                f"cannot hand outputs to the parent (chunk {sequence}): {type(exc).__name__}: {exc}"
+            ) from exc
+        os.replace(partial, os.path.join(self.folder, name))  # the parent never sees a half-written chunk
+        self.written += 1
+        return sequence
+
+    def _collect(self) -> None:
+        """Release the clones of every cuda_ipc chunk the parent has read; where it left a nack (it
+        could not map them), send them again by the host."""
+        from gpuyantra.verifier.transport import host_chunk, nack_name
+
+        if not self.held:
+            return
+        present = set(os.listdir(self.folder))
+        for sequence in sorted(self.held):
+            if chunk_name(sequence) in present:
+                continue
+            _, clones = self.held.pop(sequence)
+            if nack_name(sequence) in present or os.path.exists(os.path.join(self.folder, nack_name(sequence))):
+                self.cuda_ipc = False
+                self._write(host_chunk(self._to_host(clones)))
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.folder, nack_name(sequence)))
+            del clones  # the parent's copies are complete and its mappings released
+
     def _unread(self) -> tuple[int, int]:
-        """(chunks, bytes) written and not yet read by the parent."""
+        """(chunks, bytes of outputs) written and not yet read by the parent."""
+        self._collect()
         count = total = 0
+        held = {chunk_name(sequence): nbytes for sequence, (nbytes, _) in self.held.items()}
         for name in os.listdir(self.folder):
             if name.startswith(CHUNK_PREFIX):
                 count += 1
+                if name in held:
+                    total += held[name]
+                    continue
                 with contextlib.suppress(OSError):  # read and deleted meanwhile
                     total += os.path.getsize(os.path.join(self.folder, name))
         return count, total
@@ -773,7 +847,8 @@ def main(argv: list[str] | None = None) -> int:
         "warm_timings": warm,
     }
     timings = results["timings"]
-    sink = OutputSink(job["outputs_dir"], job["output_budget"], chunk_per_group=args.device == "cuda")
+    cuda = args.device == "cuda"
+    sink = OutputSink(job["outputs_dir"], job["output_budget"], chunk_per_group=cuda, cuda_ipc=cuda)
     try:
         execute(job, results, sink)
     except BaseException as exc:  # noqa: BLE001 - record what happened; the parent decides
@@ -781,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         try:
             with _timed(timings, "save_outputs"):
-                sink.flush()
+                sink.close()  # with CUDA IPC: until the parent has copied every clone
         except BaseException as exc:  # noqa: BLE001
             results["harness_error"] = f"saving outputs failed: {type(exc).__name__}: {exc}"[:2000]
         timings["outputs_copy"] = round(sink.copy_seconds, 3)

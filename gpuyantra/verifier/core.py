@@ -22,6 +22,7 @@ from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import OutputValues, References, judge, sandbox_failures
 from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, take_sandbox
 from gpuyantra.verifier.static import check_source
+from gpuyantra.verifier.transport import TRANSPORTS
 from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
 
 DEVICES = ("cpu", "cuda")
@@ -216,6 +217,7 @@ def _run(
         clock = time.monotonic()
         outcome = sandbox.run(job, values.consume)
         verdict.timings.update(sandbox_timings(outcome, time.monotonic() - clock))
+        record_transport(verdict.timings, outcome)
         failures = sandbox_failures(outcome, sandbox.timeout, sandbox.memory_limit)
         verdict.failures.extend(failures)
         if outcome.results is None:
@@ -287,6 +289,17 @@ def sandbox_timings(outcome: SandboxOutcome, seconds: float) -> dict[str, float]
     named = sum(timings.get(part, 0.0) for part in SANDBOX_PARTS)
     timings["sandbox_other"] = round(seconds - named, 3)
     return timings
+
+
+def record_transport(timings: dict[str, float | str], outcome: SandboxOutcome) -> None:
+    """How the outputs reached the parent, beside the timings: `outputs_transport` (`cuda_ipc`,
+    `host`, or both joined by `+`; absent when no chunk was judged) and, where outputs of a CUDA run
+    went by the host, `outputs_fallback` (the first reason, one line)."""
+    used = [t for t in TRANSPORTS if outcome.transports.get(t)]
+    if used:
+        timings["outputs_transport"] = "+".join(used)
+    if outcome.transport_fallback:
+        timings["outputs_fallback"] = outcome.transport_fallback
 
 
 def _device_name(device: str) -> str:

@@ -9,11 +9,14 @@ from the results file the parent named and the tensors the child saved.
 
 Outputs come in numbered chunk files, read (and handed to `consume`, which judges them) while the
 child goes on: at most the output budget of them waits unread, so outputs of any total size never
-meet the file-size limit, the disk or the parent's memory at once.
+meet the file-size limit, the disk or the parent's memory at once. On CUDA a chunk carries CUDA IPC
+handles of the child's clones on the GPU instead of their bytes (`transport`): the reader copies
+them into the parent's GPU memory before anything is judged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +33,7 @@ from typing import Any
 import gpuyantra
 from gpuyantra.verifier.baselines import timing_lock
 from gpuyantra.verifier.child import chunk_name
+from gpuyantra.verifier.transport import CUDA_IPC, HOST, TRANSPORTS, nack_name, one_line, receive_cuda_ipc
 
 ENV_ALLOW = (
     "PATH",
@@ -82,6 +86,8 @@ class SandboxOutcome:
     seconds: float = 0.0
     load_seconds: float = 0.0  # reading the saved outputs back (parent side, while the child runs)
     consume_seconds: float = 0.0  # judging them as they came (parent side, while the child runs)
+    transports: dict[str, int] = field(default_factory=dict)  # chunks judged per transport (`transport`)
+    transport_fallback: str | None = None  # why outputs went by the host on CUDA, the first reason
     start_wait_seconds: float | None = None  # the job waiting for the child to finish starting
     collect_seconds: float = 0.0  # from the child gone to the outcome complete
 
@@ -245,7 +251,9 @@ class Sandbox:
         outputs_dir = self.workdir / "outputs"
         outputs_dir.mkdir(exist_ok=True)
         budget = output_budget()
-        reader = OutputReader(outputs_dir, budget, consume or outcome.outputs.update)
+        reader = OutputReader(
+            outputs_dir, budget, consume or outcome.outputs.update, device=self.device, child_pid=self.proc.pid
+        )
         job = dict(job, results_path=str(results_path), outputs_dir=str(outputs_dir), output_budget=budget)
         reader.start()
         job_sent_at = time.time()
@@ -268,7 +276,9 @@ class Sandbox:
         self._stderr.close()
         outcome.stderr_tail = _tail(self.workdir / "stderr.log")
         reader.finish(read_rest=not (outcome.timed_out or outcome.memory_exceeded))
+        remove_shared_memory(self.proc.pid)
         outcome.load_seconds, outcome.consume_seconds = round(reader.load_seconds, 3), round(reader.consume_seconds, 3)
+        outcome.transports, outcome.transport_fallback = dict(reader.transports), reader.fallback
         if results_path.exists() and not outcome.timed_out and not outcome.memory_exceeded:
             try:
                 outcome.results = json.loads(results_path.read_text())
@@ -327,17 +337,36 @@ class Sandbox:
 
 
 class OutputReader(threading.Thread):
-    """Reads the child's chunk files in order while it runs: loads each (tensors only), hands it to
-    `consume`, deletes it (which gives the child room for the next). A chunk that cannot be read or
-    judged is a harness error, and reading goes on so the child never waits for room forever."""
+    """Reads the child's chunk files in order while it runs: loads each (data only: tensors, or the
+    CUDA IPC entries of the child's clones), hands the outputs to `consume`, deletes it (which gives
+    the child room for the next, and lets it release its clones). A chunk that cannot be read or
+    judged is a harness error, and reading goes on so the child never waits for room forever.
 
-    def __init__(self, folder: Path, budget: int, consume: Callable[[dict[str, Any]], None]) -> None:
+    A `cuda_ipc` chunk (`transport`) is copied into this process's GPU memory (`device`: where the
+    outputs are judged; `child_pid`: whose reference counters the entries may name) and deleted
+    before it is judged. Where that fails, a nack beside it asks the child to send the outputs again
+    by the host, and `fallback` keeps the first reason; `transports` counts the chunks judged per
+    transport."""
+
+    def __init__(
+        self,
+        folder: Path,
+        budget: int,
+        consume: Callable[[dict[str, Any]], None],
+        device: str = "cpu",
+        child_pid: int | None = None,
+    ) -> None:
         super().__init__(name="gpuyantra-output-reader", daemon=True)
         self.folder = folder
         self.budget = budget
         self.consume = consume
+        self.device = device
+        self.child_pid = child_pid
         self.next = 0
         self.error: str | None = None
+        self.fallback: str | None = None
+        self.transports: dict[str, int] = {}
+        self._stream: Any = None  # CUDA: where cuda_ipc chunks are copied
         self.load_seconds = 0.0
         self.consume_seconds = 0.0
         self._done = threading.Event()
@@ -360,12 +389,12 @@ class OutputReader(threading.Thread):
         """Read every chunk that is there, in order; False when the next one is not there yet."""
         read = False
         while (path := self.folder / chunk_name(self.next)).exists():
-            self._read(path)
+            self._read(path, self.next)
             self.next += 1
             read = True
         return read
 
-    def _read(self, path: Path) -> None:
+    def _read(self, path: Path, sequence: int) -> None:
         import torch
 
         try:
@@ -376,17 +405,65 @@ class OutputReader(threading.Thread):
             loading = time.monotonic()
             # Mapped, not read: the copy to the judging device reads the pages (one pass, not two).
             chunk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if not isinstance(chunk, dict) or not isinstance(chunk.get("outputs"), dict):
+                raise ValueError(f"{path.name} holds a {type(chunk).__name__}, not a chunk of outputs")
+            transport = chunk.get("transport")
+            if transport == HOST:
+                outputs = chunk["outputs"]
+                if isinstance(chunk.get("fallback"), str):
+                    self._fell_back(chunk["fallback"])
+            elif transport == CUDA_IPC:
+                outputs = self._receive(chunk["outputs"], path, sequence)
+                if outputs is None:
+                    self.load_seconds += time.monotonic() - loading
+                    return  # the child sends them again by the host
+                path.unlink(missing_ok=True)  # copied: the child may release its clones
+            else:
+                raise ValueError(f"{path.name} names transport {transport!r}, not one of {', '.join(TRANSPORTS)}")
             self.load_seconds += time.monotonic() - loading
-            if not isinstance(chunk, dict):
-                raise ValueError(f"{path.name} holds a {type(chunk).__name__}, not a dict of outputs")
             judging = time.monotonic()
-            self.consume(chunk)
+            self.consume(outputs)
             self.consume_seconds += time.monotonic() - judging
+            self.transports[transport] = self.transports.get(transport, 0) + 1
         except Exception as exc:  # noqa: BLE001 - a damaged chunk means no outputs to trust
             if self.error is None:
                 self.error = f"cannot read the saved outputs ({path.name}): {type(exc).__name__}: {exc}"[:2000]
         finally:
             path.unlink(missing_ok=True)
+
+    def _receive(self, entries: Any, path: Path, sequence: int) -> dict[str, Any] | None:
+        """A cuda_ipc chunk's outputs in this process's GPU memory; None (after leaving a nack for the
+        child) where they cannot be had."""
+        try:
+            return self._import(entries)
+        except Exception as exc:  # noqa: BLE001 - any failure: the same outputs come again by the host
+            reason = one_line(f"cuda_ipc import failed: {type(exc).__name__}: {exc}")
+            self._fell_back(reason)
+            # An empty file, before the chunk goes: the child looks for it once the chunk is gone. Never
+            # through a link the child left there; without it the outputs count as read, and missing.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.folder / nack_name(sequence), flags, 0o600))
+            path.unlink(missing_ok=True)
+            return None
+
+    def _import(self, entries: Any) -> dict[str, Any]:
+        """The entries' clones copied into this process's GPU memory, on this reader's own stream (not
+        behind other verifications' work), complete when this returns. Judging them (on a judging
+        stream) ends with reading its counts back, before they are freed."""
+        if self.device != "cuda":
+            raise ValueError(f"outputs are judged on {self.device}, not on a CUDA device")
+        import torch
+
+        index = torch.cuda.current_device()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(index)
+        with torch.cuda.stream(self._stream):
+            return receive_cuda_ipc(entries, index, self.budget, self.child_pid)
+
+    def _fell_back(self, reason: str) -> None:
+        if self.fallback is None:
+            self.fallback = one_line(reason)
 
 
 # Warm spares: started children per limits key, waiting on stdin with torch, triton (and on CUDA a
@@ -452,6 +529,25 @@ def keep_spare(
             # It starts while a verification may be timing: its CUDA context waits until nothing is timed.
             spare.start(gpu_lock=str(timing_lock()) if device == "cuda" else None)
             pool.append(spare)
+
+
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def remove_shared_memory(pid: int) -> None:
+    """Remove torch's shared-memory files of a child that is gone (`/dev/shm/torch_<pid>_*`: the
+    reference counters of its CUDA IPC exports, and whatever the candidate shared): the child exits
+    without the interpreter's teardown, which would have removed them, and a worker verifies
+    thousands of candidates."""
+    try:
+        paths = list(SHARED_MEMORY.glob(f"torch_{int(pid)}_*"))
+    except OSError:
+        return
+    for path in paths:
+        try:
+            path.unlink()
+        except OSError:
+            continue
 
 
 def _tail(path: Path, limit: int = 1500) -> str:

@@ -52,8 +52,9 @@ class Verdict:
     source_sha256: str | None = None
     attestation: dict[str, Any] | None = None
     # Wall seconds per stage (static, contract, child_import, correctness, benchmark, recheck, judge):
-    # where a verdict's time goes.
-    timings: dict[str, float] = field(default_factory=dict)
+    # where a verdict's time goes. Beside them two strings: how the outputs reached the parent
+    # (`outputs_transport`) and, where they fell back to the host, why (`outputs_fallback`).
+    timings: dict[str, float | str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The `verify --json` object: docs/CONTRACTS.md section 4 keys first, then the extras."""

@@ -19,6 +19,7 @@ from gpuyantra.verifier import sandbox as sandbox_module
 from gpuyantra.verifier.cases import SEEDS
 from gpuyantra.verifier.child import OutputSink, chunk_name
 from gpuyantra.verifier.sandbox import OutputReader
+from gpuyantra.verifier.transport import host_chunk
 from tests.verifier.conftest import candidate_path, rules_of
 
 # float32 only: 4 shapes x (5 seeds x 4 scales + 2 x 2 distributions) + 2 stress shapes.
@@ -98,7 +99,7 @@ def test_a_damaged_chunk_is_a_harness_error_and_reading_goes_on(tmp_path):
     got: list[str] = []
     reader = OutputReader(tmp_path, 2**20, lambda chunk: got.extend(chunk))
     (tmp_path / chunk_name(0)).write_bytes(b"PK\x03\x04 cut short")
-    torch.save({"1:0": torch.ones(3)}, tmp_path / chunk_name(1))
+    torch.save(host_chunk({"1:0": torch.ones(3)}), tmp_path / chunk_name(1))
     reader.start()
     reader.finish()
     assert reader.error is not None and "cannot read the saved outputs (chunk-000000.pt)" in reader.error
@@ -109,7 +110,7 @@ def test_chunks_are_read_while_the_child_runs(tmp_path):
     reader = OutputReader(tmp_path, 2**20, lambda chunk: None)
     reader.start()
     try:
-        torch.save({"0:0": torch.ones(3)}, tmp_path / chunk_name(0))
+        torch.save(host_chunk({"0:0": torch.ones(3)}), tmp_path / chunk_name(0))
         deadline = time.monotonic() + 10
         while (tmp_path / chunk_name(0)).exists() and time.monotonic() < deadline:
             time.sleep(0.01)

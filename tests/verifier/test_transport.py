@@ -1,0 +1,355 @@
+"""How outputs travel from the child to the parent (`gpuyantra.verifier.transport`): each chunk names
+its transport and the parent dispatches on it; `host` chunks carry the tensors (CPU runs, and CUDA
+runs where CUDA IPC failed, with the reason); `cuda_ipc` chunks carry only validated descriptions of
+GPU clones the child keeps alive until the parent has copied them. A chunk the parent cannot map
+comes again by the host; an entry that fails validation is refused with a message naming the field.
+
+Real CUDA IPC needs a GPU: the protocol around it (hold, acknowledge, nack, resend, budget) is run
+here with a stand-in for the export and the import; the GPU tests at the end run the real thing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpuyantra.verifier import run_verification
+from gpuyantra.verifier import sandbox as sandbox_module
+from gpuyantra.verifier.child import OutputSink, chunk_name
+from gpuyantra.verifier.core import record_transport
+from gpuyantra.verifier.sandbox import OutputReader, SandboxOutcome
+from gpuyantra.verifier.transport import (
+    CUDA_IPC,
+    HOST,
+    IPC_HANDLE_BYTES,
+    choose_transport,
+    host_chunk,
+    ipc_chunk,
+    validate_chunk,
+    validate_entry,
+)
+from tests.verifier.conftest import candidate_path, rules_of
+
+QUICK = {"seeds": (0,), "dtypes": ["float32"]}
+CHILD_PID = 4321
+BUDGET = 2**20
+
+
+# --- the choice ---------------------------------------------------------------------------------
+
+
+def test_cpu_outputs_go_by_the_host_without_trying_an_export():
+    def export() -> dict:
+        raise AssertionError("no export on the CPU")
+
+    assert choose_transport("cpu", export) == (HOST, None, None)
+
+
+def test_cuda_outputs_go_by_cuda_ipc_where_the_export_works():
+    assert choose_transport("cuda", lambda: {"0:0": {"handle": b"x"}}) == (CUDA_IPC, {"0:0": {"handle": b"x"}}, None)
+
+
+def test_a_failed_export_falls_back_to_the_host_with_a_one_line_reason():
+    def export() -> dict:
+        raise RuntimeError("no IPC\nhere:   driver says no")
+
+    chosen, exported, reason = choose_transport("cuda", export)
+    assert (chosen, exported) == (HOST, None)
+    assert reason == "cuda_ipc export failed: RuntimeError: no IPC here: driver says no"
+
+
+# --- the chunk format, end to end through a real child (CPU: host) ------------------------------
+
+
+def test_a_cpu_verification_hands_its_outputs_over_by_the_host(state):
+    verdict = run_verification(candidate_path("honest_rowwise"), device="cpu", **QUICK)
+    assert verdict.accepted and rules_of(verdict) == set(), verdict.failures
+    assert verdict.timings["outputs_transport"] == HOST
+    assert "outputs_fallback" not in verdict.timings  # nothing fell back: the CPU has only the host
+
+
+def test_the_reader_dispatches_on_the_transport(tmp_path):
+    got: list[dict] = []
+    reader = OutputReader(tmp_path, BUDGET, got.append)
+    torch.save(host_chunk({"0:0": torch.ones(2)}), tmp_path / chunk_name(0))
+    torch.save(host_chunk({"1:0": torch.zeros(2)}, "cuda_ipc export failed: X: y"), tmp_path / chunk_name(1))
+    torch.save({"transport": "carrier-pigeon", "outputs": {"2:0": torch.ones(1)}}, tmp_path / chunk_name(2))
+    torch.save({"3:0": torch.ones(1)}, tmp_path / chunk_name(3))  # no transport named: not a chunk
+    torch.save(host_chunk({"4:0": torch.ones(3)}), tmp_path / chunk_name(4))
+    reader.read_ready()
+    assert [list(chunk) for chunk in got] == [["0:0"], ["1:0"], ["4:0"]]
+    assert reader.transports == {HOST: 3}
+    assert reader.fallback == "cuda_ipc export failed: X: y"
+    assert reader.error is not None and "chunk-000002.pt" in reader.error and "'carrier-pigeon'" in reader.error
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_cuda_ipc_chunk_read_on_the_cpu_is_refused_and_asked_again_by_the_host(tmp_path):
+    reader = OutputReader(tmp_path, BUDGET, lambda chunk: pytest.fail("nothing to judge"), child_pid=CHILD_PID)
+    torch.save(ipc_chunk({"0:0": good_entry()}), tmp_path / chunk_name(0))
+    reader.read_ready()
+    assert reader.error is None and reader.transports == {}
+    assert reader.fallback == "cuda_ipc import failed: ValueError: outputs are judged on cpu, not on a CUDA device"
+    assert [p.name for p in tmp_path.iterdir()] == ["nack-000000"]  # the chunk is gone, its nack stays
+
+
+def test_record_transport_names_what_was_used_and_why_it_fell_back():
+    timings: dict[str, Any] = {"sandbox": 1.0}
+    record_transport(timings, SandboxOutcome(transports={HOST: 2, CUDA_IPC: 5}, transport_fallback="why"))
+    assert timings == {"sandbox": 1.0, "outputs_transport": "cuda_ipc+host", "outputs_fallback": "why"}
+    timings = {}
+    record_transport(timings, SandboxOutcome())
+    assert timings == {}  # no chunk judged: nothing to name
+
+
+def test_the_shared_memory_files_of_a_child_that_is_gone_are_removed(tmp_path, monkeypatch):
+    # The child leaves without the interpreter's teardown: its reference-counter files would stay.
+    monkeypatch.setattr(sandbox_module, "SHARED_MEMORY", tmp_path)
+    for name in ("torch_123_98765_0", "torch_123_4", "torch_1234_5_6", "torch_99_1_2", "other_123_1"):
+        (tmp_path / name).write_bytes(b"")
+    sandbox_module.remove_shared_memory(123)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other_123_1", "torch_1234_5_6", "torch_99_1_2"]
+
+
+# --- the protocol, with a stand-in for CUDA IPC -------------------------------------------------
+
+
+class FakeIpc:
+    """Export: the entry is a token; import: the token's clone, cloned again (as the parent copies).
+    Clones are tracked by weak reference, so a test sees when the child released them."""
+
+    def __init__(self, fail_import: bool = False) -> None:
+        self.clones: dict[int, weakref.ref] = {}
+        self.fail_import = fail_import
+        self.imports = 0
+
+    def export(self, t: torch.Tensor) -> dict[str, Any]:
+        self.clones[len(self.clones)] = weakref.ref(t)
+        return {"token": len(self.clones) - 1}
+
+    def receive(self, entries: dict[str, Any]) -> dict[str, torch.Tensor]:
+        self.imports += 1
+        if self.fail_import:
+            raise RuntimeError("cannot map")
+        clones = {key: self.clones[entry["token"]]() for key, entry in entries.items()}
+        assert all(c is not None for c in clones.values()), "the child released a clone before it was read"
+        return {key: c.clone() for key, c in clones.items()}
+
+
+def ipc_pair(tmp_path: Path, fake: FakeIpc, budget: int, consume) -> tuple[OutputSink, OutputReader]:
+    """A sink that exports (CPU tensors, with the fake) and a reader that imports (with the fake)."""
+    sink = OutputSink(str(tmp_path), budget, chunk_per_group=True, cuda_ipc=True)
+    sink.export = fake.export
+    reader = OutputReader(tmp_path, budget, consume, device="cuda", child_pid=CHILD_PID)
+    reader._import = fake.receive  # type: ignore[method-assign]
+    return sink, reader
+
+
+def _outputs(case_id: int, nbytes: int) -> list[tuple[int, torch.Tensor]]:
+    return [(0, torch.full((nbytes // 4,), float(case_id)))]
+
+
+def test_clones_are_held_until_read_and_count_against_the_budget(tmp_path):
+    budget = 64 * 1024
+    fake = FakeIpc()
+    seen: list[str] = []
+    most_held = [0]
+
+    def consume(chunk: dict) -> None:
+        most_held[0] = max(most_held[0], sum(nbytes for nbytes, _ in list(sink.held.values())))
+        for key, tensor in chunk.items():
+            assert float(tensor[0]) == float(key.split(":")[0])
+        seen.extend(chunk)
+        time.sleep(0.02)  # a slow judge: the child must wait for room though its chunk files are tiny
+
+    sink, reader = ipc_pair(tmp_path, fake, budget, consume)
+    reader.start()
+    for case_id in range(40):
+        assert sink.add(case_id, _outputs(case_id, 6 * 1024)) is None
+        if case_id % 3 == 2:
+            sink.end_group()
+    sink.close()
+    reader.finish()
+    assert seen == [f"{i}:0" for i in range(40)] and reader.error is None and reader.fallback is None
+    assert reader.transports == {CUDA_IPC: sink.written} and sink.written > 4
+    assert sink.held == {} and sink.wait_seconds > 0
+    assert 0 < most_held[0] <= budget
+    assert all(ref() is None for ref in fake.clones.values())  # released once read
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_chunk_the_parent_cannot_map_comes_again_by_the_host(tmp_path):
+    fake = FakeIpc(fail_import=True)
+    seen: list[str] = []
+    sink, reader = ipc_pair(tmp_path, fake, BUDGET, lambda chunk: seen.extend(chunk))
+    reader.start()
+    for case_id in range(6):
+        sink.add(case_id, _outputs(case_id, 64))
+        if case_id % 2 == 1:
+            sink.end_group()
+        if case_id == 1:
+            sink.drain()  # the nack seen, the outputs sent again and read
+            assert not sink.cuda_ipc and seen == ["0:0", "1:0"]
+    sink.close()
+    reader.finish()
+    assert sorted(seen, key=lambda k: int(k.split(":")[0])) == [f"{i}:0" for i in range(6)]
+    assert fake.imports == 1 and not sink.cuda_ipc  # the first failure: everything after goes by the host
+    assert reader.transports == {HOST: 3} and reader.error is None
+    assert reader.fallback == "cuda_ipc import failed: RuntimeError: cannot map"
+    assert not list(tmp_path.iterdir())  # the nack was taken back by the child
+
+
+def test_a_failed_export_sends_the_chunk_by_the_host_with_the_reason(tmp_path):
+    seen: list[str] = []
+    reader = OutputReader(tmp_path, BUDGET, lambda chunk: seen.extend(chunk), device="cuda", child_pid=CHILD_PID)
+    sink = OutputSink(str(tmp_path), BUDGET, chunk_per_group=True, cuda_ipc=True)
+
+    def export(t: torch.Tensor) -> dict:
+        raise RuntimeError("cudaIpcGetMemHandle failed")
+
+    sink.export = export
+    sink.add(0, _outputs(0, 64))
+    sink.end_group()
+    sink.add(1, _outputs(1, 64))
+    sink.end_group()
+    reader.read_ready()
+    assert seen == ["0:0", "1:0"] and reader.transports == {HOST: 2} and not sink.cuda_ipc
+    assert reader.fallback == "cuda_ipc export failed: RuntimeError: cudaIpcGetMemHandle failed"
+
+
+# --- validation of what the untrusted child wrote -----------------------------------------------
+
+
+def good_entry(**changes: Any) -> dict[str, Any]:
+    entry = {
+        "dtype": "float16",
+        "shape": [3, 4],
+        "stride": [4, 1],
+        "offset": 0,
+        "device": 0,
+        "handle": b"\x02c" + bytes(64),
+        "storage_bytes": 3 * 4 * 2,
+        "storage_offset_bytes": 512,
+        "ref_counter": f"/torch_{CHILD_PID}_123456_7".encode(),
+        "ref_counter_offset": 3,
+    }
+    entry.update(changes)
+    return entry
+
+
+def test_a_good_entry_passes():
+    entry = validate_entry("5:0", good_entry(), 0, BUDGET, CHILD_PID)
+    assert entry.shape == (3, 4) and entry.stride == (4, 1) and len(entry.handle) == IPC_HANDLE_BYTES
+    empty = good_entry(shape=[0, 4], handle=b"", storage_bytes=0, ref_counter=b"")
+    assert validate_entry("6:0", empty, 0, BUDGET, CHILD_PID).storage_bytes == 0
+    older = good_entry(ref_counter=f"/torch_{CHILD_PID}_9".encode())  # torch's older counter names
+    assert validate_entry("7:0", older, 0, BUDGET, CHILD_PID).ref_counter_offset == 3
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"dtype": "complex64"}, "dtype 'complex64' is not one of"),
+        ({"dtype": torch.float16}, "dtype torch.float16 is not one of"),
+        ({"shape": [3, -4]}, "shape[1] -4 is outside"),
+        ({"shape": [3, True]}, "shape[1] is a bool, not an int"),
+        ({"shape": "3x4"}, "shape must be a list of at most"),
+        ({"stride": [4]}, "1 strides for 2 dims"),
+        ({"device": 1}, "device 1, but outputs are judged on cuda:0"),
+        ({"shape": [1024, 1024], "stride": [1024, 1]}, "2097152 bytes, past the output budget of 1048576"),
+        ({"storage_bytes": 2**21}, "storage_bytes 2097152 is outside [0, 1048576]"),
+        ({"offset": 1}, "the view reaches past its storage of 24 bytes"),
+        ({"stride": [5, 1]}, "the view reaches past its storage"),
+        ({"storage_offset_bytes": 513}, "storage_offset_bytes 513 is not 2-aligned"),
+        ({"handle": bytes(64)}, "handle is not the 66-byte handle of a cudaMalloc block"),
+        ({"handle": b"\x02e" + bytes(64)}, "handle is not the 66-byte handle of a cudaMalloc block"),
+        ({"handle": "c" * 66}, "handle and ref_counter must be bytes"),
+        ({"ref_counter": b"/torch_1_123_4"}, "is not a counter file of the child"),
+        ({"ref_counter": b"/dev/shm/../etc/passwd"}, "is not a counter file of the child"),
+        ({"ref_counter_offset": 10000}, "ref_counter_offset 10000 is outside [0, 9999]"),
+        ({"shape": [0, 4], "storage_bytes": 0}, "an empty output names memory to map"),
+        ({"extra": 1}, "fields ['extra'] missing or unexpected"),
+    ],
+)
+def test_bad_entries_are_refused_naming_the_field(changes, message):
+    with pytest.raises(ValueError) as refused:
+        validate_entry("5:0", good_entry(**changes), 0, BUDGET, CHILD_PID)
+    assert str(refused.value).startswith("entry 5:0: ") and message in str(refused.value)
+
+
+def test_bad_chunks_are_refused():
+    with pytest.raises(ValueError, match="entry key 1 is not a string"):
+        validate_chunk({1: good_entry()}, 0, BUDGET, CHILD_PID)
+    with pytest.raises(ValueError, match="entry 0:0: a list, not a dict"):
+        validate_chunk({"0:0": [1, 2]}, 0, BUDGET, CHILD_PID)
+    with pytest.raises(ValueError, match="outputs must be a dict"):
+        validate_chunk([good_entry()], 0, BUDGET, CHILD_PID)
+    with pytest.raises(ValueError, match="no child process"):
+        validate_chunk({"0:0": good_entry()}, 0, BUDGET, None)
+    many = {f"{i}:0": good_entry(shape=[256, 256], stride=[256, 1], storage_bytes=2**17) for i in range(5)}
+    with pytest.raises(ValueError, match="the chunk maps 655360 bytes, past the output budget of 524288"):
+        validate_chunk(many, 0, BUDGET // 2, CHILD_PID)
+
+
+# --- CUDA only: the real thing ------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_outputs_reach_the_parent_by_cuda_ipc(tmp_path):
+    """A separate process hands three outputs over as the child does (one non-contiguous, one
+    empty); the parent's copies are its own: the memory the child freed and wrote afterwards, or
+    its exit, leave them unchanged."""
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from gpuyantra.verifier.child import OutputSink
+
+        sink = OutputSink({str(tmp_path)!r}, 2**24, chunk_per_group=True, cuda_ipc=True)
+        outs = [(0, torch.arange(1000, device="cuda", dtype=torch.float32)),
+                (1, torch.full((7, 9), 3.0, device="cuda", dtype=torch.bfloat16).t()),
+                (2, torch.ones(0, 5, device="cuda"))]
+        sink.add(4, outs)
+        sink.end_group()
+        sink.close()  # until the parent has copied them; then the clones are freed
+        junk = [torch.full_like(o, -1) for _, o in outs]  # the clones' blocks again, overwritten
+        torch.cuda.synchronize()
+        print("written" if sink.cuda_ipc else "fell back", flush=True)
+        """
+    )
+    got: dict[str, torch.Tensor] = {}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    reader = OutputReader(tmp_path, 2**24, got.update, device="cuda", child_pid=proc.pid)
+    reader.start()
+    out, _ = proc.communicate(timeout=300)
+    reader.finish()
+    assert reader.error is None and reader.fallback is None, (reader.error, reader.fallback)
+    assert reader.transports == {CUDA_IPC: 1} and out.strip() == "written"
+    assert torch.equal(got["4:0"], torch.arange(1000, device="cuda", dtype=torch.float32))
+    assert got["4:1"].shape == (9, 7) and got["4:1"].dtype == torch.bfloat16 and bool((got["4:1"] == 3).all())
+    assert got["4:2"].shape == (0, 5)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_cuda_verification_hands_its_outputs_over_by_cuda_ipc(state):
+    verdict = run_verification(
+        candidate_path("honest_rowwise"), device="cuda", seeds=(0,), dtypes=["float16"], benchmark=False
+    )
+    assert verdict.accepted and rules_of(verdict) == set(), verdict.failures
+    assert verdict.timings.get("outputs_transport") == CUDA_IPC, verdict.timings.get("outputs_fallback")
+    assert "outputs_fallback" not in verdict.timings
+    # A cheat is still caught with outputs handed over this way.
+    wrong = run_verification(
+        candidate_path("cheat_ignores_weight"), device="cuda", seeds=(0,), dtypes=["float16"], benchmark=False
+    )
+    assert ("correctness", "wrong-values") in rules_of(wrong)
+    assert wrong.timings.get("outputs_transport") == CUDA_IPC, wrong.timings.get("outputs_fallback")
