@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -336,6 +337,25 @@ class Sandbox:
         self.close()
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LOAD_ERROR_CHARS = 600
+
+
+def load_error(exc: BaseException) -> str:
+    """`exc` in one line that keeps its reason. Where torch.load refused a pickle under weights_only it
+    wraps the unpickler's reason (say `Unsupported global: GLOBAL bytes was not an allowed global by
+    default`) in paragraphs of advice, raising `from None`: the reason is the suppressed context."""
+    text = _ANSI.sub("", str(exc))
+    if text.startswith("Weights only load failed"):
+        inner = exc.__context__ if exc.__context__ is not None else exc.__cause__
+        if inner is not None:
+            text = str(inner)
+        else:  # torch's own wording: the reason follows its last "WeightsUnpickler error:"
+            text = text.rsplit("WeightsUnpickler error:", 1)[-1]
+        text = f"weights_only load refused it: {_ANSI.sub('', text)}"
+    return one_line(f"{type(exc).__name__}: {text}", LOAD_ERROR_CHARS)
+
+
 class OutputReader(threading.Thread):
     """Reads the child's chunk files in order while it runs: loads each (data only: tensors, or the
     CUDA IPC entries of the child's clones), hands the outputs to `consume`, deletes it (which gives
@@ -427,7 +447,7 @@ class OutputReader(threading.Thread):
             self.transports[transport] = self.transports.get(transport, 0) + 1
         except Exception as exc:  # noqa: BLE001 - a damaged chunk means no outputs to trust
             if self.error is None:
-                self.error = f"cannot read the saved outputs ({path.name}): {type(exc).__name__}: {exc}"[:2000]
+                self.error = f"cannot read the saved outputs ({path.name}): {load_error(exc)}"
         finally:
             path.unlink(missing_ok=True)
 

@@ -20,6 +20,12 @@ data: the parent checks every field (`validate_chunk`: types, a dtype from an al
 within the output budget, the view inside the storage, the device the parent judges on, a handle
 of a plain `cudaMalloc` block, a reference counter of the child's own) before torch maps anything,
 and checks the mapping's real size before reading from it.
+
+An entry holds only str, int and lists of ints (the handle and the reference counter as lowercase
+hex), so the chunk's pickle names no global at all and loads under `torch.load(weights_only=True)`
+on every torch: bytes would not do. Pickle protocol 2 (torch.save's) writes bytes as a call of
+`_codecs.encode`, and an empty one (an empty output's handle) as a call of `builtins.bytes`, which
+the weights_only unpickler refuses (and must: `bytes(n)` allocates whatever n the child names).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ ENTRY_KEYS = frozenset(
         "stride",
         "offset",  # elements, the view's offset in its storage
         "device",
-        "handle",
+        "handle",  # lowercase hex, as every bytes field: see the module's docstring
         "storage_bytes",
         "storage_offset_bytes",  # the storage's offset in the allocation the handle maps
         "ref_counter",
@@ -61,9 +67,11 @@ MAX_ENTRIES = 2**16
 IPC_HANDLE_BYTES = 2 + 64
 IPC_HANDLE_TYPE = ord("c")
 REF_COUNTER_SLOTS = 10000  # torch::CUDA_IPC_REF_COUNTER_FILE_SIZE: int64 counters per shared file
+MAX_REF_COUNTER_BYTES = 256  # the name of a shared-memory file
 # torch's reference-counter files are named `/torch_<pid>_<random>_<counter>` (older: no random part).
 _REF_COUNTER = re.compile(rb"/torch_(\d+)_\d+(?:_\d+)?")
 _NO_EVENT = bytes(64)  # the child synchronizes before it writes the chunk: no IPC event to wait on
+_HEX = re.compile(r"(?:[0-9a-f]{2})*")
 
 T = TypeVar("T")
 
@@ -104,10 +112,10 @@ def export_cuda_ipc(t: Any) -> dict[str, Any]:
         "stride": [int(s) for s in t.stride()],
         "offset": int(t.storage_offset()),
         "device": int(t.device.index or 0),
-        "handle": b"",
+        "handle": "",
         "storage_bytes": 0,
         "storage_offset_bytes": 0,
-        "ref_counter": b"",
+        "ref_counter": "",
         "ref_counter_offset": 0,
     }
     storage = t.untyped_storage()
@@ -116,10 +124,10 @@ def export_cuda_ipc(t: Any) -> dict[str, Any]:
     device, handle, size, offset, ref_counter, ref_counter_offset, _event, _sync = storage._share_cuda_()
     entry.update(
         device=int(device),
-        handle=bytes(handle),
+        handle=bytes(handle).hex(),
         storage_bytes=int(size),
         storage_offset_bytes=int(offset),
-        ref_counter=bytes(ref_counter),
+        ref_counter=bytes(ref_counter).hex(),
         ref_counter_offset=int(ref_counter_offset),
     )
     return entry
@@ -170,6 +178,13 @@ def _ints(key: str, field: str, value: Any) -> tuple[int, ...]:
     return tuple(_int(key, f"{field}[{i}]", v) for i, v in enumerate(value))
 
 
+def _hex(key: str, field: str, value: Any, most: int) -> bytes:
+    """The bytes a hex field of an entry names: lowercase hex digits only, at most `most` bytes."""
+    if type(value) is not str or len(value) > 2 * most or _HEX.fullmatch(value) is None:
+        raise ValueError(f"entry {key}: {field} must be lowercase hex of at most {most} bytes")
+    return bytes.fromhex(value)
+
+
 def validate_entry(key: Any, entry: Any, device_index: int, budget: int, child_pid: int) -> IpcEntry:
     """`entry` checked field by field (parent side); ValueError naming the first bad field."""
     if type(key) is not str:
@@ -199,9 +214,8 @@ def validate_entry(key: Any, entry: Any, device_index: int, budget: int, child_p
     storage_bytes = _int(key, "storage_bytes", entry["storage_bytes"], high=budget)
     storage_offset_bytes = _int(key, "storage_offset_bytes", entry["storage_offset_bytes"], high=2**48)
     ref_counter_offset = _int(key, "ref_counter_offset", entry["ref_counter_offset"], high=REF_COUNTER_SLOTS - 1)
-    handle, ref_counter = entry["handle"], entry["ref_counter"]
-    if type(handle) is not bytes or type(ref_counter) is not bytes:
-        raise ValueError(f"entry {key}: handle and ref_counter must be bytes")
+    handle = _hex(key, "handle", entry["handle"], IPC_HANDLE_BYTES)
+    ref_counter = _hex(key, "ref_counter", entry["ref_counter"], MAX_REF_COUNTER_BYTES)
     if numel == 0:
         if storage_bytes or handle:
             raise ValueError(f"entry {key}: an empty output names memory to map")

@@ -9,6 +9,8 @@ here with a stand-in for the export and the import; the GPU tests at the end run
 
 from __future__ import annotations
 
+import os
+import pickletools
 import subprocess
 import sys
 import textwrap
@@ -30,6 +32,7 @@ from gpuyantra.verifier.transport import (
     HOST,
     IPC_HANDLE_BYTES,
     choose_transport,
+    export_cuda_ipc,
     host_chunk,
     ipc_chunk,
     validate_chunk,
@@ -116,6 +119,101 @@ def test_the_shared_memory_files_of_a_child_that_is_gone_are_removed(tmp_path, m
         (tmp_path / name).write_bytes(b"")
     sandbox_module.remove_shared_memory(123)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other_123_1", "torch_1234_5_6", "torch_99_1_2"]
+
+
+# --- a cuda_ipc chunk on disk: plain data that loads under weights_only -------------------------
+
+
+class FakeCudaClone:
+    """A CPU tensor dressed as the child's CUDA clone for the real `export_cuda_ipc`: its storage
+    "shares" itself with the Python types torch's `_share_cuda_` returns (bytes for the handle,
+    the reference counter and the event)."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, t: torch.Tensor, number: int) -> None:
+        self.t, self.number = t, number
+        self.dtype, self.shape = t.dtype, t.shape
+
+    def stride(self) -> tuple[int, ...]:
+        return self.t.stride()
+
+    def storage_offset(self) -> int:
+        return self.t.storage_offset()
+
+    def untyped_storage(self) -> FakeCudaClone:
+        return self
+
+    def nbytes(self) -> int:
+        return self.t.untyped_storage().nbytes()
+
+    def _share_cuda_(self) -> tuple:
+        handle = b"\x02c" + bytes([self.number]) * 64
+        ref_counter = f"/torch_{os.getpid()}_98765_{self.number}".encode()
+        return 0, handle, self.nbytes(), 512 * self.number, ref_counter, self.number, bytes(64), False
+
+
+def test_a_cuda_ipc_chunk_loads_under_weights_only_and_validates(tmp_path):
+    """The chunk the GPU test's child writes (an empty output among them), through the real export,
+    the child's real write and the parent's real load and validation. Before: the empty output's
+    handle was b"", which pickle protocol 2 writes as a call of `builtins.bytes`, and the parent
+    refused the whole chunk (`Unsupported global: GLOBAL bytes`)."""
+    exported: list[FakeCudaClone] = []
+
+    def export(t: torch.Tensor) -> dict[str, Any]:
+        exported.append(FakeCudaClone(t, len(exported) + 1))
+        return export_cuda_ipc(exported[-1])
+
+    sink = OutputSink(str(tmp_path), BUDGET, chunk_per_group=True, cuda_ipc=True)
+    sink.export = export
+    outs = [
+        (0, torch.arange(1000, dtype=torch.float32)),
+        (1, torch.full((7, 9), 3.0, dtype=torch.bfloat16).t()),
+        (2, torch.ones(0, 5)),
+    ]
+    assert sink.add(4, outs) is None
+    sink.end_group()
+    assert sink.cuda_ipc and list(sink.held) == [0]
+
+    # Nothing in the pickle names a global or calls one: it loads under any torch's weights_only.
+    # (torch's reader: the child writes no CRC-32 that zipfile could check)
+    pickled = torch._C.PyTorchFileReader(str(tmp_path / chunk_name(0))).get_record("data.pkl")
+    opcodes = {op.name for op, _, _ in pickletools.genops(pickled)}
+    assert not opcodes & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD"}, opcodes
+
+    validated: dict[str, Any] = {}
+
+    def receive(entries: Any) -> dict[str, torch.Tensor]:
+        validated.update(validate_chunk(entries, 0, BUDGET, os.getpid()))
+        return {key: torch.empty(e.shape, dtype=getattr(torch, e.dtype)) for key, e in validated.items()}
+
+    got: dict[str, torch.Tensor] = {}
+    reader = OutputReader(tmp_path, BUDGET, got.update, device="cuda", child_pid=os.getpid())
+    reader._import = receive  # type: ignore[method-assign]
+    reader.read_ready()
+    assert reader.error is None and reader.fallback is None, (reader.error, reader.fallback)
+    assert reader.transports == {CUDA_IPC: 1}
+    first, second, empty = (validated[f"4:{j}"] for j in range(3))
+    assert (first.dtype, first.shape, first.storage_bytes) == ("float32", (1000,), 4000)
+    assert first.handle == b"\x02c" + bytes([1]) * 64 and first.storage_offset_bytes == 512
+    assert first.ref_counter == f"/torch_{os.getpid()}_98765_1".encode() and first.ref_counter_offset == 1
+    assert (second.dtype, second.shape, second.stride) == ("bfloat16", (9, 7), (7, 1))  # the contiguous clone
+    assert (empty.shape, empty.storage_bytes, empty.handle, empty.ref_counter) == ((0, 5), 0, b"", b"")
+    assert [tuple(got[f"4:{j}"].shape) for j in range(3)] == [(1000,), (9, 7), (0, 5)]
+    sink.close()  # the chunk was read: the clones are released
+    assert sink.held == {} and not list(tmp_path.iterdir())
+
+
+def test_a_chunk_refused_by_weights_only_is_an_error_naming_the_unpicklers_reason(tmp_path):
+    reader = OutputReader(tmp_path, BUDGET, lambda chunk: pytest.fail("nothing to judge"), child_pid=CHILD_PID)
+    torch.save(ipc_chunk({"0:0": good_entry(shape=[0, 4], handle=b"", storage_bytes=0)}), tmp_path / chunk_name(0))
+    reader.read_ready()
+    assert reader.error is not None and "\n" not in reader.error and "\x1b" not in reader.error
+    assert reader.error.startswith(
+        "cannot read the saved outputs (chunk-000000.pt): UnpicklingError: weights_only load refused it: "
+        "Unsupported global: GLOBAL bytes was not an allowed global by default."
+    ), reader.error
+    assert not list(tmp_path.iterdir())
 
 
 # --- the protocol, with a stand-in for CUDA IPC -------------------------------------------------
@@ -234,10 +332,10 @@ def good_entry(**changes: Any) -> dict[str, Any]:
         "stride": [4, 1],
         "offset": 0,
         "device": 0,
-        "handle": b"\x02c" + bytes(64),
+        "handle": (b"\x02c" + bytes(64)).hex(),
         "storage_bytes": 3 * 4 * 2,
         "storage_offset_bytes": 512,
-        "ref_counter": f"/torch_{CHILD_PID}_123456_7".encode(),
+        "ref_counter": f"/torch_{CHILD_PID}_123456_7".encode().hex(),
         "ref_counter_offset": 3,
     }
     entry.update(changes)
@@ -247,9 +345,10 @@ def good_entry(**changes: Any) -> dict[str, Any]:
 def test_a_good_entry_passes():
     entry = validate_entry("5:0", good_entry(), 0, BUDGET, CHILD_PID)
     assert entry.shape == (3, 4) and entry.stride == (4, 1) and len(entry.handle) == IPC_HANDLE_BYTES
-    empty = good_entry(shape=[0, 4], handle=b"", storage_bytes=0, ref_counter=b"")
+    assert entry.handle == b"\x02c" + bytes(64) and entry.ref_counter == f"/torch_{CHILD_PID}_123456_7".encode()
+    empty = good_entry(shape=[0, 4], handle="", storage_bytes=0, ref_counter="")
     assert validate_entry("6:0", empty, 0, BUDGET, CHILD_PID).storage_bytes == 0
-    older = good_entry(ref_counter=f"/torch_{CHILD_PID}_9".encode())  # torch's older counter names
+    older = good_entry(ref_counter=f"/torch_{CHILD_PID}_9".encode().hex())  # torch's older counter names
     assert validate_entry("7:0", older, 0, BUDGET, CHILD_PID).ref_counter_offset == 3
 
 
@@ -268,13 +367,22 @@ def test_a_good_entry_passes():
         ({"offset": 1}, "the view reaches past its storage of 24 bytes"),
         ({"stride": [5, 1]}, "the view reaches past its storage"),
         ({"storage_offset_bytes": 513}, "storage_offset_bytes 513 is not 2-aligned"),
-        ({"handle": bytes(64)}, "handle is not the 66-byte handle of a cudaMalloc block"),
-        ({"handle": b"\x02e" + bytes(64)}, "handle is not the 66-byte handle of a cudaMalloc block"),
-        ({"handle": "c" * 66}, "handle and ref_counter must be bytes"),
-        ({"ref_counter": b"/torch_1_123_4"}, "is not a counter file of the child"),
-        ({"ref_counter": b"/dev/shm/../etc/passwd"}, "is not a counter file of the child"),
+        ({"handle": bytes(64).hex()}, "handle is not the 66-byte handle of a cudaMalloc block"),
+        ({"handle": (b"\x02e" + bytes(64)).hex()}, "handle is not the 66-byte handle of a cudaMalloc block"),
+        ({"handle": b"\x02c" + bytes(64)}, "handle must be lowercase hex of at most 66 bytes"),
+        ({"handle": "c" * 66}, "handle is not the 66-byte handle of a cudaMalloc block"),
+        ({"handle": "02" * 67}, "handle must be lowercase hex of at most 66 bytes"),
+        ({"handle": "0G" + "00" * 65}, "handle must be lowercase hex"),
+        ({"handle": "0A" + "00" * 65}, "handle must be lowercase hex"),
+        ({"handle": "02 63" + "00" * 64}, "handle must be lowercase hex"),
+        ({"handle": "026"}, "handle must be lowercase hex"),
+        ({"ref_counter": f"/torch_{CHILD_PID}_1_2".encode()}, "ref_counter must be lowercase hex"),
+        ({"ref_counter": "ab" * 257}, "ref_counter must be lowercase hex of at most 256 bytes"),
+        ({"ref_counter": b"/torch_1_123_4".hex()}, "is not a counter file of the child"),
+        ({"ref_counter": b"/dev/shm/../etc/passwd".hex()}, "is not a counter file of the child"),
         ({"ref_counter_offset": 10000}, "ref_counter_offset 10000 is outside [0, 9999]"),
         ({"shape": [0, 4], "storage_bytes": 0}, "an empty output names memory to map"),
+        ({"shape": [0, 4], "handle": "", "storage_bytes": 8}, "an empty output names memory to map"),
         ({"extra": 1}, "fields ['extra'] missing or unexpected"),
     ],
 )
