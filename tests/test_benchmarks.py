@@ -289,22 +289,3 @@ def test_linear_verdicts_verifies_the_template_at_a_knob_point_and_refuses_unkno
         [*argv, "--points", "NO_SUCH_KNOB=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode != 0 and "NO_SUCH_KNOB is not a module constant" in bad.stderr
-
-
-def test_attention_merge_checks_both_merges_in_the_interpreter(tmp_path):
-    """benchmarks/attention_merge.py on the CPU: the last-program merge equals the merge kernel and
-    the reference at every batch, and leaves its counters zero (timings run on a GPU only)."""
-    out = tmp_path / "am.json"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "attention_merge.py"), "--device", "cpu", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["batch"] for r in rows] == [1, 8] and all(r["splits"] > 1 for r in rows)
-    for row in rows:
-        assert row["max_abs_vs_merge_kernel"] == 0.0 and row["max_abs_vs_reference"] < 1e-5
-        assert row["counters_left_zero"]
