@@ -5,9 +5,8 @@ GQA model and an explicit mask adds several per layer (GQA expansion of the cach
 packing, mask handling, the attention kernel itself) while attending over the whole static cache
 (`max_len` keys, masked). This kernel reads each row's position from `position_ids` and visits only
 keys `0..pos`, with all query heads of one KV head in one program (the cache is read once, not
-once per query head), in one launch per layer; long contexts split the keys over programs and the
-last split program of each head to finish merges the partial softmaxes (flash-decoding; counted
-in a zeroed int32 buffer the engine keeps, or by a second small kernel without one).
+once per query head), in one launch per layer; long contexts split the keys over programs and a
+second small kernel merges the partial softmaxes (flash-decoding).
 
 It is registered with transformers' `AttentionInterface` as `gpuyantra_decode` and handles only
 what it was built for: one query token per row, no sliding window / softcap / dropout, positions
@@ -31,7 +30,6 @@ import triton.language as tl
 
 NAME = "gpuyantra_decode"
 KEYS_PER_SPLIT = 512  # past this many cache slots, keys are split over programs (flash-decoding)
-COUNTERS_MIN = 1024  # split-merge counters allocated at least (rows x KV heads of any decode batch here)
 
 
 @triton.jit
@@ -46,7 +44,6 @@ def _decode_attention(
     PART_ACC,
     K_NEW,
     V_NEW,
-    SEM,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -72,7 +69,6 @@ def _decode_attention(
     SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     WRITE_NEW: tl.constexpr,
-    MERGE_LAST: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -146,52 +142,6 @@ def _decode_attention(
         tl.store(PART_M + part, m_i, mask=g_ok)
         tl.store(PART_L + part, l_i, mask=g_ok)
         tl.store(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
-        if MERGE_LAST:
-            # The last split of this (row, KV head) to arrive merges all of them: no second launch.
-            # Every thread's partials are stored before the counter moves (barrier, then a release);
-            # the last one reads them after its acquire, from L2 (.cg: not a stale L1 line).
-            tl.debug_barrier()
-            counter = SEM + row * tl.num_programs(1) + kv_head
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLITS - 1:
-                tl.debug_barrier()
-                _merge_heads(PART_M, PART_L, PART_ACC, O, row, heads, g_ok, d, d_ok, n_heads, stride_ob, stride_oh,
-                             HEAD_DIM, SPLITS)  # fmt: skip
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
-
-
-@triton.jit
-def _merge_heads(
-    PART_M,
-    PART_L,
-    PART_ACC,
-    O,
-    row,
-    heads,
-    g_ok,
-    d,
-    d_ok,
-    n_heads,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    SPLITS: tl.constexpr,
-):
-    """The softmax merge of `_merge_splits` for a KV head's query heads [GROUP_PAD], in the split kernel."""
-    s = tl.arange(0, SPLITS)
-    part = (row * n_heads + heads)[:, None] * SPLITS + s[None, :]  # [GROUP_PAD, SPLITS]
-    m = tl.load(PART_M + part, mask=g_ok[:, None], other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(PART_L + part, mask=g_ok[:, None], other=0.0, cache_modifier=".cg")
-    acc_mask = g_ok[:, None, None] & d_ok[None, None, :]
-    acc = tl.load(PART_ACC + part[:, :, None] * HEAD_DIM + d[None, None, :], mask=acc_mask, other=0.0,
-                  cache_modifier=".cg")  # fmt: skip
-    top = tl.max(m, axis=1)  # split 0 always holds a key: finite for every real head
-    top = tl.where(g_ok, top, 0.0)
-    w = tl.where(m > float("-inf"), tl.exp(m - top[:, None]), 0.0)
-    norm = tl.sum(l * w, axis=1)
-    out = tl.sum(acc * w[:, :, None], axis=1) / tl.where(g_ok, norm, 1.0)[:, None]
-    tl.store(O + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
-             mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -236,7 +186,6 @@ def decode_attention(
     scale: float,
     scratch: int | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per row over cache slots `0..positions[r]`.
 
@@ -244,10 +193,8 @@ def decode_attention(
     cache whose storage also holds the slot `scratch` (rows at `scratch` attend to it alone);
     positions `[B]` (long). With `new_kv` (`[B, Hkv, 1, D]` each), this step's key/value are not
     in the cache yet: the kernel attends to them and writes them at `positions` (one kernel instead
-    of a cache-update kernel per tensor plus the attention). With `counters` (int32 zeros, at least
-    B * Hkv, on the query's device; left zero), split keys are merged by the last split program of
-    each head instead of a second kernel. Returns `[B, 1, Hq, D]`, the layout transformers'
-    attention functions return.
+    of a cache-update kernel per tensor plus the attention). Returns `[B, 1, Hq, D]`, the layout
+    transformers' attention functions return.
     """
     batch, q_heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
@@ -262,8 +209,6 @@ def decode_attention(
     else:
         part_m = part_l = part_acc = out  # unused when SPLITS == 1
     k_new, v_new = new_kv if new_kv is not None else (key, value)  # unused without new_kv
-    merge_last = splits > 1 and counters is not None and counters.numel() >= batch * kv_heads
-    sem = counters if merge_last else positions  # unused unless merge_last
     _decode_attention[(batch, kv_heads, splits)](
         query,
         key,
@@ -275,7 +220,6 @@ def decode_attention(
         part_acc,
         k_new,
         v_new,
-        sem,
         query.stride(0),
         query.stride(1),
         key.stride(0),
@@ -301,10 +245,9 @@ def decode_attention(
         SPLITS=splits,
         IEEE=query.dtype == torch.float32,
         WRITE_NEW=new_kv is not None,
-        MERGE_LAST=merge_last,
         num_warps=4,
     )
-    if splits > 1 and not merge_last:
+    if splits > 1:
         _merge_splits[(batch, q_heads)](
             part_m,
             part_l,
@@ -373,7 +316,6 @@ class DecodeAttention:
         self.calls = 0
         self.fallbacks = 0
         self.last_fallback: str | None = None  # why the last call went to SDPA
-        self.counters: torch.Tensor | None = None  # split-merge arrival counters, kept zero between calls
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -391,20 +333,7 @@ class DecodeAttention:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         self.calls += 1
         scratch = self.cache.scratch_position if self.cache is not None else None
-        counters = self._counters(query.shape[0] * key.shape[1], query.device)
-        return decode_attention(query, key, value, positions, scale, scratch, new_kv, counters), None
-
-    def _counters(self, needed: int, device: torch.device) -> torch.Tensor | None:
-        """Zeroed counters for `needed` (row, KV head) pairs. Allocated outside graph captures only (the
-        warm-up before a capture does it): a tensor from a capture's pool would be zeroed by every
-        replay of that graph; a capture that finds none merges with the second kernel instead."""
-        have = self.counters
-        if have is not None and have.device == device and have.numel() >= needed:
-            return have
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        self.counters = torch.zeros(max(needed, COUNTERS_MIN), dtype=torch.int32, device=device)
-        return self.counters
+        return decode_attention(query, key, value, positions, scale, scratch, new_kv), None
 
 
 _installed = itertools.count()
