@@ -2,6 +2,11 @@
 
     python3 benchmarks/verify_speed.py --out $OUT/verify_speed.json [--candidate gpuyantra/kernels/rms_norm.py]
     python3 benchmarks/verify_speed.py --judge-only [--device cpu] --out judge.json
+    python3 benchmarks/verify_speed.py --templates rms_norm,softmax --round parallel --out cold.json
+
+`--templates`: several templates (gpuyantra/kernels/<name>.py, each at its family's default shapes),
+with no cached baselines (give each round its own state folder and compiler caches): one after
+another (`--round sequential`: each one's cold wall time) or all at once (`--round parallel`).
 
 `--judge-only`: the parent's side of a verdict alone (no child, no GPU lock, any machine): the
 outputs of one verification's plan (the module's own math, saved in chunks as the child saves them)
@@ -29,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def one(path: str, shapes: list[list[int]], dtype: str) -> dict:
+def one(path: str, shapes: list[list[int]] | None, dtype: str) -> dict:
     from gpuyantra.verifier import run_verification
 
     started = time.perf_counter()
@@ -43,6 +48,27 @@ def one(path: str, shapes: list[list[int]], dtype: str) -> dict:
         "timings": verdict.timings,
         "cached": [row.get("cached") for row in verdict.bench],
     }
+
+
+def templates_round(names: list[str], dtype: str, parallel: bool, spare_wait_s: float) -> dict:
+    """Cold verdicts of the named templates at their default shapes, one after another or all at once,
+    each from a warm sandbox child (as a GPU worker keeps them)."""
+    from gpuyantra.verifier.sandbox import keep_spare, set_spare_count
+
+    paths = [str(ROOT / "gpuyantra" / "kernels" / f"{name}.py") for name in names]
+    set_spare_count(len(names) if parallel else 1)
+    keep_spare("cuda")
+    time.sleep(spare_wait_s)
+    started = time.perf_counter()
+    if parallel:
+        with ThreadPoolExecutor(len(paths)) as pool:
+            rows = list(pool.map(lambda path: one(path, None, dtype), paths))
+    else:
+        rows = [one(path, None, dtype) for path in paths]
+    wall = round(time.perf_counter() - started, 2)
+    for name, row in zip(names, rows):
+        print(name, {k: row[k] for k in ("wall_s", "reward", "speedup_vs_eager", "failures")}, flush=True)
+    return {"round": "parallel" if parallel else "sequential", "wall_s": wall, "templates": dict(zip(names, rows))}
 
 
 def judge_only(device: str, shapes: list[list[int]], dtype: str, seeds: int, parallel: int) -> dict:
@@ -117,6 +143,8 @@ def main() -> int:
         "--between-s", type=float, default=0.0, help="pause before each warm run (its spare child starting)"
     )
     parser.add_argument("--judge-only", action="store_true", help="the parent's loading and judging alone")
+    parser.add_argument("--templates", default="", help="comma-separated template names: cold verdicts of each")
+    parser.add_argument("--round", choices=["sequential", "parallel"], default="parallel", help="with --templates")
     parser.add_argument("--device", default="cuda", help="--judge-only: where references are computed")
     parser.add_argument("--judge-seeds", type=int, default=5, help="--judge-only: seeds of the plan (1-5)")
     args = parser.parse_args()
@@ -130,6 +158,10 @@ def main() -> int:
 
     prepare("cuda")
     (state_dir() / "verifier" / "baselines.json").unlink(missing_ok=True)
+    if args.templates:
+        names = args.templates.split(",")
+        args.out.write_text(json.dumps(templates_round(names, args.dtype, args.round == "parallel", args.spare_wait_s)))
+        return 0
     report: dict = {"candidate": args.candidate, "shapes": shapes, "dtype": args.dtype}
 
     def save() -> None:
