@@ -76,7 +76,7 @@ for part in $parts; do
       )
       lg() { PYTHONHASHSEED=0 python3 benchmarks/linear_gemv.py --batches 8 --no-compile --max-points 64 --shapes "$1" --grid "${grid[$1]}" "${@:2}"; }
       for s in "${!grid[@]}"; do timeout 240 bash -c "$(declare -p grid); $(declare -f lg); lg $s --replays 1 --repeats 1 --out /tmp/warm_$s.json" > "$OUT/warm_$s.log" 2>&1 & done
-      wait; tail -2 "$OUT"/warm_*.log
+      wait; tail -n 2 "$OUT"/warm_*.log
       for s in qkv o_proj down_proj gate_up; do run "b8_grid_$s" 150 bash -c "$(declare -p grid); $(declare -f lg); lg $s --out $OUT/b8_grid_$s.json"; done ;;
     linear-regimes) run linear_regimes_a 290 python3 benchmarks/linear_gemv.py --shapes qkv,o_proj,down_proj --no-compile --out "$OUT/linear_regimes_a.json"
            run linear_regimes_b 290 python3 benchmarks/linear_gemv.py --shapes gate_up,lm_head --no-compile --out "$OUT/linear_regimes_b.json" ;;
