@@ -49,7 +49,7 @@ for part in $parts; do
     kb-both) kb="env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py --device cuda --gpus 2 --max-iterations 1 --deadline-s ${KB_DEADLINE_S:-520}"
              CUDA_VISIBLE_DEVICES=0,1 timeout 580 $kb .kb/level1 --shards 6 --out /tmp/kb_l1 ${KB_L1_ONLY:+--only $KB_L1_ONLY} >"$OUT/kb_l1.log" 2>&1 &
              CUDA_VISIBLE_DEVICES=2,3 timeout 580 $kb .kb/level2 --shards 8 --order number --out /tmp/kb_l2 ${KB_L2_ONLY:+--only $KB_L2_ONLY} >"$OUT/kb_l2.log" 2>&1 &
-             wait; tail -4 "$OUT/kb_l1.log" "$OUT/kb_l2.log"
+             wait; tail -n 4 "$OUT/kb_l1.log" "$OUT/kb_l2.log"
              cp /tmp/kb_l1/results.json "$OUT/kb_l1.json"; cp /tmp/kb_l2/results.json "$OUT/kb_l2.json"
              tar czf "$OUT/kb_cands.tgz" --exclude='*.pt' --exclude='*.bin' --exclude='state-gpu*' -C /tmp kb_l1 kb_l2 2>/dev/null; ls -la "$OUT" ;;
     campaign-quick) run campaign_bench 340 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 8 --max-iterations 2 --min-reward 2 --budget-s 330 --skip-compile ;;
