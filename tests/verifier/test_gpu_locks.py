@@ -202,7 +202,8 @@ def test_a_problem_alone_on_the_gpus_memory_waits_for_those_running_and_lets_non
     until(lambda: not can_take(memory.with_name("gpu-memory-turn.lock"), fcntl.LOCK_SH), "it waits at the turnstile")
     late = Holder("late", lambda: problem_memory(locks.timing), order)
     start(holders, late)
-    until(lambda: "late" in polled, "a new problem waits")
+    time.sleep(0.2)  # a new problem blocks at the turnstile the waiting one holds: it does not get in
+    assert not late.inside.is_set()
     running[0].release.set()
     running[1].release.set()
     until(alone.inside.is_set, "the retried problem has the memory alone")
