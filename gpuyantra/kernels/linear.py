@@ -419,67 +419,33 @@ def _launch_gemv(x2, weight, bias, y, m, n, k):
         _reduce_splits(partials, bias, y, m, n, split)
 
 
-def _launch_matmul(x2, weight, bias, y, m, n, k, *, block_m, block_n, block_k, split, group_m, warps, stages):
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    split, k_per_split = _k_slices(k, block_k, split, tiles, MATMUL_MIN_SLICE_STEPS)
+def _launch_matmul(
+    x2, weight, bias, y, m, n, k, *, block_m, block_n, block_k, split, group_m, warps, stages, swapped=False
+):
+    """A tiled tl.dot launch (`_matmul`, or `_matmul_swapped` for the transposed small-row tile), its
+    K split over `split` slices (0: automatic) reduced by `_splitk_reduce`."""
+    tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    split, k_per_split = _k_slices(k, block_k, split, tiles_m * tiles_n, MATMUL_MIN_SLICE_STEPS)
     partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
-    _matmul[(tiles, split)](
-        x2,
-        weight,
-        bias,
-        y,
-        partials,
-        m,
-        n,
-        k,
-        x2.stride(0),
-        weight.stride(0),
-        k_per_split,
-        HAS_BIAS=bias is not None,
-        SPLIT=split,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        GROUP_M=group_m,
-        num_warps=warps,
-        num_stages=stages,
-    )
-    if split > 1:
-        _reduce_splits(partials, bias, y, m, n, split)
-
-
-def _launch_swapped(x2, weight, bias, y, m, n, k):
-    tiles_n, tiles_m = triton.cdiv(n, SMALL_BLOCK_N), triton.cdiv(m, SMALL_BLOCK_M)
-    split, k_per_split = _k_slices(k, SMALL_BLOCK_K, SMALL_SPLIT_K, tiles_n * tiles_m, MATMUL_MIN_SLICE_STEPS)
-    partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
-    _matmul_swapped[(tiles_n, split, tiles_m)](
-        x2,
-        weight,
-        bias,
-        y,
-        partials,
-        m,
-        n,
-        k,
-        x2.stride(0),
-        weight.stride(0),
-        k_per_split,
-        HAS_BIAS=bias is not None,
-        SPLIT=split,
-        BLOCK_M=SMALL_BLOCK_M,
-        BLOCK_N=SMALL_BLOCK_N,
-        BLOCK_K=SMALL_BLOCK_K,
-        num_warps=SMALL_WARPS,
-        num_stages=SMALL_STAGES,
-    )
+    args = (x2, weight, bias, y, partials, m, n, k, x2.stride(0), weight.stride(0), k_per_split)
+    meta = {
+        "HAS_BIAS": bias is not None,
+        "SPLIT": split,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+    if swapped:
+        _matmul_swapped[(tiles_n, split, tiles_m)](*args, **meta)
+    else:
+        _matmul[(tiles_m * tiles_n, split)](*args, GROUP_M=group_m, **meta)
     if split > 1:
         _reduce_splits(partials, bias, y, m, n, split)
 
 
 def _launch_small_rows(x2, weight, bias, y, m, n, k):
-    if SMALL_SWAP_AB:
-        _launch_swapped(x2, weight, bias, y, m, n, k)
-        return
     _launch_matmul(
         x2,
         weight,
@@ -495,6 +461,7 @@ def _launch_small_rows(x2, weight, bias, y, m, n, k):
         group_m=triton.cdiv(SMALL_MAX_ROWS, SMALL_BLOCK_M),  # every row tile of a weight tile back to back
         warps=SMALL_WARPS,
         stages=SMALL_STAGES,
+        swapped=SMALL_SWAP_AB,
     )
 
 

@@ -41,10 +41,20 @@ CUDA_IPC = "cuda_ipc"
 TRANSPORTS = (CUDA_IPC, HOST)
 NACK_PREFIX = "nack-"
 
-# What an output may be to travel by CUDA IPC; anything else goes by the host.
-DTYPE_NAMES = frozenset(
-    {"float16", "bfloat16", "float32", "float64", "bool", "uint8", "int8", "int16", "int32", "int64"}
-)
+# What an output may be to travel by CUDA IPC, with its bytes per element; anything else goes by the host.
+_ITEM_SIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+}
+DTYPE_NAMES = frozenset(_ITEM_SIZE)
 ENTRY_KEYS = frozenset(
     {
         "dtype",
@@ -147,20 +157,6 @@ class IpcEntry:
     storage_offset_bytes: int
     ref_counter: bytes
     ref_counter_offset: int
-
-
-_ITEM_SIZE = {
-    "float16": 2,
-    "bfloat16": 2,
-    "float32": 4,
-    "float64": 8,
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "int16": 2,
-    "int32": 4,
-    "int64": 8,
-}
 
 
 def _int(key: str, field: str, value: Any, low: int = 0, high: int | None = None) -> int:
