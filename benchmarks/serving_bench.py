@@ -215,7 +215,12 @@ def main(argv=None) -> int:
         return out
 
     kernels = REPO / "gpuyantra" / "kernels"
-    campaign_swaps = [("rms_norm", template), ("rope", kernels / "rope.py"), ("silu_mul", kernels / "silu_mul.py")]
+    campaign_swaps = [
+        ("rms_norm", template),
+        ("rope", kernels / "rope.py"),
+        ("silu_mul", kernels / "silu_mul.py"),
+        ("add_rms_norm", kernels / "add_rms_norm.py"),  # binds only where norms are fused (fuse_norms)
+    ]
 
     def projection_shapes(engine):
         """Each projection shape of the served model (weight and bias shapes), the vocabulary head
@@ -300,6 +305,7 @@ def main(argv=None) -> int:
     def measure(label, names=(), **kw):
         """A fresh engine with `kw`, the campaign swaps in `names` applied, benchmarked at every batch."""
         kw.setdefault("fuse_projections", "off")
+        kw.setdefault("fuse_norms", "off")
 
         def run():
             engine, init_s = new_engine(label.replace("+", "_"), **kw)
@@ -307,6 +313,7 @@ def main(argv=None) -> int:
                 "init_s": init_s,
                 "decode_attention": "triton" if engine.decode_attention else "sdpa",
                 "fused_projection_groups": engine.fused_projections,
+                "fused_residual_norms": engine.fused_residual_norms,
             }
             if label == "eager":
                 results["self_check"] = engine.self_check_report
@@ -369,12 +376,21 @@ def main(argv=None) -> int:
         fuse_projections="on",
     )
     last_engine_again("graphs+attn+fused+swaps+linear waiting", False)
+    # ... and each layer's first residual add with the norm after it as one add_rms_norm kernel
+    measure(
+        "graphs+attn+fused+swaps+linear+add_norm",
+        ("rms_norm", "rope", "silu_mul", "linear", "add_rms_norm"),
+        cuda_graphs=True,
+        decode_attention="triton",
+        fuse_projections="on",
+        fuse_norms="on",
+    )
 
     # ------------------------------------------------------------------ where the graph step's time goes
-    def replay_only_ms(engine, replays=100):
-        """GPU milliseconds per batch-1 decode step: back-to-back replays, no host work between."""
-        engine.graphs.decode([5], [args.prompt_tokens])
-        graph = engine.graphs.static[1]["graph"]
+    def replay_only_ms(engine, batch=1, replays=100):
+        """GPU milliseconds per decode step of `batch` rows: back-to-back replays, no host work between."""
+        engine.graphs.decode([5] * batch, [args.prompt_tokens] * batch)
+        graph = engine.graphs.static[engine.graphs.bucket_for(batch)]["graph"]
         sync()
         t = time.perf_counter()
         for _ in range(replays):
@@ -383,13 +399,19 @@ def main(argv=None) -> int:
         return round((time.perf_counter() - t) * 1e3 / replays, 3)
 
     def profile_graph_step():
-        """The last engine (graphs + decode attention + the swaps) at batch 1: a replay-only loop (GPU
-        time per step, no host round trip) and the kernels of 10 replays by total GPU time."""
+        """The last engine (graphs + decode attention + the swaps) at batch 1, and at each further
+        batch measured under `batches`: a replay-only loop (GPU time per step, no host round trip)
+        and the kernels of 10 replays by total GPU time."""
         engine = holder["engine"]
         if engine.graphs is None or not engine.graphs.capture_enabled:
             return {"skipped": "no captured graphs"}
-        replay_ms = replay_only_ms(engine)
-        graph = engine.graphs.static[1]["graph"]
+        out = profile_step(engine, 1)
+        out["batches"] = {f"batch{b}": profile_step(engine, b) for b in batches if b != 1}
+        return out
+
+    def profile_step(engine, batch):
+        replay_ms = replay_only_ms(engine, batch)
+        graph = engine.graphs.static[engine.graphs.bucket_for(batch)]["graph"]
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -112,6 +112,7 @@ def _build(state: ServerState) -> None:
             cuda_graphs=config.cuda_graphs,
             decode_attention=config.decode_attention,
             fuse_projections=config.fuse_projections,
+            fuse_norms=config.fuse_norms,
             graph_buckets=config.graph_buckets,
             run_ahead=config.run_ahead,
             prefill_graphs=config.prefill_graphs,

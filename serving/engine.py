@@ -71,6 +71,7 @@ class Engine(ServedSpeed, Profiling):
         cuda_graphs: bool = False,
         decode_attention: str = "auto",
         fuse_projections: str = "auto",
+        fuse_norms: str = "auto",
         graph_buckets: Sequence[int] | None = None,
         run_ahead: bool = True,
         prefill_graphs: bool = True,
@@ -84,6 +85,7 @@ class Engine(ServedSpeed, Profiling):
             max_seq_len=max_seq_len,
             decode_attention=decode_attention,
             fuse_projections=fuse_projections,
+            fuse_norms=fuse_norms,
             observer=observer,
         )
         self.groups = find_module_groups(self.model)

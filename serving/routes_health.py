@@ -31,6 +31,9 @@ class Readiness(BaseModel):
     cuda_graphs: bool
     decode_attention: str = Field(..., description="triton or sdpa")
     fused_projection_groups: int
+    fused_residual_norms: int = Field(
+        ..., description="decoder layers whose first residual add and norm run as one call"
+    )
 
 
 class ProbeFailure(BaseModel):
@@ -81,6 +84,7 @@ async def readyz(state: State):
         "cuda_graphs": engine.graphs is not None,
         "decode_attention": "triton" if engine.decode_attention is not None else "sdpa",
         "fused_projection_groups": engine.fused_projections,
+        "fused_residual_norms": engine.fused_residual_norms,
     }
 
 

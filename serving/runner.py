@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ import torch
 from serving.cache import SlotCache, decode_mask, prefill_mask
 from serving.models import LoadedModel
 from serving.request import EngineObserver
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from serving.graphs import GraphDecoder
@@ -43,6 +46,7 @@ class ModelRunner:
         max_seq_len: int | None,
         decode_attention: str,
         fuse_projections: str,
+        fuse_norms: str = "auto",
         observer: EngineObserver | None,
     ):
         self.loaded = loaded
@@ -66,6 +70,8 @@ class ModelRunner:
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
         self.decode_attention = self._install_decode_attention(decode_attention)
         self.fused_projections = self._fuse_projections(fuse_projections)
+        self.norm_fusion_refused: str | None = None
+        self.fused_residual_norms = self._fuse_norms(fuse_norms)
         self.forward_passes = 0
 
     def _chosen(self, option: str, choice: str, on: str, off: str) -> bool:
@@ -95,6 +101,20 @@ class ModelRunner:
             return fusion.fuse(self.model)
         fusion.unfuse(self.model)
         return 0
+
+    def _fuse_norms(self, choice: str) -> int:
+        """`on`: each pre-norm decoder layer's first residual add and post-attention norm run as one
+        module call (`serving/norm_fusion.py`), kept only where the logits stay bitwise equal; `off`:
+        as the modeling code wrote them. Returns the number of layers fused."""
+        from serving import norm_fusion
+
+        if not self._chosen("fuse_norms", choice, "on", "off"):
+            norm_fusion.unfuse(self.model)
+            return 0
+        fused, self.norm_fusion_refused = norm_fusion.fuse(self.model)
+        if self.norm_fusion_refused:
+            log.warning("residual add + norm fusion not applied: %s", self.norm_fusion_refused)
+        return fused
 
     @property
     def max_len(self) -> int:

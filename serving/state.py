@@ -34,6 +34,7 @@ class ServeConfig:
     cuda_graphs: bool = False
     decode_attention: str = "auto"
     fuse_projections: str = "auto"
+    fuse_norms: str = "auto"
     run_ahead: bool = True  # graph decode queues step k+1 before reading step k's greedy tokens
     prefill_graphs: bool = True  # with cuda_graphs: one-row prefill replays a graph per prompt-length bucket
     max_batch: int = 8

@@ -84,6 +84,14 @@ def register(subparsers) -> None:
         "as views; default auto: on for cuda)",
     )
     p.add_argument(
+        "--fuse-norms",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="route each pre-norm decoder layer's first residual add and the norm after it through one "
+        "module call, which one add_rms_norm kernel can take over (kept only where the logits stay "
+        "bitwise equal; default auto: on for cuda)",
+    )
+    p.add_argument(
         "--no-run-ahead",
         action="store_true",
         help="with --cuda-graphs: wait for each decode step's tokens before queuing the next (default: "
@@ -158,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
         decode_attention=args.decode_attention,
         fuse_projections=args.fuse_projections,
+        fuse_norms=args.fuse_norms,
         run_ahead=not args.no_run_ahead,
         prefill_graphs=not args.no_prefill_graphs,
         max_batch=args.max_batch,

@@ -282,6 +282,27 @@ def _rope_flat(
         )
 
 
+def _non_overlapping(x: torch.Tensor) -> bool:
+    """No two elements share an address: dims ordered by stride, each steps past the previous span."""
+    span = 1
+    for stride, size in sorted((st, d) for d, st in zip(x.shape, x.stride()) if d > 1):
+        if stride < span:
+            return False
+        span = stride * size
+    return True
+
+
+def _in_kernel_layout(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels index it, with one set of strides for input and output (the output is
+    allocated with x's strides). A head-dim-contiguous, non-overlapping view keeps its layout even
+    when it is not dense (the q and k slices of a fused q/k/v output at batch > 1): the output then
+    spans the same gaps, where a copy to a dense layout costs a launch per call. Anything else is
+    copied to dense."""
+    if x.shape[-1] > 1 and x.stride(-1) != 1 or not _non_overlapping(x):
+        return x.contiguous()
+    return x
+
+
 def entry(q, k, cos, sin):
     """q [B, Hq, S, D], k [B, Hk, S, D], cos/sin [B or 1, S, R] (R <= D, even) -> (q_embed, k_embed)."""
     batch, hq, seq, head_dim = q.shape
@@ -290,16 +311,12 @@ def entry(q, k, cos, sin):
     sq = q.stride()
     sk = k.stride()
     sc = cos.stride()
-    qo = torch.empty_like(q)  # keeps q's layout when q is dense (the usual transposed view)
-    if sq[3] != 1 or qo.stride() != sq:
-        q = q.contiguous()
-        sq = q.stride()
-        qo = torch.empty_like(q)
-    ko = torch.empty_like(k)
-    if sk[3] != 1 or ko.stride() != sk:
-        k = k.contiguous()
-        sk = k.stride()
-        ko = torch.empty_like(k)
+    q = _in_kernel_layout(q)
+    k = _in_kernel_layout(k)
+    qo = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device=q.device)
+    ko = torch.empty_strided(k.shape, k.stride(), dtype=k.dtype, device=k.device)
+    sq = q.stride()
+    sk = k.stride()
     if sc[-1] != 1 or sin.stride() != sc:
         cos = cos.contiguous()
         sin = sin.contiguous()

@@ -191,6 +191,29 @@ def test_rope_layouts_broadcast_cos_partial_rotary_and_float32_cos(load_rendered
         assert_matches_reference(family, other.entry(qc, kc, cos, sin), (qc, kc, cos, sin), {})
 
 
+def test_rope_keeps_the_gapped_layout_of_fused_projection_slices(load_rendered):
+    """q and k sliced from a fused q/k/v output at batch > 1 are not dense: the outputs keep their
+    strides (no copy to a dense layout before the kernel) and the values are the reference's."""
+    family = get_op("rope")
+    gen = torch.Generator().manual_seed(1)
+    b, s, hq, hk, d = 3, 1, 4, 2, 16
+    qkv = torch.randn(b, s, (hq + 2 * hk) * d, generator=gen, dtype=torch.float16)
+    q = qkv[..., : hq * d].view(b, s, hq, d).transpose(1, 2)
+    k = qkv[..., hq * d : (hq + hk) * d].view(b, s, hk, d).transpose(1, 2)
+    cos = torch.randn(1, s, d, generator=gen).to(torch.float16)
+    sin = torch.randn(1, s, d, generator=gen).to(torch.float16)
+    for strategy in ({}, {"FLAT_ROWS": 16}, {"TOKENS_PER_PROGRAM": 4, "HEAD_BLOCK": 2}):
+        candidate = load_rendered("rope", {**default_strategy("rope"), **strategy})
+        q_out, k_out = candidate.entry(q, k, cos, sin)
+        assert (q_out.stride(), k_out.stride()) == (q.stride(), k.stride())
+        assert_matches_reference(family, (q_out, k_out), (q, k, cos, sin), {})
+    # An overlapping view (a head broadcast by expand) is read, never mirrored as an output layout.
+    k_wide = k[:, :1].expand(b, hk, s, d)
+    q_out, k_out = load_rendered("rope").entry(q, k_wide, cos, sin)
+    assert k_out.stride() == k_wide.contiguous().stride()
+    assert_matches_reference(family, (q_out, k_out), (q, k_wide, cos, sin), {})
+
+
 def test_add_rms_norm_returns_normed_and_new_residual(load_rendered):
     family, (x, residual), params = case("add_rms_norm", (4, 3), 64, torch.float16)
     normed, new_residual = load_rendered("add_rms_norm").entry(x, residual, **params)

@@ -55,13 +55,16 @@ def test_engine_with_fusion_attention_and_swaps_serves_the_reference_tokens(tmp_
         cuda_graphs=True,
         decode_attention="triton",
         fuse_projections="on",
+        fuse_norms="on",
     )
     assert engine.fused_projections == 2 * len(loaded.model.model.layers)
+    assert engine.fused_residual_norms == len(loaded.model.model.layers) and engine.norm_fusion_refused is None
     engine.start()
     try:
-        for name in ("rms_norm", "rope", "silu_mul"):
+        for name in ("rms_norm", "rope", "silu_mul", "add_rms_norm"):
             record = engine.call(lambda n=name: engine.swaps.swap(REPO / "gpuyantra" / "kernels" / f"{n}.py")).result()
             assert record.status == "committed", (name, record.parity)
+        assert record.modules == len(loaded.model.model.layers)  # add_rms_norm: one ResidualNorm a layer
         reqs = [engine.submit(GenRequest(p, 4)) for p in PROMPTS]
         for r in reqs:
             assert r.done.wait(300)
