@@ -53,6 +53,7 @@ import concurrent.futures
 import functools
 import importlib.metadata
 import json
+import multiprocessing
 import os
 import re
 import secrets
@@ -704,38 +705,35 @@ class CampaignBench:
             "run_details": runs,
         }
 
-    def streamed(self, client: httpx.Client, prompt: str, max_tokens: int, deadline: Deadline) -> dict[str, Any]:
-        """One greedy completion streamed: when each token arrived at the client."""
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        timeout = max(1.0, deadline.check("a streamed completion"))
-        arrivals: list[tuple[float, int]] = []  # (time, tokens in that event)
-        with client.stream("POST", f"{self.url}/v1/completions", json=body, timeout=timeout) as response:
-            if response.status_code != 200:
-                raise PhaseFailed(f"/v1/completions (stream): HTTP {response.status_code}")
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line.strip() == "data: [DONE]":
-                    continue
-                choices = json.loads(line[len("data: ") :]).get("choices") or []
-                tokens = sum(len(c.get("token_ids") or []) for c in choices)
-                if tokens:
-                    arrivals.append((time.perf_counter(), tokens))
-        return decode_rate(arrivals)
-
     def http_decode(self, clients: int, deadline: Deadline) -> dict[str, Any]:
         """Decode speed as streaming clients see it: each request's tokens after its first, over the
         time from its first token to its last (prefill and the HTTP round trip excluded, stalls behind
-        other requests' prefills included). C clients at once: C x the median request's rate."""
+        other requests' prefills included). C clients at once, each its own process (as users are:
+        threads of one Python process would share one interpreter lock while they parse C streams,
+        and time their arrivals late), each streaming its requests one after another: C x the median
+        request's rate."""
         requests = max(self.args.http_requests, HTTP_REQUESTS_PER_CLIENT * clients)
         prompts = [f"stream {i}: the quick brown fox jumps over the lazy dog" for i in range(requests)]
-        with httpx.Client(limits=httpx.Limits(max_connections=clients + 4)) as client:
-            self.streamed(client, prompts[0], 2, deadline)  # warm-up, untimed
-            with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-                rates = list(pool.map(lambda p: self.streamed(client, p, self.args.max_tokens, deadline), prompts))
+        shares = [prompts[c::clients] for c in range(clients)]
+        timeout = max(1.0, deadline.check("streamed completions"))
+        spawn = multiprocessing.get_context("spawn")  # the bench process runs threads: no fork
+        with concurrent.futures.ProcessPoolExecutor(clients, mp_context=spawn) as pool:
+            futures = [pool.submit(stream_requests, self.url, share, self.args.max_tokens, timeout) for share in shares]
+            try:
+                rates = [rate for f in futures for rate in f.result(timeout=timeout + 30)]
+            except Exception as exc:  # noqa: BLE001 - a client's failure fails this measurement, said in one line
+                raise PhaseFailed(f"a streaming client failed: {type(exc).__name__}: {exc}") from exc
         per_request = [r["tokens_per_s"] for r in rates if r["tokens_per_s"]]
         if not per_request:
             raise PhaseFailed("no streamed request returned two or more token events")
         spread = spread_of([clients * rate for rate in per_request])
-        return {**spread, "clients": clients, "requests": requests, "per_request_tokens_per_s": per_request}
+        return {
+            **spread,
+            "clients": clients,
+            "client_processes": clients,
+            "requests": requests,
+            "per_request_tokens_per_s": per_request,
+        }
 
     def inprocess_speed(self, batch: int, deadline: Deadline) -> dict[str, Any]:
         body = {
@@ -1070,6 +1068,35 @@ def last_json(text: str) -> dict[str, Any] | None:
             if isinstance(value, dict):
                 return value
     return None
+
+
+def stream_requests(url: str, prompts: list[str], max_tokens: int, timeout_s: float) -> list[dict[str, Any]]:
+    """One streaming client (a process of its own): a 2-token warm-up, then each prompt's greedy
+    completion streamed in turn; the decode rate of each (`decode_rate`)."""
+    stop_at = time.monotonic() + timeout_s
+    with httpx.Client() as client:
+        streamed_arrivals(client, url, prompts[0], 2, stop_at)
+        return [decode_rate(streamed_arrivals(client, url, p, max_tokens, stop_at)) for p in prompts]
+
+
+def streamed_arrivals(
+    client: httpx.Client, url: str, prompt: str, max_tokens: int, stop_at: float
+) -> list[tuple[float, int]]:
+    """One greedy completion streamed: when each token event arrived, and how many tokens it held."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    timeout = max(1.0, stop_at - time.monotonic())
+    arrivals: list[tuple[float, int]] = []
+    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
+        if response.status_code != 200:  # a builtin error: it crosses back from the client process
+            raise RuntimeError(f"/v1/completions (stream): HTTP {response.status_code}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            choices = json.loads(line[len("data: ") :]).get("choices") or []
+            tokens = sum(len(c.get("token_ids") or []) for c in choices)
+            if tokens:
+                arrivals.append((time.perf_counter(), tokens))
+    return arrivals
 
 
 def decode_rate(arrivals: list[tuple[float, int]]) -> dict[str, Any]:
