@@ -117,7 +117,10 @@ def fuse(model: torch.nn.Module) -> tuple[int, str | None]:
     layers = _candidates(model)
     if not layers:
         return len(done), None
-    before = _check_logits(model)
+    try:
+        before = _check_logits(model)
+    except Exception as exc:  # noqa: BLE001 - a model this check cannot run is served as written
+        return len(done), f"the check's forward pass raised {type(exc).__name__}: {exc}"
     for layer in layers:
         norm = layer.get_submodule("post_attention_layernorm")
         layer.add_module(CHILD, ResidualNorm(norm))

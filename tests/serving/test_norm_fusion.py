@@ -71,3 +71,15 @@ def test_a_layer_whose_forward_differs_keeps_the_modeling_code():
     layers = model.model.layers
     assert all("forward" not in layer.__dict__ and not hasattr(layer, norm_fusion.CHILD) for layer in layers)
     assert torch.equal(logits(model), before)
+
+
+def test_a_model_the_check_cannot_run_is_left_as_written():
+    model = load_model("tiny-qwen2").model
+
+    def refuse(ids):
+        raise RuntimeError("this embedding takes no plain token ids")
+
+    model.model.embed_tokens.forward = refuse  # the check's forward pass cannot run
+    fused, why = norm_fusion.fuse(model)
+    assert fused == 0 and "raised" in why
+    assert not any(hasattr(layer, norm_fusion.CHILD) for layer in model.model.layers)
