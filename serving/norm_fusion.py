@@ -28,6 +28,18 @@ CHILD = "post_attention_residual_norm"
 CHECK_PROMPT = (5, 17, 300, 42, 7, 99)
 
 
+def _through_norm(name: str) -> property:
+    """An attribute of the wrapped norm, read and written through (parity checks move eps a while)."""
+
+    def read(self: ResidualNorm) -> Any:
+        return getattr(self.norm, name, None)
+
+    def write(self: ResidualNorm, value: Any) -> None:
+        setattr(self.norm, name, value)
+
+    return property(read, write)
+
+
 class ResidualNorm(torch.nn.Module):
     """`forward(x, residual) -> (norm(residual + x), residual + x)` over a decoder layer's norm.
 
@@ -40,26 +52,9 @@ class ResidualNorm(torch.nn.Module):
         super().__init__()
         self.norm = norm if isinstance(norm, torch.nn.Module) else _RMSNorm(int(norm), eps)
 
-    @property
-    def weight(self) -> Any:
-        return getattr(self.norm, "weight", None)
-
-    # The epsilon under either name, read and written through (parity checks move it for a while).
-    @property
-    def variance_epsilon(self) -> Any:
-        return getattr(self.norm, "variance_epsilon", None)
-
-    @variance_epsilon.setter
-    def variance_epsilon(self, value: float) -> None:
-        setattr(self.norm, "variance_epsilon", value)  # noqa: B010 - a module attribute mypy cannot see
-
-    @property
-    def eps(self) -> Any:
-        return getattr(self.norm, "eps", None)
-
-    @eps.setter
-    def eps(self, value: float) -> None:
-        setattr(self.norm, "eps", value)  # noqa: B010 - a module attribute mypy cannot see
+    weight = property(lambda self: getattr(self.norm, "weight", None))
+    variance_epsilon = _through_norm("variance_epsilon")
+    eps = _through_norm("eps")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         summed = residual + x  # the decoder layer's own order and dtype
@@ -95,12 +90,11 @@ def _layer_forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any)
 def _candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Decoder layers whose children are exactly the pre-norm layer's four (more norms, as in
     Gemma 2, mean another data flow) and whose forward is still the class's own."""
-    found = []
-    for module in model.modules():
-        names = tuple(name for name, _ in module.named_children())
-        if set(names) == set(CHILDREN) and "forward" not in module.__dict__:
-            found.append(module)
-    return found
+    return [
+        module
+        for module in model.modules()
+        if set(module._modules) == set(CHILDREN) and "forward" not in module.__dict__
+    ]
 
 
 def _check_logits(model: torch.nn.Module) -> torch.Tensor:

@@ -308,8 +308,6 @@ def entry(q, k, cos, sin):
     batch, hq, seq, head_dim = q.shape
     hk = k.shape[1]
     rot = cos.shape[-1]
-    sq = q.stride()
-    sk = k.stride()
     sc = cos.stride()
     q = _in_kernel_layout(q)
     k = _in_kernel_layout(k)

@@ -21,6 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 RMS_NORM_KERNEL = REPO / "gpuyantra" / "kernels" / "rms_norm.py"
 TOKEN = "test-admin-token"
 READY_TIMEOUT_S = 90
+CHECK_PROMPT = torch.tensor([[5, 17, 300, 42, 7, 99]])
+
+
+def logits(model) -> torch.Tensor:
+    """The model's logits at every position of CHECK_PROMPT, no cache."""
+    with torch.no_grad():
+        return model(input_ids=CHECK_PROMPT, use_cache=False).logits
 
 
 def attested(

@@ -10,14 +10,7 @@ import torch
 
 from serving import fusion
 from serving.models import load_model
-from tests.serving.helpers import REPO
-
-PROMPT = torch.tensor([[5, 17, 300, 42, 7, 99]])
-
-
-def logits(model) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=PROMPT, use_cache=False).logits
+from tests.serving.helpers import REPO, logits
 
 
 def test_fused_model_matches_and_weights_stay_live():

@@ -12,14 +12,7 @@ import torch
 from gpuyantra.binding import find_module_groups
 from serving import fusion, norm_fusion
 from serving.models import load_model
-from tests.serving.helpers import REPO
-
-PROMPT = torch.tensor([[5, 17, 300, 42, 7, 99, 3]])
-
-
-def logits(model) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=PROMPT, use_cache=False).logits
+from tests.serving.helpers import REPO, logits
 
 
 def test_fused_layers_are_bitwise_the_modeling_code_and_bind_add_rms_norm():
