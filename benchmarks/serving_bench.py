@@ -88,6 +88,40 @@ def entry(x, *, weight, eps):
 """
 
 
+def staggered_streams(engine, clients: int, max_tokens: int, prompt_tokens: int, per_client: int = 4) -> dict:
+    """`clients` threads, each generating `per_client` greedy requests in turn on a running engine."""
+    import concurrent.futures
+    import statistics
+
+    from serving.engine import GenRequest
+
+    def client(c: int) -> list[float]:
+        rates = []
+        for i in range(per_client):
+            prompt = [(31 * c + 7 * i + j) % 500 + 1 for j in range(prompt_tokens)]
+            arrivals: list[float] = []
+            stamp = arrivals.append
+            req = GenRequest(prompt, max_tokens, on_token=lambda _t, stamp=stamp: stamp(time.perf_counter()))
+            engine.submit(req)
+            if not req.done.wait(120) or req.finish_reason != "length":
+                raise RuntimeError(f"a streamed request ended {req.finish_reason}: {req.error}")
+            rates.append((len(arrivals) - 1) / (arrivals[-1] - arrivals[0]))
+        return rates
+
+    mixed_before = engine.mixed_admissions
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        rates = [r for rates in pool.map(client, range(clients)) for r in rates]
+    return {
+        "tokens_per_s": clients * statistics.median(rates),
+        "per_request_tokens_per_s": [round(r, 1) for r in rates],
+        "mixed_admissions": engine.mixed_admissions - mixed_before,
+        "mixed_prompt_tokens": engine.mixed_prompt_tokens,
+        "clients": clients,
+        "max_tokens": max_tokens,
+        "prompt_tokens": prompt_tokens,
+    }
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file to write")
@@ -385,6 +419,30 @@ def main(argv=None) -> int:
         fuse_projections="on",
         fuse_norms="on",
     )
+
+    def arrivals(label, mixed):
+        """The last engine serving staggered streams on its model thread: `max_batch` clients, each
+        sending its requests one after another, so requests arrive while the others decode. Each
+        request's decode rate is its tokens after the first over the time from its first token to its
+        last; the figure is clients x the median (what benchmarks/campaign_bench.py's HTTP decode
+        measures, here without HTTP). `mixed`: arriving prompts join a decode step (mixed steps)."""
+
+        def run():
+            engine = holder["engine"]
+            kept = engine.mixed_prompt_tokens
+            engine.mixed_prompt_tokens = kept if mixed else 0
+            engine.start(reapply=False)
+            try:
+                return staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens)
+            finally:
+                engine.stop()
+                engine._stop = False  # later sections call the engine inline again
+                engine.mixed_prompt_tokens = kept
+
+        section(label, run)
+
+    arrivals("arrivals mixed", True)
+    arrivals("arrivals one pass each", False)
 
     # ------------------------------------------------------------------ where the graph step's time goes
     def replay_only_ms(engine, batch=1, replays=100):

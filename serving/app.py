@@ -116,6 +116,7 @@ def _build(state: ServerState) -> None:
             graph_buckets=config.graph_buckets,
             run_ahead=config.run_ahead,
             prefill_graphs=config.prefill_graphs,
+            mixed_prompt_tokens=config.mixed_prompt_tokens,
             observer=state.metrics,
             max_parity_shapes=config.max_parity_shapes,
         )

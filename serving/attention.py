@@ -44,6 +44,7 @@ def _decode_attention(
     PART_ACC,
     K_NEW,
     V_NEW,
+    SLOTS,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -69,6 +70,7 @@ def _decode_attention(
     SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     WRITE_NEW: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -88,8 +90,13 @@ def _decode_attention(
     q = tl.load(
         Q + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0
     )
-    k_base = K + row * stride_kb + kv_head * stride_kh
-    v_base = V + row * stride_vb + kv_head * stride_vh
+    # HAS_SLOTS: query row `row` reads cache row SLOTS[row] (a mixed step's prompt rows share one)
+    if HAS_SLOTS:
+        slot = tl.load(SLOTS + row).to(tl.int32)
+    else:
+        slot = row
+    k_base = K + slot * stride_kb + kv_head * stride_kh
+    v_base = V + slot * stride_vb + kv_head * stride_vh
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -186,12 +193,14 @@ def decode_attention(
     scale: float,
     scratch: int | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per row over cache slots `0..positions[r]`.
 
     query `[B, Hq, 1, D]`; key/value `[B', Hkv, L, D]` (B' >= B, positions[r] < L) or views of a
     cache whose storage also holds the slot `scratch` (rows at `scratch` attend to it alone);
-    positions `[B]` (long). With `new_kv` (`[B, Hkv, 1, D]` each), this step's key/value are not
+    positions `[B]` (long). With `slots` (`[B]` long), row r reads cache row slots[r] (any B').
+    With `new_kv` (`[B, Hkv, 1, D]` each), this step's key/value are not
     in the cache yet: the kernel attends to them and writes them at `positions` (one kernel instead
     of a cache-update kernel per tensor plus the attention). Returns `[B, 1, Hq, D]`, the layout
     transformers' attention functions return.
@@ -220,6 +229,7 @@ def decode_attention(
         part_acc,
         k_new,
         v_new,
+        slots if slots is not None else positions,  # unused without slots
         query.stride(0),
         query.stride(1),
         key.stride(0),
@@ -245,6 +255,7 @@ def decode_attention(
         SPLITS=splits,
         IEEE=query.dtype == torch.float32,
         WRITE_NEW=new_kv is not None,
+        HAS_SLOTS=slots is not None,
         num_warps=4,
     )
     if splits > 1:
@@ -271,19 +282,21 @@ def reference_decode_attention(
     positions: torch.Tensor,
     scale: float,
     scratch: int | None = None,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same contract in plain torch (fp32 math): the kernel's test oracle."""
     batch, q_heads, _, head_dim = query.shape
     group = q_heads // key.shape[1]
-    slots = max(key.shape[2], (scratch or 0) + 1)
-    full_k = key.as_strided((key.shape[0], key.shape[1], slots, head_dim), key.stride())
-    full_v = value.as_strided((value.shape[0], value.shape[1], slots, head_dim), value.stride())
+    length = max(key.shape[2], (scratch or 0) + 1)
+    full_k = key.as_strided((key.shape[0], key.shape[1], length, head_dim), key.stride())
+    full_v = value.as_strided((value.shape[0], value.shape[1], length, head_dim), value.stride())
     out = torch.empty((batch, 1, q_heads, head_dim), dtype=query.dtype, device=query.device)
     for r in range(batch):
         pos = int(positions[r])
+        slot = int(slots[r]) if slots is not None else r
         lo = pos if scratch is not None and pos >= scratch else 0
-        k = full_k[r, :, lo : pos + 1].float().repeat_interleave(group, dim=0)
-        v = full_v[r, :, lo : pos + 1].float().repeat_interleave(group, dim=0)
+        k = full_k[slot, :, lo : pos + 1].float().repeat_interleave(group, dim=0)
+        v = full_v[slot, :, lo : pos + 1].float().repeat_interleave(group, dim=0)
         weights = torch.softmax((query[r, :, 0].float()[:, None, :] @ k.transpose(1, 2)) * scale, dim=-1)
         out[r, 0] = (weights @ v)[:, 0].to(query.dtype)
     return out
@@ -333,7 +346,8 @@ class DecodeAttention:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         self.calls += 1
         scratch = self.cache.scratch_position if self.cache is not None else None
-        return decode_attention(query, key, value, positions, scale, scratch, new_kv), None
+        slots = getattr(getattr(self.cache, "mode", None), "slots", None)
+        return decode_attention(query, key, value, positions, scale, scratch, new_kv, slots), None
 
 
 _installed = itertools.count()

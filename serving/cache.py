@@ -36,6 +36,9 @@ class _Decode:
     rows: int
     positions: torch.Tensor  # [rows] long, on the cache's device
     kv_len: int
+    # [rows] long: the cache row each query row reads and writes (a mixed step: prompt tokens of a
+    # newly admitted request ride along as rows of their own). None: query row r is cache row r.
+    slots: torch.Tensor | None = None
 
 
 class SlotCache:
@@ -79,8 +82,8 @@ class SlotCache:
             rows = torch.tensor(list(rows), device=self.device)
         self.mode = _PrefillRows(rows=rows)
 
-    def set_decode(self, rows: int, positions: torch.Tensor, kv_len: int) -> None:
-        self.mode = _Decode(rows=rows, positions=positions, kv_len=kv_len)
+    def set_decode(self, rows: int, positions: torch.Tensor, kv_len: int, slots: torch.Tensor | None = None) -> None:
+        self.mode = _Decode(rows=rows, positions=positions, kv_len=kv_len, slots=slots)
 
     # -- the interface the model calls -----------------------------------------------------------
     def _layer(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
@@ -111,6 +114,15 @@ class SlotCache:
             keys[mode.row, :, mode.start : end] = key_states[0]
             values[mode.row, :, mode.start : end] = value_states[0]
             return keys[mode.row : mode.row + 1, :, :end], values[mode.row : mode.row + 1, :, :end]
+        if isinstance(mode, _Decode) and mode.slots is not None:
+            # A mixed step: a prompt row attends to the keys of the prompt rows before it, so every
+            # row's key/value is written before anyone attends.
+            self.write_decode(layer_idx, key_states, value_states)
+            if self.defer_decode_writes:  # the Triton decode attention reads each row's slot itself
+                return keys[:, :, : mode.kv_len], values[:, :, : mode.kv_len]
+            return keys[:, :, : mode.kv_len].index_select(0, mode.slots), values[:, :, : mode.kv_len].index_select(
+                0, mode.slots
+            )
         if isinstance(mode, _Decode):
             if self.defer_decode_writes:
                 self._pending[layer_idx] = (key_states, value_states)
@@ -120,10 +132,11 @@ class SlotCache:
         raise RuntimeError("SlotCache.update called before set_prefill/set_decode")
 
     def write_decode(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Write one decode step's key/value `[rows, heads, 1, dim]` at each row's position."""
+        """Write one decode step's key/value `[rows, heads, 1, dim]` at each row's position (in each
+        row's slot)."""
         mode = self.mode
         assert isinstance(mode, _Decode)
-        rows = self.rows[: mode.rows]
+        rows = self.rows[: mode.rows] if mode.slots is None else mode.slots
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         assert keys is not None and values is not None  # update() allocated the layer before any write
         keys[rows, :, mode.positions] = key_states[:, :, 0]

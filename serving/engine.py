@@ -57,6 +57,11 @@ from serving.scheduler import token_logprobs
 from serving.shapes import ShapeRecorder
 from serving.speed import ServedSpeed
 
+# Default prompt tokens of a mixed step: with max_batch 8 its graph has 72 rows. At 72 rows a
+# projection of the 1.5B model is still bound by reading its weights (about 36 flops a byte against
+# the H200's ~200), so the step costs about what a decode step does; longer prompts prefill alone.
+MIXED_PROMPT_TOKENS = 64
+
 __all__ = ["Engine", "GenRequest", "RequestError", "token_logprobs"]  # the last three: re-exported for tests
 
 
@@ -75,6 +80,7 @@ class Engine(ServedSpeed, Profiling):
         graph_buckets: Sequence[int] | None = None,
         run_ahead: bool = True,
         prefill_graphs: bool = True,
+        mixed_prompt_tokens: int | None = None,
         observer: EngineObserver | None = None,
         max_parity_shapes: int = 4,
         self_check: bool = True,
@@ -93,11 +99,13 @@ class Engine(ServedSpeed, Profiling):
         self.shapes = ShapeRecorder(self.model, self.groups)
         self._init_scheduler()
         self.run_ahead = run_ahead
+        self.mixed_prompt_tokens = self._mixed_tokens(mixed_prompt_tokens, cuda_graphs)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
 
-            self.graphs = GraphDecoder(self, graph_buckets)
+            mixed_rows = max_batch + self.mixed_prompt_tokens if self.mixed_prompt_tokens else 0
+            self.graphs = GraphDecoder(self, graph_buckets, mixed_rows=mixed_rows)
             if prefill_graphs:
                 from serving.prefill_graphs import PrefillGraphs
 
@@ -119,6 +127,17 @@ class Engine(ServedSpeed, Profiling):
             self.self_check_report = self.self_check()
         if self.graphs is not None:
             self.graphs.capture_all()
+
+    def _mixed_tokens(self, wanted: int | None, cuda_graphs: bool) -> int:
+        """Prompt tokens a mixed step takes (`serving.scheduler`). Default: MIXED_PROMPT_TOKENS when
+        decode replays graphs on CUDA with the Triton decode attention (which reads each row's cache
+        row in place; SDPA would gather them), else 0 (off)."""
+        if wanted is not None:
+            if wanted < 0:
+                raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
+            return int(wanted)
+        on = cuda_graphs and self.device.type == "cuda" and self.decode_attention is not None
+        return MIXED_PROMPT_TOKENS if on else 0
 
     # ================================================================== swaps (model thread)
     def _before_commit(self, record: SwapRecord) -> dict[str, Any]:

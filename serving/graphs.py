@@ -19,6 +19,11 @@ new kernels. Warm-up and capture write only at the cache's scratch position (`ma
 they can run between forward passes while requests are in flight. `verify()` then checks the graph
 path: each bucket's replay must equal the same step run eagerly with the current forwards.
 
+Mixed steps: with `mixed_rows` > 0 one more graph is captured, a step of that many rows each with
+its own cache row (a static `slots` buffer): the decode rows, then the prompt tokens of requests
+joining the batch, one row per token (`serving.scheduler` explains why). Every row's key/value is
+written before any row attends, so a prompt token sees the ones before it.
+
 Without CUDA (tests on a CPU) the same static-shape step runs eagerly: everything but the capture
 itself is exercised.
 """
@@ -92,7 +97,7 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class GraphDecoder:
-    def __init__(self, engine: DecodeHost, buckets: Sequence[int] | None = None, warmup: int = 2):
+    def __init__(self, engine: DecodeHost, buckets: Sequence[int] | None = None, warmup: int = 2, mixed_rows: int = 0):
         self.engine = engine
         self.device = engine.device
         self.capture_enabled = self.device.type == "cuda"
@@ -102,35 +107,53 @@ class GraphDecoder:
         )
         self.buckets = wanted
         self.warmup = warmup
-        self.static: dict[int, dict[str, Any]] = {}
-        for b in self.buckets:
-            self.static[b] = {
-                "ids": torch.zeros((b, 1), dtype=torch.long, device=self.device),
-                "pos": torch.full((b,), engine.cache.scratch_position, dtype=torch.long, device=self.device),
-                "host_ids": torch.zeros((b, 1), dtype=torch.long, pin_memory=self.capture_enabled),
-                "host_pos": torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled),
-                # greedy tokens of the last step (fed back as the next step's ids), and two host
-                # buffers for them: step k's copy may still be read while step k+1's is queued
-                "next": torch.zeros((b,), dtype=torch.long, device=self.device),
-                "host_next": [torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled) for _ in range(2)],
-                "graph": None,
-                "logits": None,
-            }
+        self.static: dict[int, dict[str, Any]] = {b: self._static(b) for b in self.buckets}
+        # Mixed steps (module doc), keyed by their rows; their `slots` say which cache row each row uses.
+        self.mixed_buckets = [int(mixed_rows)] if mixed_rows > 0 else []
+        self.mixed_static: dict[int, dict[str, Any]] = {}
+        for m in self.mixed_buckets:
+            st = self.mixed_static[m] = self._static(m)
+            st["slots"] = torch.zeros((m,), dtype=torch.long, device=self.device)
+            st["host_slots"] = torch.zeros((m,), dtype=torch.long, pin_memory=self.capture_enabled)
         self.pool: Any = None  # torch.cuda.graph_pool_handle() of the current graphs
         self.captures = 0
         self.last_capture_s: float | None = None
         self.replays = 0
+        self.mixed_steps = 0
         self.fed_steps = 0  # steps run ahead on the inputs the previous step fed
         # Called whenever the graphs start to replay other forwards (a capture, a kept set put back).
         self.on_forwards_changed: list[Callable[[], None]] = []
         self.fed_bucket: int | None = None  # the bucket whose inputs hold what its last step fed
         self._next_buffer = 0  # which of a bucket's two host token buffers the next copy fills
 
+    def _static(self, b: int) -> dict[str, Any]:
+        """A bucket's static buffers (inputs, fed tokens, host copies), its graph and logits."""
+        engine = self.engine
+        return {
+            "ids": torch.zeros((b, 1), dtype=torch.long, device=self.device),
+            "pos": torch.full((b,), engine.cache.scratch_position, dtype=torch.long, device=self.device),
+            "host_ids": torch.zeros((b, 1), dtype=torch.long, pin_memory=self.capture_enabled),
+            "host_pos": torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled),
+            # greedy tokens of the last step (fed back as the next step's ids), and two host
+            # buffers for them: step k's copy may still be read while step k+1's is queued
+            "next": torch.zeros((b,), dtype=torch.long, device=self.device),
+            "host_next": [torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled) for _ in range(2)],
+            "graph": None,
+            "logits": None,
+            "slots": None,
+        }
+
+    def _all_static(self) -> list[tuple[int | str, dict[str, Any]]]:
+        """Every bucket's state, decode buckets by their rows, mixed ones as "mixed:<rows>"."""
+        return [*self.static.items(), *((f"mixed:{m}", st) for m, st in self.mixed_static.items())]
+
     # ------------------------------------------------------------------ the captured step
     def step(self, b: int) -> torch.Tensor:
-        st = self.static[b]
+        return self._step(self.static[b])
+
+    def _step(self, st: dict[str, Any]) -> torch.Tensor:
         cache = self.engine.cache
-        cache.set_decode(b, st["pos"], cache.max_len)
+        cache.set_decode(st["ids"].shape[0], st["pos"], cache.max_len, st["slots"])
         mask = decode_mask(st["pos"], cache.max_len, self.engine._arange, self.engine.dtype)
         with torch.no_grad():
             logits = self.engine._forward(st["ids"], st["pos"][:, None], mask)[:, -1, :]
@@ -147,8 +170,10 @@ class GraphDecoder:
                 return b
         raise ValueError(f"batch {n} exceeds the largest graph bucket {self.buckets[-1]}")
 
-    def _load_inputs(self, b: int, tokens: Sequence[int], positions: Sequence[int]) -> None:
-        st = self.static[b]
+    def _load_inputs(
+        self, st: dict[str, Any], tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int] = ()
+    ) -> None:
+        b = st["ids"].shape[0]
         n = len(tokens)
         scratch = self.engine.cache.scratch_position
         host_ids, host_pos = st["host_ids"], st["host_pos"]
@@ -159,14 +184,36 @@ class GraphDecoder:
             host_pos[n:] = scratch
         st["ids"].copy_(host_ids, non_blocking=True)
         st["pos"].copy_(host_pos, non_blocking=True)
+        if st["slots"] is not None:  # padding rows: any slot, they write its scratch position only
+            host_slots = st["host_slots"]
+            host_slots[:n] = torch.as_tensor(list(slots), dtype=torch.long)
+            host_slots[n:] = 0
+            st["slots"].copy_(host_slots, non_blocking=True)
         self.fed_bucket = None
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One decode step for rows 0..n-1; returns logits [n, V] (a view valid until the next step)."""
         n = len(tokens)
         b = self.bucket_for(n)
-        self._load_inputs(b, tokens, positions)
+        self._load_inputs(self.static[b], tokens, positions)
         return self._run(b)[:n]
+
+    def mixed_capacity(self) -> int:
+        return max(self.mixed_buckets, default=0)
+
+    def mixed(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
+        """One mixed step: row r feeds tokens[r] at positions[r] into cache row slots[r]; logits
+        [n, V] (a view valid until the next step). Feeds no later step."""
+        n = len(tokens)
+        m = next((m for m in self.mixed_buckets if m >= n), None)
+        if m is None:
+            raise ValueError(f"a mixed step of {n} rows exceeds the mixed graph's {self.mixed_capacity()}")
+        st = self.mixed_static[m]
+        self._load_inputs(st, tokens, positions, slots)
+        self.mixed_steps += 1
+        logits = self._replay(st)
+        self.fed_bucket = None
+        return logits[:n]
 
     def decode_fed(self, n: int) -> torch.Tensor:
         """The next step of the rows of the last step, on the inputs that step fed itself (its greedy
@@ -178,17 +225,18 @@ class GraphDecoder:
         return self._run(b)[:n]
 
     def _run(self, b: int) -> torch.Tensor:
-        st = self.static[b]
-        if self.capture_enabled:
-            if st["graph"] is None:
-                self.capture_all()
-            st["graph"].replay()
-            self.replays += 1
-            logits = st["logits"]
-        else:
-            logits = self.step(b)
+        logits = self._replay(self.static[b])
         self.fed_bucket = b
         return logits
+
+    def _replay(self, st: dict[str, Any]) -> torch.Tensor:
+        if not self.capture_enabled:
+            return self._step(st)
+        if st["graph"] is None:
+            self.capture_all()
+        st["graph"].replay()
+        self.replays += 1
+        return st["logits"]
 
     def greedy(self, n: int) -> torch.Tensor:
         """The last step's greedy tokens of rows 0..n-1, on the device (valid until the next step)."""
@@ -208,41 +256,43 @@ class GraphDecoder:
         return PendingTokens(host[:n], event)
 
     # ------------------------------------------------------------------ capture
-    def _reset_inputs(self, b: int) -> None:
+    def _reset_inputs(self, st: dict[str, Any]) -> None:
         self.fed_bucket = None
-        st = self.static[b]
         st["ids"].zero_()
         st["pos"].fill_(self.engine.cache.scratch_position)
+        if st["slots"] is not None:
+            st["slots"].zero_()
 
     def capture_all(self) -> None:
         started = time.perf_counter()
         self._forwards_changed()
-        for b in self.buckets:
-            self._reset_inputs(b)
+        states = [st for _, st in self._all_static()]
+        for st in states:
+            self._reset_inputs(st)
         if not self.capture_enabled:
-            for b in self.buckets:
-                self.step(b)  # static-shape eager path: still runs the new forwards once
+            for st in states:
+                self._step(st)  # static-shape eager path: still runs the new forwards once
             self.captures += 1
             self.last_capture_s = time.perf_counter() - started
             return
-        for st in self.static.values():
+        for st in states:
             st["graph"], st["logits"] = None, None
         self.pool = None
 
         def warm_up() -> None:
-            for b in self.buckets:
+            for st in states:
                 for _ in range(self.warmup):
-                    self.step(b)
+                    self._step(st)
 
         warm_up_on_side_stream(self.device, warm_up)
         # A fresh private pool per capture: the previous pool was released with the previous graphs,
         # and capturing into a released pool's handle trips the caching allocator.
         self.pool = torch.cuda.graph_pool_handle()
-        for b in sorted(self.buckets, reverse=True):  # largest first: smaller ones reuse its pool
+        for st in sorted(states, key=lambda st: -st["ids"].shape[0]):  # largest first: the rest reuse its pool
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                logits = self.step(b)
-            self.static[b]["graph"], self.static[b]["logits"] = graph, logits
+                logits = self._step(st)
+            st["graph"], st["logits"] = graph, logits
         torch.cuda.synchronize(self.device)
         self.captures += 1
         self.last_capture_s = time.perf_counter() - started
@@ -251,14 +301,15 @@ class GraphDecoder:
         """The graphs captured now (each bucket's graph and output, and their pool), to put back
         later with `use_captured` without capturing again: a paired measurement keeps one set with
         a swap and one without, and replays each in turn."""
-        return {"graphs": {b: (st["graph"], st["logits"]) for b, st in self.static.items()}, "pool": self.pool}
+        return {"graphs": {key: (st["graph"], st["logits"]) for key, st in self._all_static()}, "pool": self.pool}
 
     def use_captured(self, captured: dict[str, Any]) -> None:
         """Replay a set kept by `captured` from now on (the set replaced stays alive only while
         someone holds it)."""
         self._forwards_changed()
-        for b, (graph, logits) in captured["graphs"].items():
-            self.static[b]["graph"], self.static[b]["logits"] = graph, logits
+        states = dict(self._all_static())
+        for key, (graph, logits) in captured["graphs"].items():
+            states[key]["graph"], states[key]["logits"] = graph, logits
         self.pool = captured["pool"]
 
     def _forwards_changed(self) -> None:
@@ -266,55 +317,66 @@ class GraphDecoder:
             callback()
 
     # ------------------------------------------------------------------ graph-path parity
-    def _probe_inputs(self, b: int) -> tuple[list[int], list[int]]:
+    def _probe_inputs(self, st: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+        """Tokens, positions (all scratch) and slots of a bucket's probe step. Rows that share a slot
+        also share their token, so their writes to its scratch position agree and the step is
+        deterministic."""
+        rows = st["ids"].shape[0]
         vocab = max(2, self.engine.vocab_size)
-        return [(97 * r + 11) % vocab for r in range(b)], [self.engine.cache.scratch_position] * b
+        slots = [r % self.engine.max_batch for r in range(rows)]
+        tokens = [(97 * slot + 11) % vocab for slot in slots]
+        return tokens, [self.engine.cache.scratch_position] * rows, slots
 
-    def reference_logits(self, buckets: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
+    def _states(self, keys: Sequence[int | str] | None) -> list[tuple[int | str, dict[str, Any]]]:
+        states = self._all_static()
+        return states if keys is None else [(key, st) for key, st in states if key in set(keys)]
+
+    def reference_logits(self, buckets: Sequence[int | str] | None = None) -> dict[int | str, torch.Tensor]:
         """The eager static step's logits per bucket with the current forwards (at the scratch slot)."""
-        out = {}
-        for b in list(buckets or self.buckets):
-            self._load_inputs(b, *self._probe_inputs(b))
-            out[b] = self.step(b).float().clone()
-            self._reset_inputs(b)
+        out: dict[int | str, torch.Tensor] = {}
+        for key, st in self._states(buckets):
+            self._load_inputs(st, *self._probe_inputs(st))
+            out[key] = self._step(st).float().clone()
+            self._reset_inputs(st)
         return out
 
     def verify(
-        self, buckets: Sequence[int] | None = None, previous: dict[int, torch.Tensor] | None = None
+        self, buckets: Sequence[int | str] | None = None, previous: dict[int | str, torch.Tensor] | None = None
     ) -> dict[str, Any]:
         """Every bucket's graph replay equals the same step run eagerly with the current forwards
         (strict), and stays close to `previous` (the step before the swap; loose: a sanity bound)."""
-        buckets = list(buckets or self.buckets)
+        states = self._states(buckets)
         tol = graph_tolerance(self.engine.dtype)
         loose = 1e-2 if self.engine.dtype == torch.float32 else 0.25
         worst = 0.0
         worst_prev = 0.0
-        for b in buckets:
-            tokens, positions = self._probe_inputs(b)
-            got = self.decode(tokens, positions).float().clone()
+        for key, st in states:
+            probe = self._probe_inputs(st)
+            self._load_inputs(st, *probe)
+            got = self._replay(st).float().clone()
             if self.capture_enabled:
                 torch.cuda.synchronize(self.device)
-            self._load_inputs(b, tokens, positions)
-            want = self.step(b).float()
+            self._load_inputs(st, *probe)
+            want = self._step(st).float()
             diff, scale = replay_error(got, want)
             worst = max(worst, diff / scale)
             if diff > tol * scale:
                 raise GraphParityError(
-                    f"graph path differs from the eager step at bucket {b}: max abs diff {diff:.3g} "
+                    f"graph path differs from the eager step at bucket {key}: max abs diff {diff:.3g} "
                     f"(tolerance {tol * scale:.3g})"
                 )
-            if previous is not None and b in previous:
-                prev = previous[b]
+            if previous is not None and key in previous:
+                prev = previous[key]
                 pdiff = float((got - prev).abs().max())
                 worst_prev = max(worst_prev, pdiff / max(1.0, float(prev.abs().max())))
                 if pdiff > loose * max(1.0, float(prev.abs().max())):
                     raise GraphParityError(
-                        f"graph path with the new kernels moved the logits at bucket {b} by {pdiff:.3g} "
+                        f"graph path with the new kernels moved the logits at bucket {key} by {pdiff:.3g} "
                         f"from the step before the swap (bound {loose:g} x scale)"
                     )
-            self._reset_inputs(b)
+            self._reset_inputs(st)
         out = {
-            "buckets": buckets,
+            "buckets": [key for key, _ in states],
             "max_rel_diff": worst,
             "captured": self.capture_enabled,
             "capture_s": self.last_capture_s,
@@ -328,6 +390,8 @@ class GraphDecoder:
             "enabled": True,
             "captured": self.capture_enabled,
             "buckets": self.buckets,
+            "mixed_buckets": self.mixed_buckets,
+            "mixed_steps": self.mixed_steps,
             "captures": self.captures,
             "last_capture_s": self.last_capture_s,
             "replays": self.replays,

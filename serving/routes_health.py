@@ -34,6 +34,9 @@ class Readiness(BaseModel):
     fused_residual_norms: int = Field(
         ..., description="decoder layers whose first residual add and norm run as one call"
     )
+    mixed_prompt_tokens: int = Field(
+        0, description="prompt tokens a request may bring into a running decode step (0: mixed steps off)"
+    )
 
 
 class ProbeFailure(BaseModel):
@@ -85,6 +88,7 @@ async def readyz(state: State):
         "decode_attention": "triton" if engine.decode_attention is not None else "sdpa",
         "fused_projection_groups": engine.fused_projections,
         "fused_residual_norms": engine.fused_residual_norms,
+        "mixed_prompt_tokens": engine.mixed_prompt_tokens,
     }
 
 

@@ -193,15 +193,29 @@ class ModelRunner:
             return self.graphs.decode(tokens, positions)
         return self.decode_rows_eager(tokens, positions)
 
+    def mixed_rows(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
+        """One decode-shaped pass whose row r feeds tokens[r] at positions[r] into cache row slots[r]:
+        decode rows and, as rows of their own, the prompt tokens of requests joining (a mixed step,
+        `serving.scheduler`); logits [n, V]. Replays a graph when the engine captured mixed ones."""
+        if self.graphs is not None and self.graphs.mixed_buckets:
+            return self.graphs.mixed(tokens, positions, slots)
+        live = [p for p in positions if p != self.cache.scratch_position] or [0]
+        return self.decode_rows_eager(tokens, positions, kv_len=max(live) + 1, slots=slots)
+
     def decode_rows_eager(
-        self, tokens: Sequence[int], positions: Sequence[int], kv_len: int | None = None
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        kv_len: int | None = None,
+        slots: Sequence[int] | None = None,
     ) -> torch.Tensor:
         n = len(tokens)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).view(n, 1)
         pos = torch.tensor(list(positions), dtype=torch.long, device=self.device)
         if kv_len is None:
             kv_len = min(self.max_len, max(positions) + 1)
-        self.cache.set_decode(n, pos, kv_len)
+        rows = None if slots is None else torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        self.cache.set_decode(n, pos, kv_len, rows)
         mask = decode_mask(pos, kv_len, self._arange, self.dtype)
         with torch.no_grad():
             return self._forward(ids, pos[:, None], mask)[:, -1, :]

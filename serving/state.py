@@ -37,6 +37,7 @@ class ServeConfig:
     fuse_norms: str = "auto"
     run_ahead: bool = True  # graph decode queues step k+1 before reading step k's greedy tokens
     prefill_graphs: bool = True  # with cuda_graphs: one-row prefill replays a graph per prompt-length bucket
+    mixed_prompt_tokens: int | None = None  # short prompts join a decode step (serving.scheduler); None: auto
     max_batch: int = 8
     max_seq_len: int | None = None
     max_parity_shapes: int = 4

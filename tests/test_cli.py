@@ -40,3 +40,8 @@ def test_unknown_worker_role_exits_2():
 def test_optimize_against_unreachable_server_exits_1_clearly():
     result = gpuyantra("optimize", "--server", f"http://127.0.0.1:{free_port()}", "--ops", "rms_norm")
     assert result.returncode == 1 and "server not reachable" in result.stderr
+
+
+def test_serve_refuses_a_negative_mixed_prompt_budget():
+    result = gpuyantra("serve", "--device", "cpu", "--mixed-prompt-tokens", "-1", "--port", str(free_port()))
+    assert result.returncode == 2 and "--mixed-prompt-tokens must be 0 (off) or more" in result.stderr

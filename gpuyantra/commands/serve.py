@@ -103,6 +103,16 @@ def register(subparsers) -> None:
         help="with --cuda-graphs: prefill eagerly (default: a one-row prefill replays a graph captured per "
         "prompt-length bucket, 16 to 512 tokens)",
     )
+    p.add_argument(
+        "--mixed-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="while requests decode, a new request whose prompt has at most N tokens joins the next "
+        "decode step (its prompt tokens as rows of that step) instead of a prefill pass of its own that "
+        "stalls every stream; 0: off (default: 64 with --cuda-graphs and the Triton decode attention, "
+        "else off)",
+    )
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument(
         "--max-seq-len",
@@ -139,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_batch < 1:
         print("gpuyantra serve: --max-batch must be at least 1", file=sys.stderr)
         return 2
+    if args.mixed_prompt_tokens is not None and args.mixed_prompt_tokens < 0:
+        print("gpuyantra serve: --mixed-prompt-tokens must be 0 (off) or more", file=sys.stderr)
+        return 2
     _ensure_serving_importable()
     from serving.models import model_problem
 
@@ -169,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         fuse_norms=args.fuse_norms,
         run_ahead=not args.no_run_ahead,
         prefill_graphs=not args.no_prefill_graphs,
+        mixed_prompt_tokens=args.mixed_prompt_tokens,
         max_batch=args.max_batch,
         max_seq_len=args.max_seq_len,
         max_parity_shapes=args.max_parity_shapes,

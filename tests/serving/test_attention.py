@@ -118,3 +118,20 @@ def test_new_key_value_are_attended_and_written_at_the_position(monkeypatch, spl
     torch.testing.assert_close(values[1, :, 29], new_v[1, :, 0])
     want = reference_decode_attention(query, keys[:, :, :21], values[:, :, :21], positions, 0.25, scratch=29)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("splits", [False, True])
+def test_rows_read_the_cache_rows_their_slots_name(monkeypatch, splits):
+    # A mixed step: five query rows over three cache rows, two of them sharing row 2 at positions
+    # 3 and 4 (prompt tokens of one request); each row must see its slot's keys only.
+    if splits:
+        monkeypatch.setattr(attention, "KEYS_PER_SPLIT", 16)
+    keys, values, gen = _cache(3, 2, 40, 16, torch.float32, seed=5)
+    query = torch.randn(5, 4, 1, 16, generator=gen)
+    positions = torch.tensor([30, 12, 3, 4, 39])
+    slots = torch.tensor([1, 0, 2, 2, 0])
+    got = decode_attention(query, keys, values, positions, 0.25, scratch=39, slots=slots)
+    want = reference_decode_attention(query, keys, values, positions, 0.25, scratch=39, slots=slots)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    by_row = decode_attention(query[:1], keys[1:2], values[1:2], positions[:1], 0.25)
+    torch.testing.assert_close(got[:1], by_row, atol=2e-5, rtol=2e-5)

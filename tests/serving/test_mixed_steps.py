@@ -1,0 +1,109 @@
+"""Mixed steps: a request arriving while others decode brings its prompt tokens into the next decode
+step as rows of their own, instead of a prefill pass that stalls every stream. Passes are driven by
+hand (no engine thread) so that the request arrives mid-flight at a known step; every request must get
+the tokens a full forward gives, on the static-shape graph step (eager on the CPU) and on the eager
+decode path, with either decode attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serving.engine import Engine, GenRequest
+from serving.models import load_model
+from tests.serving.helpers import PROMPTS, reference_greedy
+
+LONG_PROMPT = [(13 * i + 5) % 500 for i in range(20)]  # past the mixed budget below: prefills alone
+
+
+def make_engine(tmp_path, **kw) -> Engine:
+    options = {"max_batch": 4, "max_seq_len": 64, "mixed_prompt_tokens": 8, **kw}
+    return Engine(load_model("tiny-qwen2"), state_dir=tmp_path, **options)
+
+
+def drive(engine: Engine, first: list[GenRequest], later: list[GenRequest], after_passes: int = 3) -> None:
+    """Submit `first`, run a few passes (a prefill, then decode steps), submit `later`, run to the end."""
+    for r in first:
+        engine.submit(r)
+    for _ in range(after_passes):
+        engine._one_pass()
+    for r in later:
+        engine.submit(r)
+    for _ in range(200):
+        if all(r.done.is_set() for r in first + later):
+            return
+        engine._one_pass()
+    raise AssertionError("requests did not finish")
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graph-step", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+def test_requests_joining_mid_flight_get_the_tokens_of_a_full_forward(tmp_path, graphs, attention):
+    engine = make_engine(tmp_path, cuda_graphs=graphs, decode_attention=attention)
+    first = [GenRequest(PROMPTS[0], 10), GenRequest(PROMPTS[2], 8)]
+    # Two short prompts that fit one mixed step together (3 + 4 tokens), one too long for it.
+    later = [GenRequest(PROMPTS[1], 6), GenRequest(PROMPTS[4], 6), GenRequest(LONG_PROMPT, 4)]
+    drive(engine, first, later)
+    assert engine.mixed_admissions == 2  # the long prompt was prefilled on its own
+    if graphs:
+        assert engine.graphs is not None and engine.graphs.mixed_steps == 1
+    for r in first + later:
+        assert r.finish_reason == "length"
+        assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)
+
+
+def test_a_joining_request_reports_the_logprobs_of_a_prefill_pass(tmp_path):
+    plain = make_engine(tmp_path / "plain", mixed_prompt_tokens=0)
+    mixed = make_engine(tmp_path / "mixed")
+    got = {}
+    for name, engine in (("plain", plain), ("mixed", mixed)):
+        joining = GenRequest(PROMPTS[4], 4, logprobs=3)
+        drive(engine, [GenRequest(PROMPTS[0], 10)], [joining])
+        got[name] = joining
+    assert mixed.mixed_admissions == 1 and plain.mixed_admissions == 0
+    assert got["mixed"].output_ids == got["plain"].output_ids
+    for (lp_m, top_m), (lp_p, top_p) in zip(got["mixed"].output_logprobs, got["plain"].output_logprobs):
+        assert lp_m == pytest.approx(lp_p, abs=1e-4)
+        assert [t for t, _ in top_m] == [t for t, _ in top_p]
+
+
+def test_a_sampled_request_joining_mid_flight_draws_what_it_draws_alone(tmp_path):
+    # The same seed gives the same sample whether its first token comes from a mixed step or a prefill.
+    outputs = []
+    for name, tokens in (("plain", 0), ("mixed", 8)):
+        engine = make_engine(tmp_path / name, mixed_prompt_tokens=tokens, cuda_graphs=True)
+        sampled = GenRequest(PROMPTS[3], 6, temperature=0.9, seed=11)
+        drive(engine, [GenRequest(PROMPTS[0], 12)], [sampled])
+        assert engine.mixed_admissions == (1 if tokens else 0)
+        outputs.append(sampled.output_ids)
+    assert outputs[0] == outputs[1]
+
+
+def test_the_graph_check_covers_the_mixed_step(tmp_path):
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None and engine.graphs.mixed_buckets == [4 + 8]
+    report = engine.graphs.verify(previous=engine.graphs.reference_logits())
+    assert "mixed:12" in report["buckets"] and report["max_rel_diff"] == 0.0
+
+
+def test_mixed_steps_are_off_by_default_off_cuda(tmp_path):
+    engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=2, max_seq_len=32, cuda_graphs=True)
+    assert engine.mixed_prompt_tokens == 0 and engine.graphs is not None and engine.graphs.mixed_buckets == []
+    with pytest.raises(ValueError, match="mixed_prompt_tokens"):
+        make_engine(tmp_path / "bad", mixed_prompt_tokens=-1)
+
+
+def test_a_failing_mixed_step_fails_its_rows_and_serving_goes_on(tmp_path, monkeypatch):
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    decoding, joining = GenRequest(PROMPTS[0], 10), GenRequest(PROMPTS[1], 4)
+
+    def broken(*_args, **_kw) -> torch.Tensor:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "mixed_rows", broken)
+    drive(engine, [decoding], [joining])
+    assert decoding.finish_reason == "error" and joining.finish_reason == "error"
+    assert "device lost" in (joining.error or "")
+    later = GenRequest(PROMPTS[2], 3)
+    drive(engine, [later], [])
+    assert later.output_ids == reference_greedy(engine.model, PROMPTS[2], 3)
