@@ -96,6 +96,12 @@ def staggered_streams(engine, clients: int, max_tokens: int, prompt_tokens: int,
     from serving.engine import GenRequest
 
     def client(c: int) -> list[float]:
+        # Client c's first request (untimed) ends after (c + 1) / clients of a full one, so the clients'
+        # requests end, and the next ones arrive, spread over a request's lifetime as HTTP clients drift.
+        warm = GenRequest([c + 1] * prompt_tokens, max(2, max_tokens * (c + 1) // clients))
+        engine.submit(warm)
+        if not warm.done.wait(120):
+            raise RuntimeError("a staggering request did not finish")
         rates = []
         for i in range(per_client):
             prompt = [(31 * c + 7 * i + j) % 500 + 1 for j in range(prompt_tokens)]
@@ -133,6 +139,9 @@ def parse_args(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument(
+        "--mixed-prompt-tokens", type=int, default=None, help="the engines' mixed-step prompt budget (default: theirs)"
+    )
     p.add_argument("--skip-compile", action="store_true")
     p.add_argument("--skip-eager", action="store_true", help="skip the eager and eager+swap sections")
     p.add_argument(
@@ -340,6 +349,7 @@ def main(argv=None) -> int:
         """A fresh engine with `kw`, the campaign swaps in `names` applied, benchmarked at every batch."""
         kw.setdefault("fuse_projections", "off")
         kw.setdefault("fuse_norms", "off")
+        kw.setdefault("mixed_prompt_tokens", args.mixed_prompt_tokens)
 
         def run():
             engine, init_s = new_engine(label.replace("+", "_"), **kw)
@@ -431,9 +441,14 @@ def main(argv=None) -> int:
             engine = holder["engine"]
             kept = engine.mixed_prompt_tokens
             engine.mixed_prompt_tokens = kept if mixed else 0
+            step_ms = {}
+            if engine.graphs is not None and device == "cuda":
+                step_ms = {"decode_step_ms": replay_only_ms(engine, max_batch)}
+                for rows, st in engine.graphs.mixed_static.items():
+                    step_ms[f"mixed_step_{rows}_rows_ms"] = graph_replay_ms(st["graph"])
             engine.start(reapply=False)
             try:
-                return staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens)
+                return {**step_ms, **staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens)}
             finally:
                 engine.stop()
                 engine._stop = False  # later sections call the engine inline again
@@ -441,20 +456,22 @@ def main(argv=None) -> int:
 
         section(label, run)
 
-    arrivals("arrivals mixed", True)
-    arrivals("arrivals one pass each", False)
-
     # ------------------------------------------------------------------ where the graph step's time goes
     def replay_only_ms(engine, batch=1, replays=100):
         """GPU milliseconds per decode step of `batch` rows: back-to-back replays, no host work between."""
         engine.graphs.decode([5] * batch, [args.prompt_tokens] * batch)
-        graph = engine.graphs.static[engine.graphs.bucket_for(batch)]["graph"]
+        return graph_replay_ms(engine.graphs.static[engine.graphs.bucket_for(batch)]["graph"], replays)
+
+    def graph_replay_ms(graph, replays=100):
         sync()
         t = time.perf_counter()
         for _ in range(replays):
             graph.replay()
         sync()
         return round((time.perf_counter() - t) * 1e3 / replays, 3)
+
+    arrivals("arrivals mixed", True)
+    arrivals("arrivals one pass each", False)
 
     def profile_graph_step():
         """The last engine (graphs + decode attention + the swaps) at batch 1, and at each further
