@@ -57,11 +57,6 @@ from serving.scheduler import token_logprobs
 from serving.shapes import ShapeRecorder
 from serving.speed import ServedSpeed
 
-# Default prompt tokens of a mixed step: with max_batch 8 its graph has 72 rows. At 72 rows a
-# projection of the 1.5B model is still bound by reading its weights (about 36 flops a byte against
-# the H200's ~200), so the step costs about what a decode step does; longer prompts prefill alone.
-MIXED_PROMPT_TOKENS = 64
-
 __all__ = ["Engine", "GenRequest", "RequestError", "token_logprobs"]  # the last three: re-exported for tests
 
 
@@ -99,7 +94,7 @@ class Engine(ServedSpeed, Profiling):
         self.shapes = ShapeRecorder(self.model, self.groups)
         self._init_scheduler()
         self.run_ahead = run_ahead
-        self.mixed_prompt_tokens = self._mixed_tokens(mixed_prompt_tokens, cuda_graphs)
+        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
@@ -128,17 +123,6 @@ class Engine(ServedSpeed, Profiling):
         if self.graphs is not None:
             self.graphs.capture_all()
 
-    def _mixed_tokens(self, wanted: int | None, cuda_graphs: bool) -> int:
-        """Prompt tokens a mixed step takes (`serving.scheduler`). Default: MIXED_PROMPT_TOKENS when
-        decode replays graphs on CUDA with the Triton decode attention (which reads each row's cache
-        row in place; SDPA would gather them), else 0 (off)."""
-        if wanted is not None:
-            if wanted < 0:
-                raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
-            return int(wanted)
-        on = cuda_graphs and self.device.type == "cuda" and self.decode_attention is not None
-        return MIXED_PROMPT_TOKENS if on else 0
-
     # ================================================================== swaps (model thread)
     def _before_commit(self, record: SwapRecord) -> dict[str, Any]:
         """Graph mode: re-capture every bucket with the new forwards, then check parity on graphs."""
@@ -151,3 +135,14 @@ class Engine(ServedSpeed, Profiling):
     def _after_restore(self) -> None:
         if self.graphs is not None:
             self.graphs.capture_all()
+
+
+def mixed_tokens(wanted: int | None) -> int:
+    """Prompt tokens a mixed step takes (`serving.scheduler`); off (0) unless asked for. Why off:
+    on an H200 with the campaign's linear kernels swapped in, a 72-row mixed step cost more than
+    the prefill pass it replaces (their middle-size tiles; docs/perf/2026-12-03-h200-b.md)."""
+    if wanted is None:
+        return 0
+    if wanted < 0:
+        raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
+    return int(wanted)

@@ -86,7 +86,7 @@ def test_the_graph_check_covers_the_mixed_step(tmp_path):
     assert "mixed:12" in report["buckets"] and report["max_rel_diff"] == 0.0
 
 
-def test_mixed_steps_are_off_by_default_off_cuda(tmp_path):
+def test_mixed_steps_are_off_unless_asked_for(tmp_path):
     engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=2, max_seq_len=32, cuda_graphs=True)
     assert engine.mixed_prompt_tokens == 0 and engine.graphs is not None and engine.graphs.mixed_buckets == []
     with pytest.raises(ValueError, match="mixed_prompt_tokens"):
