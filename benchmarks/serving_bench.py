@@ -430,26 +430,34 @@ def main(argv=None) -> int:
         fuse_norms="on",
     )
 
-    def arrivals(label, mixed):
+    def arrivals(label, mixed, forced=False):
         """The last engine serving staggered streams on its model thread: `max_batch` clients, each
         sending its requests one after another, so requests arrive while the others decode. Each
         request's decode rate is its tokens after the first over the time from its first token to its
         last; the figure is clients x the median (what benchmarks/campaign_bench.py's HTTP decode
-        measures, here without HTTP). `mixed`: arriving prompts join a decode step (mixed steps)."""
+        measures, here without HTTP). `mixed`: arriving prompts may join a decode step (mixed steps), when
+        measured cheaper than a prefill pass, or always (`forced`)."""
 
         def run():
             engine = holder["engine"]
             kept = engine.mixed_prompt_tokens
             engine.mixed_prompt_tokens = kept if mixed else 0
-            step_ms = {}
+            measured = engine.graphs.mixed_extra_ms if engine.graphs is not None else None
+            if forced and engine.graphs is not None:
+                engine.graphs.mixed_extra_ms = None  # no cost to weigh: every arrival that fits joins
+            step_ms = {"mixed_extra_ms": measured}
             if engine.graphs is not None and device == "cuda":
                 step_ms = {"decode_step_ms": replay_only_ms(engine, max_batch)}
                 for rows, st in engine.graphs.mixed_static.items():
                     step_ms[f"mixed_step_{rows}_rows_ms"] = graph_replay_ms(st["graph"])
             engine.start(reapply=False)
             try:
-                return {**step_ms, **staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens)}
+                streams = staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens)
+                prefills = sorted(engine._interrupting_prefill_ms)
+                return {**step_ms, **streams, "interrupting_prefill_ms": [round(p, 3) for p in prefills]}
             finally:
+                if engine.graphs is not None:
+                    engine.graphs.mixed_extra_ms = measured
                 engine.stop()
                 engine._stop = False  # later sections call the engine inline again
                 engine.mixed_prompt_tokens = kept
@@ -470,8 +478,9 @@ def main(argv=None) -> int:
         sync()
         return round((time.perf_counter() - t) * 1e3 / replays, 3)
 
-    arrivals("arrivals mixed", True)
     arrivals("arrivals one pass each", False)
+    arrivals("arrivals mixed when measured cheaper", True)
+    arrivals("arrivals mixed always", True, forced=True)
 
     def profile_graph_step():
         """The last engine (graphs + decode attention + the swaps) at batch 1, and at each further

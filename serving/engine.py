@@ -94,7 +94,8 @@ class Engine(ServedSpeed, Profiling):
         self.shapes = ShapeRecorder(self.model, self.groups)
         self._init_scheduler()
         self.run_ahead = run_ahead
-        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens)
+        graph_attention = cuda_graphs and self.device.type == "cuda" and self.decode_attention is not None
+        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens, graph_attention)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
@@ -137,12 +138,18 @@ class Engine(ServedSpeed, Profiling):
             self.graphs.capture_all()
 
 
-def mixed_tokens(wanted: int | None) -> int:
-    """Prompt tokens a mixed step takes (`serving.scheduler`); off (0) unless asked for. Why off:
-    on an H200 with the campaign's linear kernels swapped in, a 72-row mixed step cost more than
-    the prefill pass it replaces (their middle-size tiles; docs/perf/2026-12-03-h200-b.md)."""
+# Prompt tokens of a mixed step by default: with max_batch 8 its graph has 72 rows, still few enough
+# for a projection to be bound by reading its weights, and room for short chat turns. Whether a
+# step is taken is decided by measurement (`Scheduler.mixed_pays`).
+MIXED_PROMPT_TOKENS = 64
+
+
+def mixed_tokens(wanted: int | None, graph_attention: bool) -> int:
+    """Prompt tokens a mixed step takes (`serving.scheduler`). Default (None): MIXED_PROMPT_TOKENS
+    when decode replays CUDA graphs with the Triton decode attention (it reads each row's cache row
+    in place, where SDPA would gather them, and the graphs let the step's cost be measured), else 0."""
     if wanted is None:
-        return 0
+        return MIXED_PROMPT_TOKENS if graph_attention else 0
     if wanted < 0:
         raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
     return int(wanted)

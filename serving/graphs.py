@@ -120,6 +120,9 @@ class GraphDecoder:
         self.last_capture_s: float | None = None
         self.replays = 0
         self.mixed_steps = 0
+        # GPU ms a mixed step costs beyond a full decode step, measured after each capture (None
+        # without captured graphs): the scheduler weighs it against the prefill pass it would save.
+        self.mixed_extra_ms: float | None = None
         self.fed_steps = 0  # steps run ahead on the inputs the previous step fed
         # Called whenever the graphs start to replay other forwards (a capture, a kept set put back).
         self.on_forwards_changed: list[Callable[[], None]] = []
@@ -294,8 +297,31 @@ class GraphDecoder:
                 logits = self._step(st)
             st["graph"], st["logits"] = graph, logits
         torch.cuda.synchronize(self.device)
+        self.mixed_extra_ms = self._measure_mixed_extra()
         self.captures += 1
         self.last_capture_s = time.perf_counter() - started
+
+    def _measure_mixed_extra(self, replays: int = 5) -> float | None:
+        """The mixed graph's replay time minus the largest decode bucket's (GPU ms, best of a few
+        replays at the scratch slot, where replays may run while requests are in flight)."""
+        if not self.mixed_static:
+            return None
+        mixed = min(self._replay_ms(st, replays) for st in self.mixed_static.values())
+        decode = self._replay_ms(self.static[self.buckets[-1]], replays)
+        return mixed - decode
+
+    def _replay_ms(self, st: dict[str, Any], replays: int) -> float:
+        self._reset_inputs(st)
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            st["graph"].replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+            self._reset_inputs(st)  # a decode replay feeds its inputs: back to the scratch slot
+        return min(times)
 
     def captured(self) -> dict[str, Any]:
         """The graphs captured now (each bucket's graph and output, and their pool), to put back
@@ -392,6 +418,7 @@ class GraphDecoder:
             "buckets": self.buckets,
             "mixed_buckets": self.mixed_buckets,
             "mixed_steps": self.mixed_steps,
+            "mixed_extra_ms": self.mixed_extra_ms,
             "captures": self.captures,
             "last_capture_s": self.last_capture_s,
             "replays": self.replays,

@@ -11,12 +11,16 @@ model reads every weight once and so does a short prefill; run one after the oth
 request stalls every other stream by a whole pass (at batch 8 with 64-token completions, a stream
 lost 15 % of its decode rate to the prefills of the others). Together the weights are read once.
 `mixed_prompt_tokens` (0: off) bounds the prompt tokens one step takes; longer prompts prefill alone.
+With captured graphs a mixed step is taken only while it pays: the GPU time it adds to a decode step
+(measured after each capture, `GraphDecoder.mixed_extra_ms`) must be less than the recent prefill
+passes that interrupted decoding took. Until one has been timed, arrivals prefill alone.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import statistics
 import threading
 import time
 import uuid
@@ -63,6 +67,7 @@ class Scheduler(ModelRunner):
         self._ahead: _Step | None = None
         self.mixed_prompt_tokens = 0  # prompt tokens a mixed step may take (module doc); set by the engine
         self.mixed_admissions = 0
+        self._interrupting_prefill_ms: deque[float] = deque(maxlen=16)  # prefill passes while rows decoded
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:
@@ -277,9 +282,21 @@ class Scheduler(ModelRunner):
         on, rows decoding, a request waiting for a free slot."""
         if not self.mixed_prompt_tokens or not self.active_count or not self._pending or not self._can_admit():
             return None
+        if not self.mixed_pays():
+            return None
         decode_rows = max(i for i, s in enumerate(self.slots) if s is not None) + 1
         room = min(self.mixed_prompt_tokens, self._mixed_capacity() - decode_rows)
         return room if room > 0 else None
+
+    def mixed_pays(self) -> bool:
+        """Does a mixed step cost the decoding rows less than a prefill pass? (module doc) Without a
+        measured cost (no captured graphs) it is taken as configured."""
+        extra = self.graphs.mixed_extra_ms if self.graphs is not None else None
+        if extra is None:
+            return True
+        if not self._interrupting_prefill_ms:
+            return False
+        return extra < statistics.median(self._interrupting_prefill_ms)
 
     def _mixed_capacity(self) -> int:
         """Rows one mixed step may hold (the mixed graph's, or the configured bound when eager)."""
@@ -339,13 +356,17 @@ class Scheduler(ModelRunner):
 
     def _prefill_requests(self, admitted: Sequence[tuple[int, GenRequest]]) -> None:
         started = time.perf_counter()
+        interrupting = self.active_count > 0
         rows = [index for index, _ in admitted]
         prompts = [req.prompt_ids for _, req in admitted]
         logits = self._clean_pass(lambda: self.prefill_rows(rows, prompts))
         slots = [self._new_slot(index, req) for index, req in admitted]
         tokens = self._select(logits, slots)
         logprobs = token_logprobs(logits, [s.request.logprobs for s in slots], tokens)
-        self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), elapsed)
+        if interrupting:
+            self._interrupting_prefill_ms.append(1e3 * elapsed)
         for (index, _), slot, token, lp in zip(admitted, slots, tokens, logprobs):
             self._recent_prompt_lens.append(len(slot.request.prompt_ids))
             self._accept(index, slot, token, lp)

@@ -86,7 +86,7 @@ def test_the_graph_check_covers_the_mixed_step(tmp_path):
     assert "mixed:12" in report["buckets"] and report["max_rel_diff"] == 0.0
 
 
-def test_mixed_steps_are_off_unless_asked_for(tmp_path):
+def test_mixed_steps_are_off_by_default_without_graphs_on_cuda(tmp_path):
     engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=2, max_seq_len=32, cuda_graphs=True)
     assert engine.mixed_prompt_tokens == 0 and engine.graphs is not None and engine.graphs.mixed_buckets == []
     with pytest.raises(ValueError, match="mixed_prompt_tokens"):
@@ -107,3 +107,28 @@ def test_a_failing_mixed_step_fails_its_rows_and_serving_goes_on(tmp_path, monke
     later = GenRequest(PROMPTS[2], 3)
     drive(engine, [later], [])
     assert later.output_ids == reference_greedy(engine.model, PROMPTS[2], 3)
+
+
+def test_with_a_measured_cost_a_mixed_step_is_taken_only_while_it_costs_less_than_a_prefill(tmp_path):
+    # On a GPU the mixed graph's extra cost is measured after each capture; here it is set by hand.
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None
+    engine.graphs.mixed_extra_ms = 1e9  # dearer than any prefill: arrivals prefill alone, and are timed
+    costly = GenRequest(PROMPTS[1], 4)
+    drive(engine, [GenRequest(PROMPTS[0], 12)], [costly])
+    assert engine.mixed_admissions == 0 and len(engine._interrupting_prefill_ms) == 1
+    engine.graphs.mixed_extra_ms = 0.0  # cheaper than the prefill just timed
+    cheap = GenRequest(PROMPTS[4], 4)
+    drive(engine, [GenRequest(PROMPTS[2], 12)], [cheap])
+    assert engine.mixed_admissions == 1
+    for r in (costly, cheap):
+        assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)
+
+
+def test_a_mixed_step_waits_for_a_timed_prefill_when_its_cost_is_known(tmp_path):
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None
+    engine.graphs.mixed_extra_ms = 0.0
+    assert not engine.mixed_pays()  # nothing to weigh it against yet
+    engine._interrupting_prefill_ms.append(0.5)
+    assert engine.mixed_pays()
