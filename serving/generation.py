@@ -23,21 +23,37 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed tak
 
 # ====================================================================== text helpers
 class IncrementalText:
-    """Text deltas of a growing token list; holds back a trailing incomplete UTF-8 sequence."""
+    """Text deltas of a growing token list; holds back a trailing incomplete UTF-8 sequence.
+
+    Each push decodes a window of the latest tokens, not the whole list (a 4,000-token completion
+    decoded whole at every token costs the event loop O(n^2)). The window starts a few tokens back
+    (CONTEXT_TOKENS: what a tokenizer needs to space and merge the next piece) and slides forward
+    once it holds WINDOW_TOKENS and its text ends on a whole character; what was emitted of it is
+    counted in characters of the window's own decoding, so a tokenizer that decodes a piece
+    differently at the start of a text (a leading space dropped) changes no delta.
+    """
+
+    CONTEXT_TOKENS = 4
+    WINDOW_TOKENS = 16
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.emitted = ""
+        self._start = 0  # the window: ids[_start:]
+        self._window_sent = 0  # characters of the window's decoding already emitted
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
-        if text.startswith(self.emitted) and len(text) > len(self.emitted):
-            delta = text[len(self.emitted) :]
-            self.emitted = text
-            return delta
-        return ""
+        raw = self.tokenizer.decode(self.ids[self._start :])
+        text = raw.rstrip("\ufffd")
+        delta = text[self._window_sent :] if len(text) > self._window_sent else ""
+        self.emitted += delta
+        self._window_sent += len(delta)
+        if len(self.ids) - self._start >= self.WINDOW_TOKENS and raw == text:
+            self._start = len(self.ids) - self.CONTEXT_TOKENS
+            self._window_sent = len(self.tokenizer.decode(self.ids[self._start :]))
+        return delta
 
 
 def stop_overlap(text: str, stops: list[str] | None) -> int:

@@ -4,6 +4,7 @@ and the generation core against a scripted engine."""
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 
 import pytest
@@ -175,3 +176,23 @@ def test_sample_seeds_stay_in_torch_range():
     assert _sample_seed(None, 3) is None and _sample_seed(5, 2) == 7
     assert _sample_seed(SEED_MAX, 1) == 0
     torch.Generator().manual_seed(_sample_seed(SEED_MAX - 1, 1))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_incremental_text_of_a_long_completion_equals_its_whole_decoding(tmp_path, seed):
+    # Past its window the decoder slides; its deltas must still add up to the whole decoding, with
+    # multi-byte characters split over tokens (byte tokenizer) and with a byte-level BPE tokenizer.
+    from transformers import AutoTokenizer
+
+    from serving.models import HFTokenizer
+    from tests.serving.helpers import write_hf_cache_model
+
+    folder = write_hf_cache_model(tmp_path, "org/tok")
+    bpe = HFTokenizer(AutoTokenizer.from_pretrained(folder), type("Config", (), {"vocab_size": 258})())
+    text = "".join(random.Random(seed).choice(["a", " b", "é", "水", "🙂", "\n", "xyz "]) for _ in range(300))
+    for tok in (ByteTokenizer(512), bpe):
+        ids = tok.encode(text)
+        inc = IncrementalText(tok)
+        deltas = [inc.push(i) for i in ids]
+        assert "".join(deltas) == inc.emitted == tok.decode(ids) == text
+        assert len(ids) > 4 * IncrementalText.WINDOW_TOKENS
