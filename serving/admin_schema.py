@@ -228,7 +228,9 @@ class KernelsAnswer(BaseModel):
     graphs: dict[str, Any] | None = Field(
         ...,
         description="the CUDA graphs captured (null without --cuda-graphs); `prefill`: the one-row "
-        "prefill graphs (null with --no-prefill-graphs)",
+        "prefill graphs (null with --no-prefill-graphs); `mixed`: mixed steps (prompt_tokens, admissions, "
+        "extra_ms the mixed graph adds to a decode step, interrupting_prefill_ms the median prefill pass it "
+        "is weighed against)",
     )
     state_dir: str
     manifest: str = Field(..., description="the file the kept swaps are re-applied from at startup")

@@ -288,6 +288,16 @@ class Scheduler(ModelRunner):
         room = min(self.mixed_prompt_tokens, self._mixed_capacity() - decode_rows)
         return room if room > 0 else None
 
+    def mixed_info(self) -> dict[str, Any]:
+        """Mixed steps so far, and what their choice weighs (module doc)."""
+        prefills = self._interrupting_prefill_ms
+        return {
+            "prompt_tokens": self.mixed_prompt_tokens,
+            "admissions": self.mixed_admissions,
+            "extra_ms": self.graphs.mixed_extra_ms if self.graphs is not None else None,
+            "interrupting_prefill_ms": round(statistics.median(prefills), 3) if prefills else None,
+        }
+
     def mixed_pays(self) -> bool:
         """Does a mixed step cost the decoding rows less than a prefill pass? (module doc) Without a
         measured cost (no captured graphs) it is taken as configured."""
