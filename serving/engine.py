@@ -94,8 +94,7 @@ class Engine(ServedSpeed, Profiling):
         self.shapes = ShapeRecorder(self.model, self.groups)
         self._init_scheduler()
         self.run_ahead = run_ahead
-        graph_attention = cuda_graphs and self.device.type == "cuda" and self.decode_attention is not None
-        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens, graph_attention)
+        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
@@ -138,18 +137,13 @@ class Engine(ServedSpeed, Profiling):
             self.graphs.capture_all()
 
 
-# Prompt tokens of a mixed step by default: with max_batch 8 its graph has 72 rows, still few enough
-# for a projection to be bound by reading its weights, and room for short chat turns. Whether a
-# step is taken is decided by measurement (`Scheduler.mixed_pays`).
-MIXED_PROMPT_TOKENS = 64
-
-
-def mixed_tokens(wanted: int | None, graph_attention: bool) -> int:
-    """Prompt tokens a mixed step takes (`serving.scheduler`). Default (None): MIXED_PROMPT_TOKENS
-    when decode replays CUDA graphs with the Triton decode attention (it reads each row's cache row
-    in place, where SDPA would gather them, and the graphs let the step's cost be measured), else 0."""
+def mixed_tokens(wanted: int | None) -> int:
+    """Prompt tokens a mixed step takes (`serving.scheduler`); off (0) unless asked for. Why off: on
+    an H200 after a campaign, 64-token mixed steps cost the decode step 0.86 ms where the prefill
+    they replace costs more, yet served decode through HTTP at batch 8 did not move beyond its noise
+    (docs/perf/2026-12-03-h200-b.md): the host's gaps around each arrival remain."""
     if wanted is None:
-        return MIXED_PROMPT_TOKENS if graph_attention else 0
+        return 0
     if wanted < 0:
         raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
     return int(wanted)

@@ -288,6 +288,9 @@ class Scheduler(ModelRunner):
         room = min(self.mixed_prompt_tokens, self._mixed_capacity() - decode_rows)
         return room if room > 0 else None
 
+    def _prefill_captures(self) -> int:
+        return self.prefill_graphs.captures if self.prefill_graphs is not None else 0
+
     def mixed_info(self) -> dict[str, Any]:
         """Mixed steps so far, and what their choice weighs (module doc)."""
         prefills = self._interrupting_prefill_ms
@@ -367,6 +370,7 @@ class Scheduler(ModelRunner):
     def _prefill_requests(self, admitted: Sequence[tuple[int, GenRequest]]) -> None:
         started = time.perf_counter()
         interrupting = self.active_count > 0
+        captures = self._prefill_captures()
         rows = [index for index, _ in admitted]
         prompts = [req.prompt_ids for _, req in admitted]
         logits = self._clean_pass(lambda: self.prefill_rows(rows, prompts))
@@ -375,7 +379,7 @@ class Scheduler(ModelRunner):
         logprobs = token_logprobs(logits, [s.request.logprobs for s in slots], tokens)
         elapsed = time.perf_counter() - started
         self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), elapsed)
-        if interrupting:
+        if interrupting and self._prefill_captures() == captures:  # a pass that captured a graph is no sample
             self._interrupting_prefill_ms.append(1e3 * elapsed)
         for (index, _), slot, token, lp in zip(admitted, slots, tokens, logprobs):
             self._recent_prompt_lens.append(len(slot.request.prompt_ids))

@@ -86,7 +86,7 @@ def test_the_graph_check_covers_the_mixed_step(tmp_path):
     assert "mixed:12" in report["buckets"] and report["max_rel_diff"] == 0.0
 
 
-def test_mixed_steps_are_off_by_default_without_graphs_on_cuda(tmp_path):
+def test_mixed_steps_are_off_unless_asked_for(tmp_path):
     engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=2, max_seq_len=32, cuda_graphs=True)
     assert engine.mixed_prompt_tokens == 0 and engine.graphs is not None and engine.graphs.mixed_buckets == []
     with pytest.raises(ValueError, match="mixed_prompt_tokens"):
@@ -132,3 +132,23 @@ def test_a_mixed_step_waits_for_a_timed_prefill_when_its_cost_is_known(tmp_path)
     assert not engine.mixed_pays()  # nothing to weigh it against yet
     engine._interrupting_prefill_ms.append(0.5)
     assert engine.mixed_pays()
+
+
+def test_a_prefill_that_captured_a_graph_is_no_sample_of_what_a_prefill_costs(tmp_path, monkeypatch):
+    # A prefill graph's first use runs eagerly and captures (tens of ms on a GPU): weighing mixed
+    # steps against it would take them where a replayed prefill is cheaper.
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None and engine.prefill_graphs is not None
+    engine.graphs.mixed_extra_ms = 1e9  # every arrival prefills alone
+    graphs, replay = engine.prefill_graphs, engine.prefill_graphs.run
+
+    def first_use(row, prompt_ids):
+        graphs.captures += 1  # what a capture at first use counts on a GPU
+        return replay(row, prompt_ids)
+
+    monkeypatch.setattr(graphs, "run", first_use)
+    drive(engine, [GenRequest(PROMPTS[0], 12)], [GenRequest(PROMPTS[1], 4)])
+    assert not engine._interrupting_prefill_ms
+    monkeypatch.setattr(graphs, "run", replay)
+    drive(engine, [GenRequest(PROMPTS[2], 12)], [GenRequest(PROMPTS[4], 4)])
+    assert len(engine._interrupting_prefill_ms) == 1 and engine.mixed_admissions == 0
