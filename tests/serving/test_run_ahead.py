@@ -135,3 +135,17 @@ def test_a_recapture_while_a_step_runs_ahead_hands_it_out_and_feeds_the_next_fro
         engine._one_pass()
     assert [r.finish_reason for r in requests] == ["length", "length"]
     assert [r.output_ids for r in requests] == [reference_greedy(engine.model, p, 8) for p in PROMPTS[:2]]
+
+
+def test_a_row_ending_before_the_others_does_not_stop_the_steps_running_ahead(tmp_path):
+    # Three rows, the middle one ends first: its row rides along (tokens dropped) and every decode
+    # step after the first still runs ahead. Each request gets the tokens of a full forward.
+    engine = make_engine(tmp_path, run_ahead=True)
+    lengths = [12, 4, 12]
+    requests = [engine.submit(GenRequest(p, n)) for p, n in zip(PROMPTS[:3], lengths)]
+    for _ in range(40):
+        if all(r.done.is_set() for r in requests):
+            break
+        engine._one_pass()
+    assert [r.output_ids for r in requests] == [reference_greedy(engine.model, p, n) for p, n in zip(PROMPTS, lengths)]
+    assert engine.graphs.fed_steps == max(lengths) - 2  # decode steps (all but the prefill's token) but the first
