@@ -196,3 +196,34 @@ def test_incremental_text_of_a_long_completion_equals_its_whole_decoding(tmp_pat
         deltas = [inc.push(i) for i in ids]
         assert "".join(deltas) == inc.emitted == tok.decode(ids) == text
         assert len(ids) > 4 * IncrementalText.WINDOW_TOKENS
+
+
+def test_tokens_posted_from_another_thread_arrive_in_order_with_one_wake_up_per_burst(monkeypatch):
+    from serving import generation
+
+    wake_ups = []
+    deliver = generation._Mailbox._deliver
+
+    def counted(self):
+        wake_ups.append(1)
+        deliver(self)
+
+    monkeypatch.setattr(generation._Mailbox, "_deliver", counted)
+
+    async def run() -> list[list[int]]:
+        box = generation._mailbox(asyncio.get_running_loop())
+        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(8)]
+
+        def engine_thread() -> None:
+            for step in range(50):  # a decode step hands each of 8 streams its token, back to back
+                for q in queues:
+                    box.post(q, step)
+
+        thread = threading.Thread(target=engine_thread)
+        thread.start()
+        got = [[await q.get() for _ in range(50)] for q in queues]
+        thread.join()
+        return got
+
+    assert asyncio.run(run()) == [list(range(50))] * 8
+    assert 1 <= len(wake_ups) < 400  # posted 400 times
