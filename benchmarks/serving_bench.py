@@ -447,7 +447,7 @@ def main(argv=None) -> int:
                 engine.graphs.mixed_extra_ms = None  # no cost to weigh: every arrival that fits joins
             step_ms = {"mixed_extra_ms": measured}
             if engine.graphs is not None and device == "cuda":
-                step_ms = {"decode_step_ms": replay_only_ms(engine, max_batch)}
+                step_ms["decode_step_ms"] = replay_only_ms(engine, max_batch)
                 for rows, st in engine.graphs.mixed_static.items():
                     step_ms[f"mixed_step_{rows}_rows_ms"] = graph_replay_ms(st["graph"])
             engine.start(reapply=False)
