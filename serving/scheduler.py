@@ -8,9 +8,12 @@ Mixed steps: while rows decode, a request whose prompt is short joins with a mix
 a prefill pass of its own. Each prompt token becomes one more row of the decode step, at its own
 position in the new request's cache row (`ModelRunner.mixed_rows`). Why: a decode step of the 1.5B
 model reads every weight once and so does a short prefill; run one after the other, each arriving
-request stalls every other stream by a whole pass (at batch 8 with 64-token completions, a stream
-lost 15 % of its decode rate to the prefills of the others). Together the weights are read once.
-`mixed_prompt_tokens` (0: off) bounds the prompt tokens one step takes; longer prompts prefill alone.
+request stalls every other stream by a whole pass (8 streams of 64 tokens whose requests arrive at
+different steps decoded 3067 tokens/s on an H200, 4144 when they arrive together). Together the
+weights are read once. `mixed_prompt_tokens` (0, the default: off) bounds the prompt tokens one step
+takes; longer prompts prefill alone. Off by default: after a campaign a mixed step cost 0.86 ms more
+than a decode step, less than the prefill it replaced, yet served decode through HTTP at batch 8 did
+not move beyond its spread (docs/perf/2026-12-03-h200-b.md).
 With captured graphs a mixed step is taken only while it pays: the GPU time it adds to a decode step
 (measured after each capture, `GraphDecoder.mixed_extra_ms`) must be less than the recent prefill
 passes that interrupted decoding took. Until one has been timed, arrivals prefill alone.
@@ -68,6 +71,7 @@ class Scheduler(ModelRunner):
         self.mixed_prompt_tokens = 0  # prompt tokens a mixed step may take (module doc); set by the engine
         self.mixed_admissions = 0
         self._interrupting_prefill_ms: deque[float] = deque(maxlen=16)  # prefill passes while rows decoded
+        self._interrupting_prefill_rows: deque[int] = deque(maxlen=16)  # the rows each of them held
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:
@@ -299,6 +303,7 @@ class Scheduler(ModelRunner):
             "admissions": self.mixed_admissions,
             "extra_ms": self.graphs.mixed_extra_ms if self.graphs is not None else None,
             "interrupting_prefill_ms": round(statistics.median(prefills), 3) if prefills else None,
+            "interrupting_prefill_rows": list(self._interrupting_prefill_rows),
         }
 
     def mixed_pays(self) -> bool:
@@ -381,6 +386,7 @@ class Scheduler(ModelRunner):
         self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), elapsed)
         if interrupting and self._prefill_captures() == captures:  # a pass that captured a graph is no sample
             self._interrupting_prefill_ms.append(1e3 * elapsed)
+            self._interrupting_prefill_rows.append(len(admitted))
         for (index, _), slot, token, lp in zip(admitted, slots, tokens, logprobs):
             self._recent_prompt_lens.append(len(slot.request.prompt_ids))
             self._accept(index, slot, token, lp)

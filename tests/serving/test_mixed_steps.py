@@ -152,3 +152,11 @@ def test_a_prefill_that_captured_a_graph_is_no_sample_of_what_a_prefill_costs(tm
     monkeypatch.setattr(graphs, "run", replay)
     drive(engine, [GenRequest(PROMPTS[2], 12)], [GenRequest(PROMPTS[4], 4)])
     assert len(engine._interrupting_prefill_ms) == 1 and engine.mixed_admissions == 0
+
+
+def test_the_kernels_report_says_what_the_interrupting_prefills_held(tmp_path):
+    engine = make_engine(tmp_path, cuda_graphs=True, mixed_prompt_tokens=0)
+    drive(engine, [GenRequest(PROMPTS[0], 12)], [GenRequest(PROMPTS[1], 4), GenRequest(PROMPTS[4], 4)])
+    info = engine.mixed_info()
+    assert info["admissions"] == 0 and info["interrupting_prefill_rows"] == [2]
+    assert info["interrupting_prefill_ms"] is not None
