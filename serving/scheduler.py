@@ -231,11 +231,12 @@ class Scheduler(ModelRunner):
         return admitted
 
     def _one_pass(self) -> None:
-        if self._mixed_room() is not None:
+        room = self._mixed_room()
+        if room is not None:
             if self._ahead is not None:  # hand out the step queued ahead first
                 self._decode_pass()
                 return
-            admitted = self._admit(self._mixed_room())
+            admitted = self._admit(room)
             if admitted:
                 self._guarded(admitted, lambda: self._mixed_pass(admitted))
                 return
