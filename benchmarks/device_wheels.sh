@@ -11,7 +11,7 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/ex
 mkdir -p .whl
 # matplotlib and what it needs beyond torch/numpy/packaging draw `gpuyantra report` pages (about 24 MB).
 pkgs=(temporalio nexus-rpc types-protobuf qdrant-client portalocker fastapi starlette annotated-doc
-      uvicorn pydantic pydantic-core annotated-types typing-inspection opentelemetry-api "$@")
+      uvicorn uvloop httptools pydantic pydantic-core annotated-types typing-inspection opentelemetry-api "$@")
 # Not by default: matplotlib and its dependencies (~24 MB; .whl and the tree must stay under the 64 MiB
 # a device call carries). Without them a report written there names each chart absent; render the
 # reports here from the saved results (`gpuyantra report --from-json`), or add them:

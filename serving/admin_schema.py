@@ -230,7 +230,9 @@ class KernelsAnswer(BaseModel):
         description="the CUDA graphs captured (null without --cuda-graphs); `prefill`: the one-row "
         "prefill graphs (null with --no-prefill-graphs); `mixed`: mixed steps (prompt_tokens, admissions, "
         "extra_ms the mixed graph adds to a decode step, interrupting_prefill_ms the median prefill pass it "
-        "is weighed against, interrupting_prefill_rows the rows of the recent such passes)",
+        "is weighed against, interrupting_prefill_rows the rows of the recent such passes); "
+        "`decode_timing`: the host's cycle over recent decode steps run ahead, medians in ms (cycle_ms, "
+        "wait_ms of it waiting for the GPU, host_ms the rest, cycle_p90_ms; null before any)",
     )
     state_dir: str
     manifest: str = Field(..., description="the file the kept swaps are re-applied from at startup")

@@ -234,8 +234,9 @@ class Generation:
         completion = sum(c.count for c in self.choices)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def _delta(self, index: int, c: _Choice, text: str, **extra: Any) -> Delta:
-        lo, hi = c.reported, c.count
+    def _delta(self, index: int, c: _Choice, text: str, upto: int | None = None, **extra: Any) -> Delta:
+        """The delta of `text` with the tokens not yet reported, up to token `upto` (default all)."""
+        lo, hi = c.reported, c.count if upto is None else upto
         c.reported = hi
         return Delta(
             index,
@@ -246,43 +247,68 @@ class Generation:
             **extra,
         )
 
-    async def deltas(self) -> AsyncIterator[Delta]:
-        """Deltas until every choice finished; cancels what is left when the consumer goes away."""
+    def _take_token(self, c: _Choice, token: int) -> str:
+        """Add one token to its choice; the text it makes safe to send (held back: a trailing
+        incomplete character, or what could still grow into a stop string)."""
         stops = self.stops
+        c.offsets.append(len(c.decoder.emitted))
+        c.decoder.push(token)
+        c.count += 1
+        text, hit = truncate_at_stop(c.decoder.emitted, stops)
+        if hit:
+            c.stopped = True
+            c.req.cancel()
+            safe = len(text)
+        else:
+            safe = len(text) - stop_overlap(text, stops)
+        if safe <= len(c.sent):
+            return ""
+        delta = text[len(c.sent) : safe]
+        c.sent += delta
+        return delta
+
+    def _last_delta(self, index: int, c: _Choice, req: GenRequest, held: str) -> Delta:
+        """A finished choice's last delta: `held` (its text not yet sent), the rest of its text and
+        its finish reason, or its error."""
+        if req.finish_reason == "error":
+            return self._delta(index, c, held, error=f"generation failed: {req.error}")
+        full, hit = truncate_at_stop(self.tok.decode(req.output_ids[: c.count]), self.stops)
+        tail = full[len(c.sent) :] if full.startswith(c.sent) else ""
+        c.sent += tail
+        reason = "stop" if (c.stopped or hit or req.finish_reason != "length") else "length"
+        return self._delta(index, c, held + tail, finish_reason=reason)
+
+    async def _drain(self) -> list[tuple[int, str, Any]]:
+        """The next item from the engine and every other one already queued behind it."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        return items
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Deltas until every choice finished; cancels what is left when the consumer goes away.
+
+        What queued up while the consumer was busy goes out as one delta per choice: when the
+        event loop falls behind the engine (eight streams at hundreds of tokens a second each), it
+        sends fewer, larger events instead of falling further behind."""
         done = 0
         try:
             while done < len(self.choices):
-                index, kind, value = await self.queue.get()
-                c = self.choices[index]
-                if c.finished or (kind == "token" and c.stopped):
-                    continue
-                if kind == "token":
-                    c.offsets.append(len(c.decoder.emitted))
-                    c.decoder.push(value)
-                    c.count += 1
-                    text, hit = truncate_at_stop(c.decoder.emitted, stops)
-                    if hit:
-                        c.stopped = True
-                        c.req.cancel()
-                        safe = len(text)
-                    else:
-                        safe = len(text) - stop_overlap(text, stops)
-                    if safe > len(c.sent):
-                        delta = text[len(c.sent) : safe]
-                        c.sent += delta
-                        yield self._delta(index, c, delta)
-                    continue
-                c.finished = True
-                done += 1
-                req: GenRequest = value
-                if req.finish_reason == "error":
-                    yield self._delta(index, c, "", error=f"generation failed: {req.error}")
-                    continue
-                full, hit = truncate_at_stop(self.tok.decode(req.output_ids[: c.count]), stops)
-                tail = full[len(c.sent) :] if full.startswith(c.sent) else ""
-                c.sent += tail
-                reason = "stop" if (c.stopped or hit or req.finish_reason != "length") else "length"
-                yield self._delta(index, c, tail, finish_reason=reason)
+                held: dict[int, tuple[str, int]] = {}  # choice -> (text to send, tokens it covers)
+                for index, kind, value in await self._drain():
+                    c = self.choices[index]
+                    if c.finished or (kind == "token" and c.stopped):
+                        continue
+                    if kind == "token":
+                        text = self._take_token(c, value)
+                        if text:
+                            held[index] = (held.get(index, ("", 0))[0] + text, c.count)
+                        continue
+                    c.finished = True
+                    done += 1
+                    yield self._last_delta(index, c, value, held.pop(index, ("", 0))[0])
+                for index, (text, upto) in held.items():
+                    yield self._delta(index, self.choices[index], text, upto)
         finally:
             self.cancel()
 

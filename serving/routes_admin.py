@@ -74,7 +74,12 @@ def graphs_info(engine: Any) -> dict[str, Any] | None:
     if engine.graphs is None:
         return None
     prefill = engine.prefill_graphs.info() if engine.prefill_graphs is not None else None
-    return {**engine.graphs.info(), "prefill": prefill, "mixed": engine.mixed_info()}
+    return {
+        **engine.graphs.info(),
+        "prefill": prefill,
+        "mixed": engine.mixed_info(),
+        "decode_timing": engine.decode_timing(),
+    }
 
 
 async def kernels(state: State):

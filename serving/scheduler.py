@@ -44,6 +44,7 @@ log = logging.getLogger("gpuyantra.serving")
 # Tokens (rows x longest prompt, padding included) one batched prefill pass may hold.
 PREFILL_TOKEN_BUDGET = 8192
 LIVE_STEPS_KEPT = 65536  # served decode steps remembered for live speed measurements
+GRAPH_STEPS_TIMED = 1024  # graph decode steps whose host cycle `decode_timing` reports
 
 
 class Scheduler(ModelRunner):
@@ -68,6 +69,10 @@ class Scheduler(ModelRunner):
         # replayed, its tokens not read yet.
         self.run_ahead = True
         self._ahead: _Step | None = None
+        # Graph steps queued ahead (`_decode_graphs`): the host's cycle from the previous step's
+        # tokens to this one's, and how much of it the host waited for them (`decode_timing`).
+        self._graph_cycles: deque[tuple[float, float]] = deque(maxlen=GRAPH_STEPS_TIMED)
+        self._graph_tokens_at: float | None = None
         self.mixed_prompt_tokens = 0  # prompt tokens a mixed step may take (module doc); set by the engine
         self.mixed_admissions = 0
         self._interrupting_prefill_ms: deque[float] = deque(maxlen=16)  # prefill passes while rows decoded
@@ -419,6 +424,7 @@ class Scheduler(ModelRunner):
         graphs = self.graphs
         assert graphs is not None
         step, self._ahead = self._ahead, None
+        queued_ahead = step is not None
         if step is not None and not any(s is not None and self.slots[i] is s for i, s in enumerate(step.rows)):
             step = None  # queued for requests that all ended since: nothing to hand out
         if step is None:
@@ -435,9 +441,37 @@ class Scheduler(ModelRunner):
                 self.swaps.handle_faults()
             else:
                 self._ahead = _Step(step.rows, graphs.copy_greedy(len(step.rows)))
-        chosen = step.tokens.wait()
+        chosen = self._wait_tokens(step, queued_ahead)
         live = [slot if slot is not None and self.slots[i] is slot else None for i, slot in enumerate(step.rows)]
         self._finish_step(started, live, chosen, [None] * len(chosen))
+
+    def _wait_tokens(self, step: _Step, queued_ahead: bool) -> list[int]:
+        """A graph step's tokens. For a step queued ahead (the GPU ran it while the host handed out
+        the previous one) its cycle is kept: host time plus wait. A wait near zero means the host,
+        not the GPU, sets the pace (`decode_timing`)."""
+        waited = time.perf_counter()
+        chosen = step.tokens.wait()
+        now = time.perf_counter()
+        if queued_ahead and self._graph_tokens_at is not None:
+            self._graph_cycles.append((now - self._graph_tokens_at, now - waited))
+        self._graph_tokens_at = now
+        return chosen
+
+    def decode_timing(self) -> dict[str, Any] | None:
+        """The host's cycle over recent graph steps queued ahead, medians in ms: `cycle_ms` (one step's
+        tokens to the next's), `wait_ms` (of it, waiting for the GPU) and `host_ms` (the rest: handing
+        out tokens, the next step's launch, the interpreter lock); `cycle_p90_ms` shows stalls."""
+        cycles = list(self._graph_cycles)
+        if not cycles:
+            return None
+        totals = sorted(c for c, _ in cycles)
+        return {
+            "steps": len(cycles),
+            "cycle_ms": round(1e3 * statistics.median(totals), 3),
+            "cycle_p90_ms": round(1e3 * totals[int(0.9 * (len(totals) - 1))], 3),
+            "wait_ms": round(1e3 * statistics.median(w for _, w in cycles), 3),
+            "host_ms": round(1e3 * statistics.median(c - w for c, w in cycles), 3),
+        }
 
     def _greedy_rows(self, rows: Sequence[_Slot | None]) -> bool:
         """Every live row takes the argmax token and wants no logprobs (the graph's token suffices)."""

@@ -227,3 +227,33 @@ def test_tokens_posted_from_another_thread_arrive_in_order_with_one_wake_up_per_
 
     assert asyncio.run(run()) == [list(range(50))] * 8
     assert 1 <= len(wake_ups) < 400  # posted 400 times
+
+
+def test_tokens_queued_behind_a_busy_consumer_go_out_as_one_delta_per_choice():
+    # The event loop fell behind: five tokens of choice 0 and three of choice 1 wait in the queue.
+    # They go out as one delta each (text, token ids, offsets and logprobs together), then the
+    # finish deltas; nothing is lost or reordered.
+    async def go() -> list:
+        params = dict(max_tokens=None, temperature=0.0, top_p=1.0, seed=None, stops=None, logprobs=0)
+        gen = Generation(ScriptedEngine(""), [[1, 2]], n=2, **params)  # not started: tokens posted here
+        for index, word in ((0, b"hello"), (1, b"abc")):
+            req = gen.choices[index].req
+            for k, token in enumerate(word):
+                req.output_ids.append(token)
+                req.output_logprobs.append((-float(k), [(token, -float(k))]))
+                gen._post(index, "token", token)
+        stream = gen.deltas()
+        got = [await stream.__anext__(), await stream.__anext__()]
+        for index, c in enumerate(gen.choices):
+            c.req.finish_reason = "length"
+            gen._post(index, "finish", c.req)
+        return got + [d async for d in stream]
+
+    deltas = asyncio.run(asyncio.wait_for(go(), 10))
+    assert [(d.index, d.text, bytes(d.token_ids), d.offsets, d.finish_reason) for d in deltas] == [
+        (0, "hello", b"hello", [0, 1, 2, 3, 4], None),
+        (1, "abc", b"abc", [0, 1, 2], None),
+        (0, "", b"", [], "length"),
+        (1, "", b"", [], "length"),
+    ]
+    assert [e[0] for e in deltas[0].logprobs] == [-0.0, -1.0, -2.0, -3.0, -4.0]

@@ -149,3 +149,19 @@ def test_a_row_ending_before_the_others_does_not_stop_the_steps_running_ahead(tm
         engine._one_pass()
     assert [r.output_ids for r in requests] == [reference_greedy(engine.model, p, n) for p, n in zip(PROMPTS, lengths)]
     assert engine.graphs.fed_steps == max(lengths) - 2  # decode steps (all but the prefill's token) but the first
+
+
+def test_decode_timing_reports_the_host_cycle_of_each_step_run_ahead(tmp_path):
+    # Every step queued ahead (all but the first decode step, fed from the host) is timed from the
+    # previous step's tokens: its cycle holds its wait for the tokens and the host's own share.
+    engine = make_engine(tmp_path, run_ahead=True)
+    assert engine.decode_timing() is None  # nothing decoded yet
+    requests = [engine.submit(GenRequest(p, 10)) for p in PROMPTS[:2]]
+    for _ in range(30):
+        if all(r.done.is_set() for r in requests):
+            break
+        engine._one_pass()
+    timing = engine.decode_timing()
+    assert timing is not None and timing["steps"] == engine.graphs.fed_steps
+    assert 0 <= timing["wait_ms"] <= timing["cycle_ms"] <= timing["cycle_p90_ms"]
+    assert timing["host_ms"] > 0
