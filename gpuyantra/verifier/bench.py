@@ -94,7 +94,7 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
     for i in range(3):
         fn(i % N_INPUT_SETS)
     torch.cuda.synchronize()
-    if time.perf_counter() - _last_busy > IDLE_BEFORE_SPIN_UP_S:
+    if needs_spin_up():
         spin_up(flush)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -159,6 +159,18 @@ _last_busy = 0.0  # perf_counter when this process's GPU last finished timed wor
 def _mark_busy() -> None:
     global _last_busy
     _last_busy = time.perf_counter()
+
+
+def note_timed_elsewhere(wall_time: float) -> None:
+    """Timed work of another process on this GPU ended at `wall_time` (`time.time()` seconds): its
+    clocks are as warm as after this process's own (`gpu_locks.stamp_timed`)."""
+    global _last_busy
+    _last_busy = max(_last_busy, time.perf_counter() - max(0.0, time.time() - wall_time))
+
+
+def needs_spin_up() -> bool:
+    """Has the GPU idled long enough since timed work (this process's or another's) for its clocks to drop?"""
+    return time.perf_counter() - _last_busy > IDLE_BEFORE_SPIN_UP_S
 
 
 def spin_up(flush: torch.Tensor) -> None:

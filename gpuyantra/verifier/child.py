@@ -711,11 +711,13 @@ def _alone(lock_path: str | None, timings: dict[str, float], timing_wait: str, q
         return
     from pathlib import Path
 
+    from gpuyantra.verifier.bench import note_timed_elsewhere
     from gpuyantra.verifier.gpu_locks import time_alone
 
     with time_alone(Path(lock_path)) as waits:
         timings[timing_wait] = round(timings.get(timing_wait, 0.0) + waits["timing"], 3)
         timings[quiet_wait] = round(timings.get(quiet_wait, 0.0) + waits["quiet"], 3)
+        note_timed_elsewhere(waits["last_timed_at"])
         yield
 
 

@@ -145,7 +145,7 @@ def test_timing_waits_for_gpu_work_under_way_and_lets_none_start(locks, polled, 
     until(timer.inside.is_set, "the timer has the GPU alone")
     assert order == ["correctness", "timing"]
     assert not can_take(locks.quiet, fcntl.LOCK_SH)
-    assert set(timer.got) == {"timing", "quiet"}  # the seconds waited for each
+    assert set(timer.got) == {"timing", "quiet", "last_timed_at"}  # the seconds waited for each, the stamp
     timer.release.set()
     let_through([late])
     assert order == ["correctness", "timing", "late correctness"]
@@ -409,3 +409,23 @@ def test_kernelbench_times_model_against_model_new_alone_and_checks_it_sharing(l
     timer.join(LIMIT_S)
     with runner.on_gpu("cpu", timing=True):  # no GPU: no lock at all
         assert can_take(locks.timing, fcntl.LOCK_EX) and can_take(locks.quiet, fcntl.LOCK_EX)
+
+
+def test_a_timer_learns_when_the_previous_timing_ended_and_skips_the_spin_up_after_it(locks):
+    # The timing lock file carries the end of the last timing from one holder (often another
+    # process) to the next; a timer that follows within IDLE_BEFORE_SPIN_UP_S needs no spin-up.
+    from gpuyantra.verifier import bench
+
+    with time_alone(locks.timing) as first:
+        assert first["last_timed_at"] == 0.0  # nothing was timed on this GPU yet
+    ended = time.time()
+    with time_alone(locks.timing) as second:
+        assert 0.0 < ended - second["last_timed_at"] < LIMIT_S
+    bench._last_busy = 0.0  # this process never timed anything
+    bench.note_timed_elsewhere(time.time() - 2 * bench.IDLE_BEFORE_SPIN_UP_S)
+    assert bench.needs_spin_up()  # the GPU idled since: clocks may have dropped
+    bench.note_timed_elsewhere(second["last_timed_at"] + (time.time() - ended))  # as if it just ended
+    assert not bench.needs_spin_up()
+    locks.timing.write_text("not a stamp")
+    with time_alone(locks.timing) as third:
+        assert third["last_timed_at"] == 0.0
