@@ -733,6 +733,7 @@ class CampaignBench:
             "client_processes": clients,
             "requests": requests,
             "per_request_tokens_per_s": per_request,
+            **self.step_timing(deadline),
         }
 
     def inprocess_speed(self, batch: int, deadline: Deadline) -> dict[str, Any]:
@@ -743,7 +744,7 @@ class CampaignBench:
             "prompt_tokens": self.args.prompt_tokens,
             "repeats": self.args.bench_repeats,
         }
-        answer = self.admin("POST", "/admin/benchmark", deadline, body)
+        answer = {**self.admin("POST", "/admin/benchmark", deadline, body), **self.step_timing(deadline)}
         keep = (
             "tokens_per_s",
             "tokens_per_s_min",
@@ -760,6 +761,7 @@ class CampaignBench:
             "active_swaps",
             "device",
             "dtype",
+            "decode_timing",
         )
         return {key: answer.get(key) for key in keep if key in answer}
 
@@ -771,6 +773,17 @@ class CampaignBench:
             "history": len(answer.get("history") or []),
             "fallbacks": answer.get("fallbacks"),
             "graphs": answer.get("graphs"),
+        }
+
+    def step_timing(self, deadline: Deadline) -> dict[str, Any]:
+        """The host's cycle of the decode steps just served, and the prefill passes that interrupted
+        decoding (`graphs.decode_timing`, `graphs.mixed`): read after each speed measurement."""
+        graphs = self.admin("GET", "/admin/kernels", deadline).get("graphs") or {}
+        mixed = graphs.get("mixed") or {}
+        return {
+            "decode_timing": graphs.get("decode_timing"),
+            "interrupting_prefill_ms": mixed.get("interrupting_prefill_ms"),
+            "interrupting_prefill_rows": mixed.get("interrupting_prefill_rows"),
         }
 
     def measure(self, label: str, deadline: Deadline) -> None:
