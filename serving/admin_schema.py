@@ -232,7 +232,9 @@ class KernelsAnswer(BaseModel):
         "extra_ms the mixed graph adds to a decode step, interrupting_prefill_ms the median prefill pass it "
         "is weighed against, interrupting_prefill_rows the rows of the recent such passes); "
         "`decode_timing`: the host's cycle over recent decode steps run ahead, medians in ms (cycle_ms, "
-        "wait_ms of it waiting for the GPU, host_ms the rest, cycle_p90_ms; null before any)",
+        "wait_ms of it waiting for the GPU, host_ms the rest, cycle_p90_ms; queued_from_host: steps "
+        "queued before the previous one's tokens were handed out, where a joining row kept them from running "
+        "ahead; null before any)",
     )
     state_dir: str
     manifest: str = Field(..., description="the file the kept swaps are re-applied from at startup")

@@ -47,6 +47,8 @@ def test_requests_joining_mid_flight_get_the_tokens_of_a_full_forward(tmp_path, 
     assert engine.mixed_admissions == 2  # the long prompt was prefilled on its own
     if graphs:
         assert engine.graphs is not None and engine.graphs.mixed_steps == 1
+        # after the mixed step and after the long prompt's prefill: the next step queued before the hand-out
+        assert engine.steps_queued_from_host >= 1
     for r in first + later:
         assert r.finish_reason == "length"
         assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)

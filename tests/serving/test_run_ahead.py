@@ -165,3 +165,27 @@ def test_decode_timing_reports_the_host_cycle_of_each_step_run_ahead(tmp_path):
     assert timing is not None and timing["steps"] == engine.graphs.fed_steps
     assert 0 <= timing["wait_ms"] <= timing["cycle_ms"] <= timing["cycle_p90_ms"]
     assert timing["host_ms"] > 0
+
+
+def test_after_a_request_joins_the_next_step_is_queued_before_the_tokens_are_handed_out(tmp_path):
+    # Passes driven by hand. Two rows decode running ahead; a third request arrives, is prefilled into
+    # the free slot while a step runs ahead, and that step cannot feed the next one (the new row's
+    # input comes from the host). The next step is then queued from the host before the queued
+    # step's tokens are handed out, and every request still gets the tokens of full forwards.
+    engine = make_engine(tmp_path, run_ahead=True)
+    lengths = [10, 10, 6]
+    requests = [engine.submit(GenRequest(p, n)) for p, n in zip(PROMPTS[:2], lengths)]
+    for _ in range(4):
+        engine._one_pass()  # prefill, then decode steps running ahead
+    assert engine._ahead is not None and engine.steps_queued_from_host == 0
+    requests.append(engine.submit(GenRequest(PROMPTS[2], lengths[2])))
+    engine._one_pass()  # its prefill, with a step in flight
+    engine._one_pass()  # that step handed out: the next one queued from the host first
+    assert engine.steps_queued_from_host == 1 and engine._ahead is not None
+    for _ in range(30):
+        if all(r.done.is_set() for r in requests):
+            break
+        engine._one_pass()
+    want = [reference_greedy(engine.model, p, n) for p, n in zip(PROMPTS, lengths)]
+    assert [r.output_ids for r in requests] == want
+    assert engine.steps_queued_from_host == 1  # afterwards every step ran ahead on the device
