@@ -94,7 +94,8 @@ class Engine(ServedSpeed, Profiling):
         self.shapes = ShapeRecorder(self.model, self.groups)
         self._init_scheduler()
         self.run_ahead = run_ahead
-        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens)
+        captured = cuda_graphs and str(self.device).startswith("cuda")  # graphs replayed, their cost measured
+        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens, captured)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
@@ -137,13 +138,18 @@ class Engine(ServedSpeed, Profiling):
             self.graphs.capture_all()
 
 
-def mixed_tokens(wanted: int | None) -> int:
-    """Prompt tokens a mixed step takes (`serving.scheduler`); off (0) unless asked for. Why off: on
-    an H200 after a campaign, 64-token mixed steps cost the decode step 0.86 ms where the prefill
-    they replace costs more, yet served decode through HTTP at batch 8 did not move beyond its noise
-    (docs/perf/2026-12-03-h200-b.md): the host's gaps around each arrival remain."""
+MIXED_PROMPT_TOKENS = 64  # the default with captured graphs: a prompt of up to 64 tokens joins a step
+
+
+def mixed_tokens(wanted: int | None, captured: bool) -> int:
+    """Prompt tokens a mixed step takes (`serving.scheduler`). By default MIXED_PROMPT_TOKENS with
+    captured CUDA graphs, where the mixed step's extra GPU time is measured and weighed against the
+    prefill passes it replaces; off (0) otherwise. On an H200, eight HTTP streams of 64-token
+    requests (the model's own kernels) decoded at 2163-2183 tokens/s with them against 2012-2097
+    without, three runs each on one server (docs/perf/2026-12-03-h200-c.md), the next step queued
+    from the host after each mixed step."""
     if wanted is None:
-        return 0
+        return MIXED_PROMPT_TOKENS if captured else 0
     if wanted < 0:
         raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
     return int(wanted)

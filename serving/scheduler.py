@@ -10,10 +10,9 @@ position in the new request's cache row (`ModelRunner.mixed_rows`). Why: a decod
 model reads every weight once and so does a short prefill; run one after the other, each arriving
 request stalls every other stream by a whole pass (8 streams of 64 tokens whose requests arrive at
 different steps decoded 3067 tokens/s on an H200, 4144 when they arrive together). Together the
-weights are read once. `mixed_prompt_tokens` (0, the default: off) bounds the prompt tokens one step
-takes; longer prompts prefill alone. Off by default: after a campaign a mixed step cost 0.86 ms more
-than a decode step, less than the prefill it replaced, yet served decode through HTTP at batch 8 did
-not move beyond its spread (docs/perf/2026-12-03-h200-b.md).
+weights are read once. `mixed_prompt_tokens` bounds the prompt tokens one step takes (by default 64
+with captured CUDA graphs, else 0: off; `serving.engine.mixed_tokens`); longer prompts prefill alone.
+After a mixed step the next step is queued from the host before its tokens are handed out.
 With captured graphs a mixed step is taken only while it pays: the GPU time it adds to a decode step
 (measured after each capture, `GraphDecoder.mixed_extra_ms`) must be less than the recent prefill
 passes that interrupted decoding took. Until one has been timed, arrivals prefill alone.

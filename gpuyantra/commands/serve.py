@@ -111,7 +111,7 @@ def register(subparsers) -> None:
         help="while requests decode, a new request whose prompt has at most N tokens joins the next "
         "decode step (its prompt tokens as rows of that step) instead of a prefill pass of its own that "
         "stalls every stream, when the step's measured extra cost is below a prefill pass's "
-        "(default 0: off; 64 suits --max-batch 8)",
+        "(default: 64 with --cuda-graphs on cuda, else 0: off)",
     )
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument(
