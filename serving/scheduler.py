@@ -487,10 +487,8 @@ class Scheduler(ModelRunner):
         token). The conditions of running ahead (`_may_run_ahead`) hold, on the rows as they are
         now; a row prefilled earlier feeds its last token."""
         graphs = self.graphs
-        if graphs is None or not self.run_ahead or self._admin or self.swaps.pending_faults():
+        if graphs is None or self._queue_ahead_blocked():
             return
-        if self._pending and any(s is None for s in self.slots):
-            return  # its prefill goes first
         active = [i for i, s in enumerate(self.slots) if s is not None]
         if not active:
             return
@@ -521,6 +519,13 @@ class Scheduler(ModelRunner):
         self._ahead = _Step(list(rows), graphs.copy_greedy(len(rows)))
         self.steps_queued_from_host += 1
 
+    def _queue_ahead_blocked(self) -> bool:
+        """Must the next step wait for the host? Run-ahead off, an admin operation or a fault waiting
+        between the passes, or a waiting request that a free slot admits (its prefill goes first)."""
+        if not self.run_ahead or self._admin or self.swaps.pending_faults():
+            return True
+        return bool(self._pending) and any(s is None for s in self.slots)
+
     def _greedy_rows(self, rows: Sequence[_Slot | None]) -> bool:
         """Every live row takes the argmax token and wants no logprobs (the graph's token suffices)."""
         return all(s is None or (s.request.temperature <= 0 and not s.request.logprobs) for s in rows)
@@ -536,12 +541,10 @@ class Scheduler(ModelRunner):
         rides along in later steps the same way until a request joins it. (Waiting for every row to
         be two tokens short of its end, and still served, stopped run-ahead around every request's
         end: a quarter of the steps of eight streams of 64 tokens ending at different steps.)"""
-        if not self.run_ahead or self._admin or self.swaps.pending_faults():
+        if self._queue_ahead_blocked():
             return False
         assert self.graphs is not None
         if self.graphs.fed_bucket != self.graphs.bucket_for(len(step.rows)):
-            return False
-        if self._pending and any(s is None for s in self.slots):
             return False
         n = len(step.rows)
         if any(s is not None for s in self.slots[n:]):
