@@ -11,8 +11,9 @@ the prefill passes that interrupted decoding, and the server threads' CPU second
 
 A variant is NAME=SERVE_ARGS (extra `gpuyantra serve` arguments, space separated). `--env NAME=K:V`
 adds an environment variable to one variant's server; with `--site-hooks`, GY_NO_UV=1 hides uvloop
-and httptools from it (uvicorn falls back to asyncio and h11) and GY_SWITCH_S=<s> sets its
-interpreter's switch interval (a `sitecustomize` on its PYTHONPATH).
+and httptools from it (uvicorn falls back to asyncio and h11), GY_SWITCH_S=<s> sets its
+interpreter's switch interval and GY_NO_JOIN_AHEAD=1 keeps mixed steps from being queued behind a
+step running ahead (the host feeds each one) (a `sitecustomize` on its PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -43,6 +44,25 @@ if os.environ.get("GY_NO_UV"):
     sys.modules["httptools"] = None
 if os.environ.get("GY_SWITCH_S"):
     sys.setswitchinterval(float(os.environ["GY_SWITCH_S"]))
+if os.environ.get("GY_NO_JOIN_AHEAD"):
+    import importlib.util
+
+    class _NoJoinAhead:
+        def find_spec(self, name, path=None, target=None):
+            if name != "serving.scheduler":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                module.Scheduler._join_ahead = lambda self, step: None
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _NoJoinAhead())
 """
 
 
@@ -52,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="result JSON (written after each variant)")
     p.add_argument("--variant", action="append", required=True, help="NAME=SERVE_ARGS (repeatable)")
     p.add_argument("--env", action="append", default=[], help="NAME=KEY:VALUE for one variant's server")
-    p.add_argument("--site-hooks", action="store_true", help="GY_NO_UV / GY_SWITCH_S take effect (module doc)")
+    p.add_argument("--site-hooks", action="store_true", help="the GY_* variables take effect (module doc)")
     p.add_argument("--model", default="qwen2.5-1.5b")
     p.add_argument("--http-runs", type=int, default=3, help="HTTP decode runs per variant")
     p.add_argument("--token", default=os.environ.get("GPUYANTRA_ADMIN_TOKEN", "variants-token"))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -171,6 +172,8 @@ def main(argv=None) -> int:
         args.model, args.device, args.tokens, args.prompt_tokens, args.repeats = "tiny-qwen2", "cpu", 6, 4, 1
         args.max_seq_len = min(args.max_seq_len, 64)
         args.batches = "1,2"
+        if args.mixed_prompt_tokens is None:  # off by default off the GPU; the smoke runs them, one prompt a step
+            args.mixed_prompt_tokens = args.prompt_tokens
     from gpuyantra.triton_env import prepare
 
     device = prepare(args.device)
@@ -292,13 +295,19 @@ def main(argv=None) -> int:
         done = []
         todo = [(name, path, None) for name, path in campaign_swaps if name in names]
         if "linear" in names:
-            todo += [("linear", kernels / "linear.py", shapes) for shapes in projection_shapes(engine)]
+            shapes_to_swap = projection_shapes(engine)
+            if args.smoke:  # the interpreter: the smallest projection that swaps shows the path
+                shapes_to_swap.sort(key=lambda shapes: math.prod(shapes["weight"]))
+            todo += [("linear", kernels / "linear.py", shapes) for shapes in shapes_to_swap]
         todo += [
             ("linear", kernels / "linear.py", projection(engine, n[len("linear:") :]))
             for n in names
             if n.startswith("linear:")
         ]
         for name, path, param_shapes in todo:
+            if args.smoke and param_shapes is not None and any("binding" in d and d["op"] == "linear" for d in done):
+                done.append({"op": name, "param_shapes": param_shapes, "skipped": "smoke: one projection shape"})
+                continue
             t = time.perf_counter()
             try:
                 record = engine.swaps.swap(path, param_shapes=param_shapes)
@@ -345,8 +354,11 @@ def main(argv=None) -> int:
         holder["engine"] = engine
         return engine, round(time.perf_counter() - t, 2)
 
-    def measure(label, names=(), **kw):
-        """A fresh engine with `kw`, the campaign swaps in `names` applied, benchmarked at every batch."""
+    def measure(label, names=(), full_only=False, **kw):
+        """A fresh engine with `kw`, the campaign swaps in `names` applied, benchmarked at every batch.
+        `full_only`: a step between two other sections, left out of the smoke (it adds no code path)."""
+        if full_only and args.smoke:
+            return
         kw.setdefault("fuse_projections", "off")
         kw.setdefault("fuse_norms", "off")
         kw.setdefault("mixed_prompt_tokens", args.mixed_prompt_tokens)
@@ -380,13 +392,15 @@ def main(argv=None) -> int:
         measure("eager+attn", decode_attention="triton")
         measure("eager+attn+swaps", ("rms_norm", "rope", "silu_mul"), decode_attention="triton")
     measure("graphs", cuda_graphs=True, decode_attention="sdpa")
-    measure("graphs+swap", ("rms_norm",), cuda_graphs=True, decode_attention="sdpa")
+    measure("graphs+swap", ("rms_norm",), full_only=True, cuda_graphs=True, decode_attention="sdpa")
     measure("graphs+attn", cuda_graphs=True, decode_attention="triton")
-    measure("graphs+attn+rms_norm", ("rms_norm",), cuda_graphs=True, decode_attention="triton")
-    measure("graphs+attn+rms_norm+rope", ("rms_norm", "rope"), cuda_graphs=True, decode_attention="triton")
+    measure("graphs+attn+rms_norm", ("rms_norm",), full_only=True, cuda_graphs=True, decode_attention="triton")
+    measure(
+        "graphs+attn+rms_norm+rope", ("rms_norm", "rope"), full_only=True, cuda_graphs=True, decode_attention="triton"
+    )
     measure("graphs+attn+swaps", ("rms_norm", "rope", "silu_mul"), cuda_graphs=True, decode_attention="triton")
     # q/k/v and gate/up as one GEMM each (serving/fusion.py); the checks below run on the last engine
-    measure("graphs+attn+fused", cuda_graphs=True, decode_attention="triton", fuse_projections="on")
+    measure("graphs+attn+fused", full_only=True, cuda_graphs=True, decode_attention="triton", fuse_projections="on")
     measure(
         "graphs+attn+fused+swaps",
         ("rms_norm", "rope", "silu_mul"),
@@ -395,9 +409,11 @@ def main(argv=None) -> int:
         fuse_projections="on",
     )
 
-    def last_engine_again(label, run_ahead):
+    def last_engine_again(label, run_ahead, full_only=False):
         """The last engine benchmarked again with run-ahead on or off (graph decode waiting for each
         step's tokens before queuing the next), so the two are compared on one engine and loan."""
+        if full_only and args.smoke:
+            return
 
         def run():
             engine = holder["engine"]
@@ -412,14 +428,16 @@ def main(argv=None) -> int:
     last_engine_again("graphs+attn+fused+swaps waiting", False)
     last_engine_again("graphs+attn+fused+swaps again", True)
     # ... and the linear template on every projection shape (the decode GEMVs), as a campaign deploys it
+    # (the smoke takes the linear template's path in the section after this one)
     measure(
         "graphs+attn+fused+swaps+linear",
         ("rms_norm", "rope", "silu_mul", "linear"),
+        full_only=True,
         cuda_graphs=True,
         decode_attention="triton",
         fuse_projections="on",
     )
-    last_engine_again("graphs+attn+fused+swaps+linear waiting", False)
+    last_engine_again("graphs+attn+fused+swaps+linear waiting", False, full_only=True)
     # ... and each layer's first residual add with the norm after it as one add_rms_norm kernel
     measure(
         "graphs+attn+fused+swaps+linear+add_norm",
@@ -450,10 +468,14 @@ def main(argv=None) -> int:
                 step_ms["decode_step_ms"] = replay_only_ms(engine, max_batch)
                 for rows, st in engine.graphs.mixed_static.items():
                     step_ms[f"mixed_step_{rows}_rows_ms"] = graph_replay_ms(st["graph"])
+            fed_before = engine.graphs.mixed_fed_steps if engine.graphs is not None else 0
             engine.start(reapply=False)
             try:
-                streams = staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens)
+                per_client = 1 if args.smoke else 4
+                streams = staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens, per_client)
                 prefills = sorted(engine._interrupting_prefill_ms)
+                if engine.graphs is not None:  # of the mixed steps, those queued ahead of the host
+                    streams["mixed_fed_steps"] = engine.graphs.mixed_fed_steps - fed_before
                 return {**step_ms, **streams, "interrupting_prefill_ms": [round(p, 3) for p in prefills]}
             finally:
                 if engine.graphs is not None:

@@ -124,6 +124,7 @@ class GraphDecoder:
         # without captured graphs): the scheduler weighs it against the prefill pass it would save.
         self.mixed_extra_ms: float | None = None
         self.fed_steps = 0  # steps run ahead on the inputs the previous step fed
+        self.mixed_fed_steps = 0  # mixed steps queued ahead, their decode rows fed by the step before
         # Called whenever the graphs start to replay other forwards (a capture, a kept set put back).
         self.on_forwards_changed: list[Callable[[], None]] = []
         self.fed_bucket: int | None = None  # the bucket whose inputs hold what its last step fed
@@ -141,6 +142,9 @@ class GraphDecoder:
             # buffers for them: step k's copy may still be read while step k+1's is queued
             "next": torch.zeros((b,), dtype=torch.long, device=self.device),
             "host_next": [torch.zeros((b,), dtype=torch.long, pin_memory=self.capture_enabled) for _ in range(2)],
+            # a mixed step fed on the device: the row of its outputs each row takes, and its position
+            "host_feed": torch.zeros((2, b), dtype=torch.long, pin_memory=self.capture_enabled),
+            "copied": None,  # event after the last copy of the host buffers: rewrite them only once it passed
             "graph": None,
             "logits": None,
             "slots": None,
@@ -179,6 +183,7 @@ class GraphDecoder:
         b = st["ids"].shape[0]
         n = len(tokens)
         scratch = self.engine.cache.scratch_position
+        self._host_buffers_free(st)
         host_ids, host_pos = st["host_ids"], st["host_pos"]
         host_ids[:n, 0] = torch.as_tensor(list(tokens), dtype=torch.long)
         host_pos[:n] = torch.as_tensor(list(positions), dtype=torch.long)
@@ -192,7 +197,19 @@ class GraphDecoder:
             host_slots[:n] = torch.as_tensor(list(slots), dtype=torch.long)
             host_slots[n:] = 0
             st["slots"].copy_(host_slots, non_blocking=True)
+        self._inputs_copied(st)
         self.fed_bucket = None
+
+    def _host_buffers_free(self, st: dict[str, Any]) -> None:
+        """Wait until the last copy from `st`'s host buffers ran: a step queued ahead may not have."""
+        if st["copied"] is not None:
+            st["copied"].synchronize()
+            st["copied"] = None
+
+    def _inputs_copied(self, st: dict[str, Any]) -> None:
+        if self.capture_enabled:
+            st["copied"] = torch.cuda.Event()
+            st["copied"].record()
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One decode step for rows 0..n-1; returns logits [n, V] (a view valid until the next step)."""
@@ -217,6 +234,61 @@ class GraphDecoder:
         logits = self._replay(st)
         self.fed_bucket = None
         return logits[:n]
+
+    def mixed_fed(self, n: int, joining: Sequence[tuple[int, Sequence[int]]], rows: int) -> PendingTokens:
+        """A mixed step queued right behind a decode step of `n` rows, before the host has read that
+        step's tokens: the decode rows' inputs are what the step fed on the device (its greedy tokens,
+        positions one on), the prompt rows of the requests joining come from the host (`joining`:
+        each one's cache row and prompt). A row of the step whose cache row a request joins writes at
+        scratch instead, so nothing overwrites the prompt. The step feeds the next decode step of
+        `rows` rows (each decode row its next token, each joining row its first at the position after
+        its prompt), so that step can be replayed at once (`decode_fed`); returns each of those rows'
+        token of this step, on their way to the host."""
+        b = self.bucket_for(n)
+        if self.fed_bucket != b:
+            raise RuntimeError(f"no step of bucket {b} to join (last fed: {self.fed_bucket})")
+        total = n + sum(len(prompt) for _, prompt in joining)
+        m = next((m for m in self.mixed_buckets if m >= total), None)
+        if m is None:
+            raise ValueError(f"a mixed step of {total} rows exceeds the mixed graph's {self.mixed_capacity()}")
+        st, fed = self.mixed_static[m], self.static[b]
+        if self.capture_enabled and st["graph"] is None:  # a capture now would reset the inputs fed
+            raise RuntimeError("no mixed graph captured to queue ahead")
+        scratch = self.engine.cache.scratch_position
+        joined = {slot for slot, _ in joining}
+        # Rows 0..n-1 keep the fed inputs (-1) unless their cache row is joined; then the prompt rows.
+        tokens, positions, slots = [0] * n, [scratch if r in joined else -1 for r in range(n)], list(range(n))
+        last_row: dict[int, int] = {}
+        for slot, prompt in joining:
+            tokens += prompt
+            positions += range(len(prompt))
+            slots += [slot] * len(prompt)
+            last_row[slot] = len(tokens) - 1
+        self._load_inputs(st, tokens, positions, slots)
+        st["ids"][:n].copy_(fed["ids"][:n])
+        st["pos"][:n].copy_(torch.where(st["pos"][:n] < 0, fed["pos"][:n], st["pos"][:n]))
+        self.mixed_steps += 1
+        self.mixed_fed_steps += 1
+        self._replay(st)
+        # The next decode step's inputs, gathered from this step's outputs (its step already moved
+        # every live row one position on); a joining row starts after its prompt, the rest at scratch.
+        nxt = self.static[self.bucket_for(rows)]
+        b_next = nxt["ids"].shape[0]
+        source = [last_row.get(r, r if r < n else 0) for r in range(b_next)]
+        start = [len(p) for _, p in joining]
+        override = [-1 if r < n and r not in joined else scratch for r in range(b_next)]
+        for (slot, _), pos in zip(joining, start):
+            override[slot] = pos
+        self._host_buffers_free(nxt)
+        host = nxt["host_feed"]
+        host[0, :b_next] = torch.as_tensor(source, dtype=torch.long)
+        host[1, :b_next] = torch.as_tensor(override, dtype=torch.long)
+        feed = host[:, :b_next].to(self.device, non_blocking=self.capture_enabled)
+        nxt["ids"][:, 0].copy_(st["next"].index_select(0, feed[0]))
+        nxt["pos"].copy_(torch.where(feed[1] < 0, st["pos"].index_select(0, feed[0]), feed[1]))
+        self._inputs_copied(nxt)
+        self.fed_bucket = self.bucket_for(rows)
+        return self._copy_to_host(nxt, nxt["ids"][:rows, 0])
 
     def decode_fed(self, n: int) -> torch.Tensor:
         """The next step of the rows of the last step, on the inputs that step fed itself (its greedy
@@ -249,9 +321,14 @@ class GraphDecoder:
         """Queue the copy of the last step's greedy tokens (rows 0..n-1) to the host; read them with
         `.wait()`. Queued before the next step is replayed, so that step cannot overwrite them."""
         st = self.static[self.bucket_for(n)]
+        return self._copy_to_host(st, st["next"][:n])
+
+    def _copy_to_host(self, st: dict[str, Any], tokens: torch.Tensor) -> PendingTokens:
+        """Queue the copy of `tokens` (a bucket's rows) into the next of its two host buffers."""
+        n = tokens.shape[0]
         host = st["host_next"][self._next_buffer]
         self._next_buffer ^= 1
-        host[:n].copy_(st["next"][:n], non_blocking=self.capture_enabled)
+        host[:n].copy_(tokens, non_blocking=self.capture_enabled)
         event = None
         if self.capture_enabled:
             event = torch.cuda.Event()
@@ -418,6 +495,7 @@ class GraphDecoder:
             "buckets": self.buckets,
             "mixed_buckets": self.mixed_buckets,
             "mixed_steps": self.mixed_steps,
+            "mixed_fed_steps": self.mixed_fed_steps,
             "mixed_extra_ms": self.mixed_extra_ms,
             "captures": self.captures,
             "last_capture_s": self.last_capture_s,

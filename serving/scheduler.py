@@ -12,7 +12,11 @@ request stalls every other stream by a whole pass (8 streams of 64 tokens whose 
 different steps decoded 3067 tokens/s on an H200, 4144 when they arrive together). Together the
 weights are read once. `mixed_prompt_tokens` bounds the prompt tokens one step takes (by default 64
 with captured CUDA graphs, else 0: off; `serving.engine.mixed_tokens`); longer prompts prefill alone.
-After a mixed step the next step is queued from the host before its tokens are handed out.
+When a step is queued ahead of the host (run-ahead), the mixed step is queued right behind it, its
+decode rows fed on the device by that step and only the prompt rows from the host (`_join_ahead`):
+the GPU goes from step to step and an arrival costs the decoding rows the mixed step's extra GPU time.
+Otherwise (no step ahead, or a request that samples) the host feeds the mixed step, and queues the
+next step before it hands out the tokens.
 With captured graphs a mixed step is taken only while it pays: the GPU time it adds to a decode step
 (measured after each capture, `GraphDecoder.mixed_extra_ms`) must be less than the recent prefill
 passes that interrupted decoding took. Until one has been timed, arrivals prefill alone.
@@ -28,7 +32,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -207,11 +211,11 @@ class Scheduler(ModelRunner):
                 self.slots[index] = None
                 self._finish(slot.request, "cancelled")
 
-    def _admit(self, mixed_room: int | None = None) -> list[tuple[int, GenRequest]]:
+    def _admit(self, mixed_room: int | None = None, greedy_only: bool = False) -> list[tuple[int, GenRequest]]:
         """Waiting requests for the free slots, as many as one prefill pass may hold: the padded
         batch (rows x longest prompt) stays within PREFILL_TOKEN_BUDGET (a lone prompt always fits).
         With `mixed_room`, for a mixed step: as many as fit that many prompt tokens in all (none
-        when the first does not)."""
+        when the first does not). `greedy_only`: up to the first that samples or wants logprobs."""
         admitted: list[tuple[int, GenRequest]] = []
         with self._cv:
             if not self._can_admit():
@@ -224,6 +228,8 @@ class Scheduler(ModelRunner):
                     self._pending.popleft()
                     self._finish(req, "cancelled")
                     continue
+                if greedy_only and not _greedy(req):
+                    break
                 if mixed_room is not None:
                     if len(req.prompt_ids) > mixed_room:
                         break
@@ -443,11 +449,61 @@ class Scheduler(ModelRunner):
                 self.swaps.handle_faults()
             else:
                 self._ahead = _Step(step.rows, graphs.copy_greedy(len(step.rows)))
+        else:
+            self._join_ahead(step)
         chosen = self._wait_tokens(step, queued_ahead)
         live = [slot if slot is not None and self.slots[i] is slot else None for i, slot in enumerate(step.rows)]
+        decoding = [None if i in step.joined else slot for i, slot in enumerate(live)]
         if self._ahead is None:
-            self._queue_next_from_host([(slot, token, 1) for slot, token in zip(live, chosen)])
-        self._finish_step(started, live, chosen, [None] * len(chosen))
+            moves = [0 if i in step.joined else 1 for i in range(len(live))]
+            self._queue_next_from_host(list(zip(live, chosen, moves)))
+        self._finish_step(started, decoding, chosen, [None] * len(chosen))
+        if step.joined:
+            self._hand_out_first_tokens(step, chosen)
+
+    def _hand_out_first_tokens(self, step: _Step, chosen: Sequence[int]) -> None:
+        """The first tokens of the requests that joined in a mixed step queued ahead (`_join_ahead`)."""
+        prompt_tokens = sum(len(slot.request.prompt_ids) for slot in step.joined.values())
+        self.mixed_admissions += len(step.joined)
+        self.observer.on_forward("prefill", len(step.joined), prompt_tokens, time.perf_counter() - step.queued_at)
+        for index, slot in step.joined.items():
+            self._recent_prompt_lens.append(len(slot.request.prompt_ids))
+            if self.slots[index] is slot:
+                self._accept(index, slot, chosen[index])
+
+    def _join_ahead(self, step: _Step) -> None:
+        """Queue a mixed step behind `step` before its tokens are handed out (`GraphDecoder.mixed_fed`):
+        its decode rows fed on the device, the prompts of waiting requests that fit a mixed step
+        (greedy, no logprobs) from the host. The GPU goes on from one step to the next while a request
+        joins, instead of waiting for the host to hand out a step and feed the mixed one (module doc).
+        Only where the step could run ahead but for the waiting requests."""
+        graphs = self.graphs
+        assert graphs is not None
+        if self._host_must_step() or not graphs.mixed_buckets or not self._rows_feed_on_device(step)[0]:
+            return
+        n = len(step.rows)
+        room = self._mixed_room()
+        room = None if room is None else min(room, graphs.mixed_capacity() - n)  # the step's rows all ride
+        if room is None or room < 1:
+            return
+        admitted = self._admit(room, greedy_only=True)
+        if not admitted:
+            return
+        rows = max(n, max(index for index, _ in admitted) + 1)
+        try:
+            tokens = graphs.mixed_fed(n, [(index, req.prompt_ids) for index, req in admitted], rows)
+        except Exception:  # noqa: BLE001 - the requests wait for a pass of their own
+            log.exception("mixed step queued ahead failed")
+            tokens = None
+        if tokens is None or self.swaps.pending_faults():  # a graph step cannot fall back
+            if self.swaps.pending_faults():
+                self.swaps.handle_faults()
+            with self._cv:
+                self._pending.extendleft(req for _, req in reversed(admitted))
+            return
+        joined = {index: self._new_slot(index, req) for index, req in admitted}
+        padded = [*step.rows, *[None] * (rows - n)]
+        self._ahead = _Step([joined.get(r, slot) for r, slot in enumerate(padded)], tokens, joined)
 
     def _wait_tokens(self, step: _Step, queued_ahead: bool) -> list[int]:
         """A graph step's tokens. For a step queued ahead (the GPU ran it while the host handed out
@@ -520,15 +576,19 @@ class Scheduler(ModelRunner):
         self.steps_queued_from_host += 1
 
     def _queue_ahead_blocked(self) -> bool:
-        """Must the next step wait for the host? Run-ahead off, an admin operation or a fault waiting
-        between the passes, or a waiting request that a free slot admits (its prefill goes first)."""
-        if not self.run_ahead or self._admin or self.swaps.pending_faults():
+        """Must the next step wait for the host? It must step itself (`_host_must_step`), or a waiting
+        request that a free slot admits goes first (a prefill, or a mixed step: `_join_ahead`)."""
+        if self._host_must_step():
             return True
         return bool(self._pending) and any(s is None for s in self.slots)
 
+    def _host_must_step(self) -> bool:
+        """Run-ahead off, or an admin operation or a fault waiting between the passes."""
+        return not self.run_ahead or bool(self._admin) or self.swaps.pending_faults()
+
     def _greedy_rows(self, rows: Sequence[_Slot | None]) -> bool:
         """Every live row takes the argmax token and wants no logprobs (the graph's token suffices)."""
-        return all(s is None or (s.request.temperature <= 0 and not s.request.logprobs) for s in rows)
+        return all(s is None or _greedy(s.request) for s in rows)
 
     def _may_run_ahead(self, step: _Step) -> bool:
         """Queue the next step now? Only when it is certainly wanted and nothing else waits to run
@@ -543,24 +603,31 @@ class Scheduler(ModelRunner):
         end: a quarter of the steps of eight streams of 64 tokens ending at different steps.)"""
         if self._queue_ahead_blocked():
             return False
+        feeds, continuing = self._rows_feed_on_device(step)
+        return feeds and continuing  # else this step's tokens are every row's last: a next step would be wasted
+
+    def _rows_feed_on_device(self, step: _Step) -> tuple[bool, bool]:
+        """(May the step feed the next one's inputs on the device, does a row continue past it): its
+        inputs still hold what it fed, no row beyond it is active, and each of its rows is free (it
+        rides along) or still the same greedy request, not cancelled (`_may_run_ahead`)."""
         assert self.graphs is not None
         if self.graphs.fed_bucket != self.graphs.bucket_for(len(step.rows)):
-            return False
+            return False, False
         n = len(step.rows)
         if any(s is not None for s in self.slots[n:]):
-            return False
+            return False, False
         continuing = False
         for i, slot in enumerate(step.rows):
             if self.slots[i] is None:
                 continue  # padding, or a row that ended since: it rides along, its tokens dropped
             if self.slots[i] is not slot:
-                return False  # a request joined this row: its inputs come from the host
+                return False, False  # a request joined this row: its inputs come from the host
             assert slot is not None
             req = slot.request
-            if req.cancelled or not self._greedy_rows([slot]):
-                return False
+            if req.cancelled or not _greedy(req):
+                return False, False
             continuing |= len(req.output_ids) + 2 <= req.max_tokens and slot.pos + 2 <= self.usable_len
-        return continuing  # else this step's tokens are every row's last: a next step would be wasted
+        return True, continuing
 
     def _finish_step(
         self,
@@ -642,10 +709,18 @@ class Scheduler(ModelRunner):
 
 @dataclass
 class _Step:
-    """A graph decode step replayed: the slots it ran for (by row) and its greedy tokens on their way."""
+    """A graph decode step replayed: the slots it ran for (by row) and its greedy tokens on their way;
+    for a mixed step queued ahead, the rows of the requests that joined in it (their first token)."""
 
     rows: list[_Slot | None]
     tokens: PendingTokens
+    joined: dict[int, _Slot] = field(default_factory=dict)
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+def _greedy(req: GenRequest) -> bool:
+    """The request takes the argmax token and wants no logprobs (a graph step's token suffices)."""
+    return req.temperature <= 0 and not req.logprobs
 
 
 def token_logprobs(

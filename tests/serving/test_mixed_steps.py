@@ -38,17 +38,20 @@ def drive(engine: Engine, first: list[GenRequest], later: list[GenRequest], afte
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graph-step", "eager"])
 @pytest.mark.parametrize("attention", ["sdpa", "triton"])
-def test_requests_joining_mid_flight_get_the_tokens_of_a_full_forward(tmp_path, graphs, attention):
+@pytest.mark.parametrize("after_passes", [1, 3], ids=["after-a-prefill", "while-a-step-runs-ahead"])
+def test_requests_joining_mid_flight_get_the_tokens_of_a_full_forward(tmp_path, graphs, attention, after_passes):
     engine = make_engine(tmp_path, cuda_graphs=graphs, decode_attention=attention)
     first = [GenRequest(PROMPTS[0], 10), GenRequest(PROMPTS[2], 8)]
     # Two short prompts that fit one mixed step together (3 + 4 tokens), one too long for it.
     later = [GenRequest(PROMPTS[1], 6), GenRequest(PROMPTS[4], 6), GenRequest(LONG_PROMPT, 4)]
-    drive(engine, first, later)
+    drive(engine, first, later, after_passes)
     assert engine.mixed_admissions == 2  # the long prompt was prefilled on its own
     if graphs:
         assert engine.graphs is not None and engine.graphs.mixed_steps == 1
-        # after the mixed step and after the long prompt's prefill: the next step queued before the hand-out
-        assert engine.steps_queued_from_host >= 1
+        if after_passes == 1:  # no step ahead: the mixed step fed from the host, the next queued from it
+            assert engine.graphs.mixed_fed_steps == 0 and engine.steps_queued_from_host == 1
+        else:  # queued behind the step ahead, its decode rows fed on the device, and the next one after it
+            assert engine.graphs.mixed_fed_steps == 1 and engine.steps_queued_from_host == 0
     for r in first + later:
         assert r.finish_reason == "length"
         assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)
@@ -108,6 +111,7 @@ def test_a_failing_mixed_step_fails_its_rows_and_serving_goes_on(tmp_path, monke
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(engine, "mixed_rows", broken)
+    monkeypatch.setattr(engine.graphs, "mixed_fed", broken)  # queued ahead: the request waits, then fails
     drive(engine, [decoding], [joining])
     assert decoding.finish_reason == "error" and joining.finish_reason == "error"
     assert "device lost" in (joining.error or "")
@@ -167,3 +171,73 @@ def test_the_kernels_report_says_what_the_interrupting_prefills_held(tmp_path):
     info = engine.mixed_info()
     assert info["admissions"] == 0 and info["interrupting_prefill_rows"] == [2]
     assert info["interrupting_prefill_ms"] is not None
+
+
+def test_a_request_joins_ahead_into_the_row_of_a_request_that_ended(tmp_path):
+    # Row 0 ends first; the arrival takes it while row 1 decodes and a step runs ahead of the host. The
+    # prompt (8 tokens) reaches past where row 0's old request would still write, riding along.
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None
+    short, long = GenRequest(PROMPTS[1], 2), GenRequest(PROMPTS[2], 14)
+    drive(engine, [short, long], [], after_passes=0)  # runs until both end: start again by hand below
+    short, long = GenRequest(PROMPTS[1], 2), GenRequest(PROMPTS[2], 14)
+    for r in (short, long):
+        engine.submit(r)
+    while not short.done.is_set():
+        engine._one_pass()
+    assert engine._ahead is not None and engine.slots[0] is None
+    joining = GenRequest(list(range(30, 38)), 5)
+    drive(engine, [], [joining], after_passes=0)
+    while not long.done.is_set():
+        engine._one_pass()
+    assert engine.graphs.mixed_fed_steps == 1 and engine.mixed_admissions == 1
+    for r in (short, long, joining):
+        assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)
+
+
+def test_a_sampled_arrival_joins_from_the_host_not_ahead(tmp_path):
+    # A step queued ahead hands out argmax tokens only: a request that samples waits for the host's pass.
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None
+    sampled = GenRequest(PROMPTS[1], 5, temperature=0.9, seed=3)
+    drive(engine, [GenRequest(PROMPTS[0], 12)], [sampled])
+    assert engine.graphs.mixed_fed_steps == 0 and engine.mixed_admissions == 1
+    alone = make_engine(tmp_path / "alone", mixed_prompt_tokens=0)
+    again = GenRequest(PROMPTS[1], 5, temperature=0.9, seed=3)
+    drive(alone, [again], [])
+    assert sampled.output_ids == again.output_ids
+
+
+def test_streams_arriving_while_others_decode_get_the_tokens_of_a_full_forward(tmp_path):
+    # The engine's own thread: each request's first token brings the next request, so every arrival
+    # finds rows decoding (and, mostly, a step queued ahead of the host). The tokens must be a full
+    # forward's whichever way each one joined.
+    engine = make_engine(tmp_path, cuda_graphs=True)
+    assert engine.graphs is not None
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i + 20] for i in range(8)]
+    requests = [GenRequest(p, 6 + i % 4) for i, p in enumerate(prompts)]
+    submitted: set[str] = set()
+
+    def bring(following: GenRequest):
+        def on_token(_token: int) -> None:
+            if following.id not in submitted:
+                submitted.add(following.id)
+                engine.submit(following)
+
+        return on_token
+
+    for r, following in zip(requests, requests[2:]):
+        r.on_token = bring(following)
+    engine.start()
+    try:
+        for r in requests[:2]:
+            submitted.add(r.id)
+            engine.submit(r)
+        for r in requests:
+            assert r.done.wait(120)
+    finally:
+        engine.stop()
+    assert engine.mixed_admissions >= 1 and engine.graphs.mixed_fed_steps >= 1
+    for r in requests:
+        assert r.finish_reason == "length"
+        assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)
