@@ -383,11 +383,12 @@ class GraphDecoder:
         replays at the scratch slot, where replays may run while requests are in flight)."""
         if not self.mixed_static:
             return None
-        mixed = min(self._replay_ms(st, replays) for st in self.mixed_static.values())
-        decode = self._replay_ms(self.static[self.buckets[-1]], replays)
+        mixed = min(min(self.replay_times_ms(st, replays)) for st in self.mixed_static.values())
+        decode = min(self.replay_times_ms(self.static[self.buckets[-1]], replays))
         return mixed - decode
 
-    def _replay_ms(self, st: dict[str, Any], replays: int) -> float:
+    def replay_times_ms(self, st: dict[str, Any], replays: int) -> list[float]:
+        """GPU ms of each of `replays` replays of a captured step, at the scratch slot."""
         self._reset_inputs(st)
         times = []
         for _ in range(replays):
@@ -398,7 +399,7 @@ class GraphDecoder:
             end.synchronize()
             times.append(start.elapsed_time(end))
             self._reset_inputs(st)  # a decode replay feeds its inputs: back to the scratch slot
-        return min(times)
+        return times
 
     def captured(self) -> dict[str, Any]:
         """The graphs captured now (each bucket's graph and output, and their pool), to put back

@@ -289,3 +289,13 @@ def test_linear_verdicts_verifies_the_template_at_a_knob_point_and_refuses_unkno
         [*argv, "--points", "NO_SUCH_KNOB=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode != 0 and "NO_SUCH_KNOB is not a module constant" in bad.stderr
+
+
+def test_mixed_rows_sweep_smoke(tmp_path):
+    """benchmarks/mixed_rows_sweep.py on tiny-qwen2: a mixed graph per prompt budget beside the full
+    decode step, each timed (eager steps here: the times mean nothing)."""
+    result = run_bench("mixed_rows_sweep.py", tmp_path / "mixed.json", 300)
+    assert [(r["prompt_tokens"], r["rows"]) for r in result["rows"]] == [(4, 6), (8, 10)]
+    for row in result["rows"]:
+        assert row["decode_ms"]["min_ms"] > 0 and row["mixed_ms"]["min_ms"] > 0
+        assert row["extra_measured_ms"] is None  # measured only where graphs are captured
