@@ -20,8 +20,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gpuyantra demo --state-dir .state
 
+# --durations: the slowest tests, listed after every run, so the suite's time stays in view.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 # ruff (lint and format) and mypy, configured in pyproject.toml; CI runs it before the tests.
 lint: $(STAMP)
