@@ -3,6 +3,7 @@
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
 #   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes linear-points linear-b8-grid
+#   campaign-state, then join-ahead and mixed-rows on its kernels (GY_STATE, default /tmp/gystate)
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
 set -uo pipefail
@@ -81,6 +82,12 @@ for part in $parts; do
     linear-regimes) run linear_regimes_a 290 python3 benchmarks/linear_gemv.py --shapes qkv,o_proj,down_proj --no-compile --out "$OUT/linear_regimes_a.json"
            run linear_regimes_b 290 python3 benchmarks/linear_gemv.py --shapes gate_up,lm_head --no-compile --out "$OUT/linear_regimes_b.json" ;;
     campaign) run campaign_bench 560 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 2 --max-iterations 2 ;;
+    # a campaign over the profiler's top 10 targets whose kernels stay in $GY_STATE for the parts below
+    campaign-state) run campaign_bench 580 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --state-dir "${GY_STATE:-/tmp/gystate}" --phases before,cold,after --max-targets 10 --max-iterations 2 --min-reward 2 --budget-s 300 ;;
+    # mixed steps queued behind a step running ahead (fed on the device) against fed by the host
+    join-ahead) run serve_variants 540 python3 benchmarks/serve_variants.py --state-dir "${GY_STATE:-/tmp/gystate}" --out "$OUT/join_ahead.json" --site-hooks --variant fed= --variant hostfed= --env hostfed=GY_NO_JOIN_AHEAD:1 --variant nomixed=--mixed-prompt-tokens=0 --http-runs 3 ;;
+    # a mixed step's extra GPU time by its rows, on $GY_STATE's kernels where that folder exists
+    mixed-rows) run mixed_rows 240 python3 benchmarks/mixed_rows_sweep.py --out "$OUT/mixed_rows.json" $([ -d "${GY_STATE:-/tmp/gystate}" ] && echo --state-dir "${GY_STATE:-/tmp/gystate}") ;;
     *) echo "unknown part $part" ;;
   esac
 done
