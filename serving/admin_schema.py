@@ -231,6 +231,7 @@ class KernelsAnswer(BaseModel):
         "prefill graphs (null with --no-prefill-graphs); `mixed`: mixed steps (prompt_tokens, admissions, "
         "extra_ms the mixed graph adds to a decode step, interrupting_prefill_ms the median prefill pass it "
         "is weighed against, interrupting_prefill_rows the rows of the recent such passes); "
+        "`mixed_fed_steps`: mixed steps queued behind a step running ahead, their decode rows fed on the device; "
         "`decode_timing`: the host's cycle over recent decode steps run ahead, medians in ms (cycle_ms, "
         "wait_ms of it waiting for the GPU, host_ms the rest, cycle_p90_ms; queued_from_host: steps "
         "queued before the previous one's tokens were handed out, where a joining row kept them from running "
