@@ -221,14 +221,18 @@ class GraphDecoder:
     def mixed_capacity(self) -> int:
         return max(self.mixed_buckets, default=0)
 
+    def _mixed_state(self, rows: int) -> dict[str, Any]:
+        """The smallest mixed graph's state that holds `rows` rows."""
+        m = next((m for m in self.mixed_buckets if m >= rows), None)
+        if m is None:
+            raise ValueError(f"a mixed step of {rows} rows exceeds the mixed graph's {self.mixed_capacity()}")
+        return self.mixed_static[m]
+
     def mixed(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
         """One mixed step: row r feeds tokens[r] at positions[r] into cache row slots[r]; logits
         [n, V] (a view valid until the next step). Feeds no later step."""
         n = len(tokens)
-        m = next((m for m in self.mixed_buckets if m >= n), None)
-        if m is None:
-            raise ValueError(f"a mixed step of {n} rows exceeds the mixed graph's {self.mixed_capacity()}")
-        st = self.mixed_static[m]
+        st = self._mixed_state(n)
         self._load_inputs(st, tokens, positions, slots)
         self.mixed_steps += 1
         logits = self._replay(st)
@@ -247,11 +251,7 @@ class GraphDecoder:
         b = self.bucket_for(n)
         if self.fed_bucket != b:
             raise RuntimeError(f"no step of bucket {b} to join (last fed: {self.fed_bucket})")
-        total = n + sum(len(prompt) for _, prompt in joining)
-        m = next((m for m in self.mixed_buckets if m >= total), None)
-        if m is None:
-            raise ValueError(f"a mixed step of {total} rows exceeds the mixed graph's {self.mixed_capacity()}")
-        st, fed = self.mixed_static[m], self.static[b]
+        st, fed = self._mixed_state(n + sum(len(prompt) for _, prompt in joining)), self.static[b]
         if self.capture_enabled and st["graph"] is None:  # a capture now would reset the inputs fed
             raise RuntimeError("no mixed graph captured to queue ahead")
         scratch = self.engine.cache.scratch_position

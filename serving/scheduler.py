@@ -356,15 +356,12 @@ class Scheduler(ModelRunner):
         chosen = self._select(picked, rows)
         logprobs = token_logprobs(picked, [s.request.logprobs if s is not None else None for s in rows], chosen)
         n = len(decode_rows)
-        self.mixed_admissions += len(admitted)
-        prompt_tokens = sum(len(req.prompt_ids) for _, req in admitted)
-        self.observer.on_forward("prefill", len(admitted), prompt_tokens, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
         firsts = [(slot, token, 0) for slot, token in zip(joining, chosen[n:])]
         self._queue_next_from_host([*((slot, token, 1) for slot, token in zip(decode_rows, chosen[:n])), *firsts])
         self._finish_step(started, list(decode_rows), chosen[:n], logprobs[:n])
-        for (index, req), slot, token, lp in zip(admitted, joining, chosen[n:], logprobs[n:]):
-            self._recent_prompt_lens.append(len(req.prompt_ids))
-            self._accept(index, slot, token, lp)
+        joined = [(index, slot) for (index, _), slot in zip(admitted, joining)]
+        self._hand_out_first_tokens(joined, chosen[n:], logprobs[n:], seconds)
 
     def _new_slot(self, index: int, req: GenRequest) -> _Slot:
         """The slot of a request admitted into cache row `index`, its prompt in the cache."""
@@ -459,17 +456,28 @@ class Scheduler(ModelRunner):
             self._queue_next_from_host(list(zip(live, chosen, moves)))
         self._finish_step(started, decoding, chosen, [None] * len(chosen))
         if step.joined:
-            self._hand_out_first_tokens(step, chosen)
+            joined = list(step.joined.items())
+            firsts = [chosen[index] for index, _ in joined]
+            seconds = time.perf_counter() - step.queued_at
+            self._hand_out_first_tokens(joined, firsts, [None] * len(joined), seconds)
 
-    def _hand_out_first_tokens(self, step: _Step, chosen: Sequence[int]) -> None:
-        """The first tokens of the requests that joined in a mixed step queued ahead (`_join_ahead`)."""
-        prompt_tokens = sum(len(slot.request.prompt_ids) for slot in step.joined.values())
-        self.mixed_admissions += len(step.joined)
-        self.observer.on_forward("prefill", len(step.joined), prompt_tokens, time.perf_counter() - step.queued_at)
-        for index, slot in step.joined.items():
+    def _hand_out_first_tokens(
+        self,
+        joined: Sequence[tuple[int, _Slot]],
+        tokens: Sequence[int],
+        logprobs: Sequence[tuple[float, list[tuple[int, float]]] | None],
+        seconds: float,
+    ) -> None:
+        """The first tokens of the requests that joined in a mixed step (`joined`: cache row, slot),
+        counted as the prefill they replaced (`seconds`: the step's); a request that ended meanwhile
+        gets nothing."""
+        prompt_tokens = sum(len(slot.request.prompt_ids) for _, slot in joined)
+        self.mixed_admissions += len(joined)
+        self.observer.on_forward("prefill", len(joined), prompt_tokens, seconds)
+        for (index, slot), token, lp in zip(joined, tokens, logprobs):
             self._recent_prompt_lens.append(len(slot.request.prompt_ids))
             if self.slots[index] is slot:
-                self._accept(index, slot, chosen[index])
+                self._accept(index, slot, token, lp)
 
     def _join_ahead(self, step: _Step) -> None:
         """Queue a mixed step behind `step` before its tokens are handed out (`GraphDecoder.mixed_fed`):
@@ -495,9 +503,10 @@ class Scheduler(ModelRunner):
         except Exception:  # noqa: BLE001 - the requests wait for a pass of their own
             log.exception("mixed step queued ahead failed")
             tokens = None
-        if tokens is None or self.swaps.pending_faults():  # a graph step cannot fall back
-            if self.swaps.pending_faults():
-                self.swaps.handle_faults()
+        if self.swaps.pending_faults():  # a graph step cannot fall back: drop it
+            self.swaps.handle_faults()
+            tokens = None
+        if tokens is None:
             with self._cv:
                 self._pending.extendleft(req for _, req in reversed(admitted))
             return
