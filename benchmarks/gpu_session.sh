@@ -83,9 +83,12 @@ for part in $parts; do
            run linear_regimes_b 290 python3 benchmarks/linear_gemv.py --shapes gate_up,lm_head --no-compile --out "$OUT/linear_regimes_b.json" ;;
     campaign) run campaign_bench 560 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --max-targets 2 --max-iterations 2 ;;
     # a campaign over the profiler's top 10 targets whose kernels stay in $GY_STATE for the parts below
-    campaign-state) run campaign_bench 580 python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --state-dir "${GY_STATE:-/tmp/gystate}" --phases before,cold,after --max-targets 10 --max-iterations 2 --min-reward 2 --budget-s 300 ;;
+    # (GY_PHASES, GY_BUDGET_S and GY_TIMEOUT_S shorten it to share a call with the parts below)
+    campaign-state) run campaign_bench "${GY_TIMEOUT_S:-580}" python3 benchmarks/campaign_bench.py --out "$OUT/campaign" --state-dir "${GY_STATE:-/tmp/gystate}" --phases "${GY_PHASES:-before,cold,after}" --max-targets 10 --max-iterations 2 --min-reward 2 --budget-s "${GY_BUDGET_S:-300}" ;;
     # mixed steps queued behind a step running ahead (fed on the device) against fed by the host
     join-ahead) run serve_variants 540 python3 benchmarks/serve_variants.py --state-dir "${GY_STATE:-/tmp/gystate}" --out "$OUT/join_ahead.json" --site-hooks --variant fed= --variant hostfed= --env hostfed=GY_NO_JOIN_AHEAD:1 --variant nomixed=--mixed-prompt-tokens=0 --http-runs 3 ;;
+    # the same, fed on the device against fed by the host only
+    join-ab) run serve_variants 300 python3 benchmarks/serve_variants.py --state-dir "${GY_STATE:-/tmp/gystate}" --out "$OUT/join_ab.json" --site-hooks --variant fed= --variant hostfed= --env hostfed=GY_NO_JOIN_AHEAD:1 --http-runs 3 ;;
     # a mixed step's extra GPU time by its rows, on $GY_STATE's kernels where that folder exists
     mixed-rows) run mixed_rows 240 python3 benchmarks/mixed_rows_sweep.py --out "$OUT/mixed_rows.json" $([ -d "${GY_STATE:-/tmp/gystate}" ] && echo --state-dir "${GY_STATE:-/tmp/gystate}") ;;
     *) echo "unknown part $part" ;;

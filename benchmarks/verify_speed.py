@@ -50,6 +50,14 @@ def one(path: str, shapes: list[list[int]] | None, dtype: str) -> dict:
     }
 
 
+def process_cpu_s() -> float:
+    """CPU seconds of this process's threads so far (its children's not included)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def templates_round(names: list[str], dtype: str, parallel: bool, spare_wait_s: float) -> dict:
     """Cold verdicts of the named templates at their default shapes, one after another or all at once,
     each from a warm sandbox child (as a GPU worker keeps them)."""
@@ -109,7 +117,13 @@ def judge_only(device: str, shapes: list[list[int]], dtype: str, seeds: int, par
         reader.read_ready()
         bad = [v.findings for v in values.values.values() if v.findings]
         assert not bad and not reader.error and len(values.values) == len(cases), (bad[:1], reader.error)
-        rows.append({"load_outputs": round(reader.load_seconds, 3), "judge_outputs": round(reader.consume_seconds, 3)})
+        rows.append(
+            {
+                "load_outputs": round(reader.load_seconds, 3),
+                "judge_outputs": round(reader.consume_seconds, 3),
+                "judge_outputs_cpu": round(reader.consume_cpu_seconds, 3),
+            }
+        )
         folder.rmdir()
 
     mib = sum(f.stat().st_size for f in source.iterdir()) / 2**20
@@ -183,10 +197,12 @@ def main() -> int:
     set_spare_count(args.parallel)
     keep_spare("cuda")
     time.sleep(args.spare_wait_s)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), process_cpu_s()
     with ThreadPoolExecutor(args.parallel) as pool:
         report["parallel"] = list(pool.map(lambda _: one(args.candidate, shapes, args.dtype), range(args.parallel)))
     report["parallel_wall_s"] = round(time.perf_counter() - started, 2)
+    # Near the wall time: this process's threads (judging, the sandboxes' readers) take turns on one core.
+    report["parallel_parent_cpu_s"] = round(process_cpu_s() - cpu, 2)
     for row in report["parallel"]:
         print("parallel", row, flush=True)
     warm = [r["wall_s"] for r in report["warm"]]
@@ -194,6 +210,7 @@ def main() -> int:
         "cold_s": report["cold"]["wall_s"],
         "warm_median_s": statistics.median(warm) if warm else None,
         "parallel_wall_s": report["parallel_wall_s"],
+        "parallel_parent_cpu_s": report["parallel_parent_cpu_s"],
         "single_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["warm"]],
         "parallel_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["parallel"]],
     }

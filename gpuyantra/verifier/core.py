@@ -217,6 +217,8 @@ def _run(
         clock = time.monotonic()
         outcome = sandbox.run(job, values.consume)
         verdict.timings.update(sandbox_timings(outcome, time.monotonic() - clock))
+        verdict.timings["judge_outputs_device_wait"] = round(values.wait_seconds, 3)
+        verdict.timings["judge_settles"] = values.settles
         record_transport(verdict.timings, outcome)
         failures = sandbox_failures(outcome, sandbox.timeout, sandbox.memory_limit)
         verdict.failures.extend(failures)
@@ -286,6 +288,7 @@ def sandbox_timings(outcome: SandboxOutcome, seconds: float) -> dict[str, float]
     timings["sandbox_collect"] = outcome.collect_seconds
     timings["load_outputs"] = outcome.load_seconds
     timings["judge_outputs"] = outcome.consume_seconds
+    timings["judge_outputs_cpu"] = outcome.consume_cpu_seconds
     named = sum(timings.get(part, 0.0) for part in SANDBOX_PARTS)
     timings["sandbox_other"] = round(seconds - named, 3)
     return timings

@@ -12,6 +12,7 @@ import contextlib
 import json
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -450,6 +451,8 @@ class OutputValues:
         self.references = references
         self.cases = {c.id: c for c in cases}
         self.values: dict[int, CaseValues] = {}
+        self.settles = 0
+        self.wait_seconds = 0.0  # waiting for the device to finish the queued comparisons
 
     def consume(self, chunk: Mapping[str, Any]) -> None:
         """Judge the calls of one chunk ({"case_id:index": tensor}); a call's first record counts."""
@@ -474,6 +477,13 @@ class OutputValues:
             self._settle(pending)
 
     def _settle(self, pending: list[tuple[int, PendingCase]]) -> None:
+        if torch.device(self.references.device).type == "cuda":
+            # Timed apart from the rest: with several verifications judging while their children run
+            # on the GPU, this wait is the contexts' turns, the rest is this process's own work.
+            started = time.monotonic()
+            torch.cuda.current_stream().synchronize()
+            self.wait_seconds += time.monotonic() - started
+        self.settles += 1
         for (case_id, _), values in zip(pending, settle([p for _, p in pending])):
             self.values[case_id] = values
         pending.clear()

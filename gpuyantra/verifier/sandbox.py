@@ -87,6 +87,7 @@ class SandboxOutcome:
     seconds: float = 0.0
     load_seconds: float = 0.0  # reading the saved outputs back (parent side, while the child runs)
     consume_seconds: float = 0.0  # judging them as they came (parent side, while the child runs)
+    consume_cpu_seconds: float = 0.0  # the judging thread's CPU time of it
     transports: dict[str, int] = field(default_factory=dict)  # chunks judged per transport (`transport`)
     transport_fallback: str | None = None  # why outputs went by the host on CUDA, the first reason
     start_wait_seconds: float | None = None  # the job waiting for the child to finish starting
@@ -279,6 +280,7 @@ class Sandbox:
         reader.finish(read_rest=not (outcome.timed_out or outcome.memory_exceeded))
         remove_shared_memory(self.proc.pid)
         outcome.load_seconds, outcome.consume_seconds = round(reader.load_seconds, 3), round(reader.consume_seconds, 3)
+        outcome.consume_cpu_seconds = round(reader.consume_cpu_seconds, 3)
         outcome.transports, outcome.transport_fallback = dict(reader.transports), reader.fallback
         if results_path.exists() and not outcome.timed_out and not outcome.memory_exceeded:
             try:
@@ -389,6 +391,7 @@ class OutputReader(threading.Thread):
         self._stream: Any = None  # CUDA: where cuda_ipc chunks are copied
         self.load_seconds = 0.0
         self.consume_seconds = 0.0
+        self.consume_cpu_seconds = 0.0  # this thread's CPU time in `consume` (with any spin of a device wait)
         self._done = threading.Event()
         self._read_rest = True
 
@@ -441,9 +444,10 @@ class OutputReader(threading.Thread):
             else:
                 raise ValueError(f"{path.name} names transport {transport!r}, not one of {', '.join(TRANSPORTS)}")
             self.load_seconds += time.monotonic() - loading
-            judging = time.monotonic()
+            judging, judging_cpu = time.monotonic(), time.thread_time()
             self.consume(outputs)
             self.consume_seconds += time.monotonic() - judging
+            self.consume_cpu_seconds += time.thread_time() - judging_cpu
             self.transports[transport] = self.transports.get(transport, 0) + 1
         except Exception as exc:  # noqa: BLE001 - a damaged chunk means no outputs to trust
             if self.error is None:

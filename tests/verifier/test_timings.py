@@ -39,6 +39,9 @@ def test_every_second_of_the_sandbox_is_named(state):
     _assert_sandbox_is_named(verdict.timings)
     # Outputs were read and judged beside the child; the child's exit skips the interpreter's teardown.
     assert {"load_outputs", "judge_outputs", "child_warm_imports"} <= set(verdict.timings)
+    # The judging's own CPU time is part of its wall time; every chunk's comparisons were settled.
+    assert 0 < verdict.timings["judge_outputs_cpu"] <= verdict.timings["judge_outputs"] + 0.01, verdict.timings
+    assert verdict.timings["judge_settles"] >= 1 and verdict.timings["judge_outputs_device_wait"] == 0
 
 
 def test_a_warm_spare_is_ready_before_the_next_job(state):
