@@ -89,8 +89,10 @@ for part in $parts; do
     join-ahead) run serve_variants 540 python3 benchmarks/serve_variants.py --state-dir "${GY_STATE:-/tmp/gystate}" --out "$OUT/join_ahead.json" --site-hooks --variant fed= --variant hostfed= --env hostfed=GY_NO_JOIN_AHEAD:1 --variant nomixed=--mixed-prompt-tokens=0 --http-runs 3 ;;
     # the same, fed on the device against fed by the host only
     join-ab) run serve_variants 300 python3 benchmarks/serve_variants.py --state-dir "${GY_STATE:-/tmp/gystate}" --out "$OUT/join_ab.json" --site-hooks --variant fed= --variant hostfed= --env hostfed=GY_NO_JOIN_AHEAD:1 --http-runs 3 ;;
+    # mixed graphs of 8 + 56 rows (one 64-row tile of the projections) against 8 + 64
+    mixed-size) run serve_variants 300 python3 benchmarks/serve_variants.py --state-dir "${GY_STATE:-/tmp/gystate}" --out "$OUT/mixed_size.json" --variant m56=--mixed-prompt-tokens=56 --variant m64=--mixed-prompt-tokens=64 --http-runs 3 ;;
     # a mixed step's extra GPU time by its rows, on $GY_STATE's kernels where that folder exists
-    mixed-rows) run mixed_rows 240 python3 benchmarks/mixed_rows_sweep.py --out "$OUT/mixed_rows.json" $([ -d "${GY_STATE:-/tmp/gystate}" ] && echo --state-dir "${GY_STATE:-/tmp/gystate}") ;;
+    mixed-rows) run mixed_rows "${GY_TIMEOUT_S:-240}" python3 benchmarks/mixed_rows_sweep.py --out "$OUT/mixed_rows.json" --prompt-tokens "${GY_PROMPT_TOKENS:-8,16,24,32,40,48,56,64,72,88,120}" $([ -d "${GY_STATE:-/tmp/gystate}" ] && echo --state-dir "${GY_STATE:-/tmp/gystate}") ;;
     *) echo "unknown part $part" ;;
   esac
 done

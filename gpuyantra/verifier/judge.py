@@ -89,6 +89,7 @@ class References:
         # drawn on the CPU generator, exactly as the child drew them.
         self.device = device
         self._expected: dict[tuple[str, tuple[int, ...]], tuple[bool, list]] = {}
+        self._specs_key = json.dumps(param_specs, sort_keys=True, default=repr)  # a part of every case's key
 
     def get(self, case: Case) -> tuple[Any, Any, list[torch.Tensor]]:
         activations, params = make_case(self.family, case, self.param_specs, self.device)
@@ -124,7 +125,7 @@ class References:
         """The case's references and allowances: kept per process (`reference_cache`), since they
         depend on the op, the case and the parameters' specs alone, never on the candidate."""
         device = torch.device(self.device)
-        plan = (_Identity(self.family), str(device), json.dumps(self.param_specs, sort_keys=True, default=repr))
+        plan = (_Identity(self.family), str(device), self._specs_key)
         key = (case.dtype, case.shape, case.seed, case.scale, case.dist, case.draw_scalars, case.stress)
         return _reference_cache(device.type).get(plan, key, lambda: self._compute_judged(case))
 
@@ -739,7 +740,13 @@ def _violations(
 
 
 def violation_counts(got: torch.Tensor, allowance: OutputAllowance, tol: tuple[float, float]) -> torch.Tensor:
-    """The two counts of `_violations` as one device tensor, not read back."""
+    """The two counts of `_violations` as one device tensor, not read back (on CUDA in one kernel
+    where it applies: `judge_kernel`)."""
+    if got.is_cuda:
+        from gpuyantra.verifier import judge_kernel  # Triton: imported where a GPU judges alone
+
+        if judge_kernel.fused_applies(got, allowance):
+            return judge_kernel.violation_counts_fused(got, allowance, tol)
     bad_nonfinite, wrong, _ = _violations(got, allowance, tol)
     return _counts(bad_nonfinite, wrong)
 
