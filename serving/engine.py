@@ -95,7 +95,7 @@ class Engine(ServedSpeed, Profiling):
         self._init_scheduler()
         self.run_ahead = run_ahead
         captured = cuda_graphs and str(self.device).startswith("cuda")  # graphs replayed, their cost measured
-        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens, captured)
+        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens, captured, max_batch)
         self.graphs = None
         if cuda_graphs:
             from serving.graphs import GraphDecoder
@@ -138,18 +138,24 @@ class Engine(ServedSpeed, Profiling):
             self.graphs.capture_all()
 
 
-MIXED_PROMPT_TOKENS = 64  # the default with captured graphs: a prompt of up to 64 tokens joins a step
+MIXED_ROW_TILE = 64  # the mixed graph's rows fill whole tiles of this many rows (see `mixed_tokens`)
+MIXED_MIN_PROMPT_TOKENS = 32  # the default budget leaves at least this many rows to prompts
 
 
-def mixed_tokens(wanted: int | None, captured: bool) -> int:
-    """Prompt tokens a mixed step takes (`serving.scheduler`). By default MIXED_PROMPT_TOKENS with
-    captured CUDA graphs, where the mixed step's extra GPU time is measured and weighed against the
-    prefill passes it replaces; off (0) otherwise. On an H200, eight HTTP streams of 64-token
-    requests (the model's own kernels) decoded at 2163-2183 tokens/s with them against 2012-2097
-    without, three runs each on one server (docs/perf/2026-12-03-h200-c.md), the next step queued
-    from the host after each mixed step."""
+def mixed_tokens(wanted: int | None, captured: bool, max_batch: int) -> int:
+    """Prompt tokens a mixed step takes (`serving.scheduler`). By default, with captured CUDA graphs
+    (where the mixed step's extra GPU time is measured and weighed against the prefill passes it
+    replaces), what fills the mixed graph's rows up to a whole number of MIXED_ROW_TILE-row tiles
+    beside the `max_batch` decode rows: 56 at batch 8. The projections' matmuls take rows in
+    64-row tiles, and one more row costs a tile. On an H200 after a campaign (Qwen2.5-1.5B, batch 8;
+    docs/perf/2026-12-03-h200-d.md) a mixed step cost 0.43-0.51 ms more than a decode step at 48-64
+    rows and 0.82-0.83 ms at 72-80; eight HTTP streams decoded at 4446-4500 tokens/s with 56 prompt
+    tokens against 4360-4391 with 64, three runs each. Off (0) without captured graphs."""
     if wanted is None:
-        return MIXED_PROMPT_TOKENS if captured else 0
+        if not captured:
+            return 0
+        tiles = -(-(max_batch + MIXED_MIN_PROMPT_TOKENS) // MIXED_ROW_TILE)
+        return tiles * MIXED_ROW_TILE - max_batch
     if wanted < 0:
         raise ValueError("mixed_prompt_tokens must be 0 (off) or more")
     return int(wanted)

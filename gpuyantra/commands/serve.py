@@ -111,7 +111,8 @@ def register(subparsers) -> None:
         help="while requests decode, a new request whose prompt has at most N tokens joins the next "
         "decode step (its prompt tokens as rows of that step) instead of a prefill pass of its own that "
         "stalls every stream, when the step's measured extra cost is below a prefill pass's "
-        "(default: 64 with --cuda-graphs on cuda, else 0: off)",
+        "(default with --cuda-graphs on cuda: what fills the step's rows up to whole 64-row tiles of the "
+        "projections beside --max-batch decode rows, 56 at batch 8; else 0: off)",
     )
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     p.add_argument(

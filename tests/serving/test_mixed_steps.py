@@ -92,13 +92,18 @@ def test_the_graph_check_covers_the_mixed_step(tmp_path):
 
 
 def test_mixed_steps_are_on_by_default_only_where_graphs_are_captured_and_their_cost_measured(tmp_path):
-    from serving.engine import MIXED_PROMPT_TOKENS, mixed_tokens
+    from serving.engine import MIXED_ROW_TILE, mixed_tokens
 
     # Here (a CPU) graph steps run eagerly and nothing measures a mixed step: off unless asked for.
     engine = Engine(load_model("tiny-qwen2"), state_dir=tmp_path, max_batch=2, max_seq_len=32, cuda_graphs=True)
     assert engine.mixed_prompt_tokens == 0 and engine.graphs is not None and engine.graphs.mixed_buckets == []
-    assert mixed_tokens(None, captured=True) == MIXED_PROMPT_TOKENS > 0  # CUDA graphs: on
-    assert mixed_tokens(None, captured=False) == 0 and mixed_tokens(0, captured=True) == 0  # 0 turns it off
+    # CUDA graphs: on, the mixed graph's rows (decode rows and prompt rows) whole 64-row tiles.
+    assert mixed_tokens(None, captured=True, max_batch=8) == 56 and MIXED_ROW_TILE == 64
+    assert mixed_tokens(None, captured=True, max_batch=1) == 63
+    assert mixed_tokens(None, captured=True, max_batch=48) == 80  # at least 32 prompt rows: two tiles
+    assert mixed_tokens(72, captured=True, max_batch=8) == 72  # asked for: as asked
+    assert mixed_tokens(None, captured=False, max_batch=8) == 0  # no measured graphs: off
+    assert mixed_tokens(0, captured=True, max_batch=8) == 0  # 0 turns it off
     with pytest.raises(ValueError, match="mixed_prompt_tokens"):
         make_engine(tmp_path / "bad", mixed_prompt_tokens=-1)
 
