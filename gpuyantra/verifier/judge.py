@@ -743,10 +743,11 @@ def violation_counts(got: torch.Tensor, allowance: OutputAllowance, tol: tuple[f
     """The two counts of `_violations` as one device tensor, not read back (on CUDA in one kernel
     where it applies: `judge_kernel`)."""
     if got.is_cuda:
-        from gpuyantra.verifier import judge_kernel  # Triton: imported where a GPU judges alone
+        # Triton: imported where a GPU judges alone.
+        from gpuyantra.verifier.judge_kernel import fused_applies, violation_counts_fused
 
-        if judge_kernel.fused_applies(got, allowance):
-            return judge_kernel.violation_counts_fused(got, allowance, tol)
+        if fused_applies(got, allowance):
+            return violation_counts_fused(got, allowance, tol)
     bad_nonfinite, wrong, _ = _violations(got, allowance, tol)
     return _counts(bad_nonfinite, wrong)
 
