@@ -7,8 +7,8 @@ not depend on the job (imports, on CUDA the context) while the parent finishes t
 (or, as a warm spare, before the job exists), then reads one JSON job on stdin. It records raw
 observations (launch counts, host-side aten ops, input mutation, output aliasing and reuse, types,
 devices, timings) into the results file the parent named, and hands the outputs to the parent in
-numbered chunk files of bounded size (`OutputSink`; on CUDA the files carry CUDA IPC handles of
-clones on the GPU, `transport`); it judges nothing. Its stdout and stderr belong
+numbered chunk files of bounded size (`OutputSink`; on CUDA the files carry the CUDA IPC handle of
+one buffer per chunk on the GPU, `transport`); it judges nothing. Its stdout and stderr belong
 to the candidate and are ignored by the verdict.
 """
 
@@ -259,6 +259,7 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
     device = ctx["device"]
     for _, group in itertools.groupby(cases, key=lambda c: (c.phase, c.dtype, c.shape)):
         alive: list[tuple[int, list[tuple[int, Any]]]] = []
+        unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []  # records whose `mutated` is unread
         for case in group:
             acts, params = make_case(family, case, ctx["param_specs"], device)
             named = [
@@ -281,6 +282,8 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
                 record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                 record["launches"] = counter.launches
                 results["checks"].append(record)
+                with contextlib.suppress(BaseException):  # after a device fault nothing more can be read
+                    _read_mutations(unread)
                 return False
             record["seconds"] = round(time.perf_counter() - started, 6)
             record["launches"] = counter.launches
@@ -298,20 +301,46 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
             reused = [[j, other] for j, o in plain for other, outs in alive for _, p in outs if _overlaps(o, p)]
             reused += [[j, case.id] for (j, o), (k, p) in itertools.combinations(plain, 2) if _overlaps(o, p)]
             record["reused"] = reused
-            record["mutated"] = [
-                name
-                for (name, t), snap in zip(named, snapshots)
-                if t.shape != snap.shape or t.dtype != snap.dtype or not torch.equal(t, snap)
-            ]
+            unread.append((record, [(name, _changed(t, snap)) for (name, t), snap in zip(named, snapshots)]))
             alive.append((case.id, [(j, o) for j, o in plain if str(o.device) == record["input_device"]]))
             results["checks"].append(record)
             if _hard_finding(record):
+                _read_mutations(unread)
                 results["stopped"] = f"stopped after call {case.id}: the parent rejects on this record alone"
                 _save(alive, sink, results)
                 return False
+        _read_mutations(unread)
+        mutated = next((record for record, _ in unread if record["mutated"]), None)
+        if mutated is not None:
+            results["stopped"] = f"stopped after call {mutated['id']}: the parent rejects on this record alone"
+            _save(alive, sink, results)
+            return False
         if not _save(alive, sink, results):
             return False
     return True
+
+
+def _changed(t: Any, snapshot: Any) -> Any:
+    """Whether an input differs from its snapshot: True where its shape or dtype changed, else a
+    one-element tensor on its device, read with the group's others (`_read_mutations`)."""
+    if t.shape != snapshot.shape or t.dtype != snapshot.dtype:
+        return True
+    return (t != snapshot).any()  # NaN != NaN: a NaN written into an input counts, as in torch.equal
+
+
+def _read_mutations(unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]]) -> None:
+    """Fill each record's `mutated` (inputs that differ from their snapshots) with one read from the
+    device for all of them. A read per input was a wait per input: with six verifications' children
+    taking turns on one GPU, each wait was a turn of theirs."""
+    import torch
+
+    flags = [flag for _, changes in unread for _, flag in changes if isinstance(flag, torch.Tensor)]
+    values = iter(torch.stack(flags).tolist() if flags else [])
+    for record, changes in unread:
+        record["mutated"] = [
+            name for name, flag in changes if (next(values) if isinstance(flag, torch.Tensor) else flag)
+        ]
+    unread.clear()
 
 
 def _save(alive: list, sink: OutputSink, results: dict[str, Any]) -> bool:
@@ -362,10 +391,11 @@ class OutputSink:
     pass through a bounded folder and stay far below the sandbox's file-size limit. One call whose
     outputs alone exceed the budget is refused (the verdict names the limit).
 
-    With `cuda_ipc` (CUDA runs) each output is cloned on the GPU and the chunk carries CUDA IPC
-    handles of the clones instead of their bytes (`transport`): the clones are held (`held`, counted
-    in the budget as the unread bytes they are) until the parent has deleted the chunk, which it does
-    once it has copied them. Where exporting fails, or the parent leaves a nack for a chunk it could
+    With `cuda_ipc` (CUDA runs) each output is cloned on the GPU, a chunk's clones are packed into
+    one buffer there, and the chunk carries the CUDA IPC handle of that buffer and each output's place
+    in it instead of their bytes (`transport`): the buffer is held (`held`, counted in the budget as
+    the unread bytes it is) until the parent has deleted the chunk, which it does once it has copied
+    it. Where exporting fails, or the parent leaves a nack for a chunk it could
     not map, those outputs go by the host, and so does everything after (`cuda_ipc` is cleared: a
     failure repeats, and a clone nobody maps is never released by torch)."""
 
@@ -379,10 +409,11 @@ class OutputSink:
         self.chunk_per_group = chunk_per_group
         self.chunk_bytes = max(1, self.budget // CHUNKS_PER_BUDGET)
         self.cuda_ipc = cuda_ipc
-        self.export: Callable[[Any], dict[str, Any]] = export_cuda_ipc
+        # outputs -> (entries, the exported tensors: what must stay alive until the chunk is read)
+        self.export: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]] = export_cuda_ipc
         self.pending: dict[str, Any] = {}
         self.pending_bytes = 0
-        self.held: dict[int, tuple[int, dict[str, Any]]] = {}  # cuda_ipc chunk -> (bytes, clones) until read
+        self.held: dict[int, tuple[int, dict[str, Any]]] = {}  # cuda_ipc chunk -> (bytes, exported) until read
         self.written = 0
         self.parent = os.getppid()
         self.wait_seconds = 0.0  # waiting for the parent to read earlier chunks (back-pressure)
@@ -426,15 +457,10 @@ class OutputSink:
         started, copied = time.perf_counter(), self.copy_seconds
         outputs, nbytes = self.pending, self.pending_bytes
         self.pending, self.pending_bytes = {}, 0
-        if self.cuda_ipc and any(t.device.type == "cuda" for t in outputs.values()):
-            import torch
-
-            torch.cuda.synchronize()  # the clones complete before any handle to them is written
-        transport, entries, reason = choose_transport(
-            "cuda" if self.cuda_ipc else "cpu", lambda: {key: self.export(t) for key, t in outputs.items()}
-        )
-        if entries is not None:
-            self.held[self._write(ipc_chunk(entries))] = (nbytes, outputs)
+        transport, exported, reason = choose_transport("cuda" if self.cuda_ipc else "cpu", lambda: self.export(outputs))
+        if exported is not None:
+            entries, shared = exported  # the clones go: what was exported is a copy of them
+            self.held[self._write(ipc_chunk(entries))] = (nbytes, shared)
         else:
             if reason is not None:
                 self.cuda_ipc = False
@@ -495,7 +521,7 @@ class OutputSink:
                 self._write(host_chunk(self._to_host(clones)))
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.folder, nack_name(sequence)))
-            del clones  # the parent's copies are complete and its mappings released
+            del clones  # the parent's copy is complete and its mapping released
 
     def _unread(self) -> tuple[int, int]:
         """(chunks, bytes of outputs) written and not yet read by the parent."""

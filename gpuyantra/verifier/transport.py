@@ -6,11 +6,12 @@ transport, and the parent dispatches on it:
 - `host`: `{"transport": "host", "outputs": {"case:index": tensor}, "fallback": reason or None}`.
   The tensors themselves, copied to the host: CPU runs, and CUDA runs where CUDA IPC failed
   (`fallback` then says why, in one line).
-- `cuda_ipc`: `{"transport": "cuda_ipc", "outputs": {"case:index": entry}}`. Each entry describes a
-  contiguous clone of the output that the child made on the GPU and exported with CUDA IPC
-  (`export_cuda_ipc`); the file carries only that description. The child keeps its clones alive
-  until the parent has deleted the chunk file. The parent maps the clones, copies them into its own
-  GPU memory (`receive_cuda_ipc`), waits for the copies, unmaps them and only then deletes the file,
+- `cuda_ipc`: `{"transport": "cuda_ipc", "outputs": {"case:index": entry}}`. The child copies the
+  chunk's outputs into one buffer on the GPU and exports it once with CUDA IPC (`export_cuda_ipc`);
+  each entry describes one output's place in that buffer (every entry names the same handle), and
+  the file carries only those descriptions. The child keeps the buffer alive until the parent has
+  deleted the chunk file. The parent maps each storage the entries name once, copies it into its own
+  GPU memory (`receive_cuda_ipc`), waits for the copy, unmaps it and only then deletes the file,
   so nothing the child does afterwards (exit, crash, writes) changes what is judged. Where that fails
   the parent leaves a `nack-NNNNNN` file beside the chunk before deleting it, and the child sends the
   same outputs again as a `host` chunk.
@@ -107,40 +108,90 @@ def choose_transport(device: str, export: Callable[[], T]) -> tuple[str, T | Non
         return HOST, None, one_line(f"cuda_ipc export failed: {type(exc).__name__}: {exc}")
 
 
-def export_cuda_ipc(t: Any) -> dict[str, Any]:
-    """The entry of a `cuda_ipc` chunk for `t`, a contiguous clone the child keeps alive until the
-    parent has read the chunk (child side). The clone's work must be complete before the chunk is
-    written (the parent waits on no event)."""
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"dtype {name} does not travel by cuda_ipc")
-    if t.device.type != "cuda":
-        raise ValueError(f"a tensor on {t.device} cannot be exported by cuda_ipc")
-    entry: dict[str, Any] = {
-        "dtype": name,
-        "shape": [int(d) for d in t.shape],
-        "stride": [int(s) for s in t.stride()],
-        "offset": int(t.storage_offset()),
-        "device": int(t.device.index or 0),
-        "handle": "",
-        "storage_bytes": 0,
-        "storage_offset_bytes": 0,
-        "ref_counter": "",
-        "ref_counter_offset": 0,
-    }
-    storage = t.untyped_storage()
-    if storage.nbytes() == 0:
-        return entry  # no memory to share: the parent makes an empty tensor of the shape
-    device, handle, size, offset, ref_counter, ref_counter_offset, _event, _sync = storage._share_cuda_()
-    entry.update(
-        device=int(device),
-        handle=bytes(handle).hex(),
-        storage_bytes=int(size),
-        storage_offset_bytes=int(offset),
-        ref_counter=bytes(ref_counter).hex(),
-        ref_counter_offset=int(ref_counter_offset),
-    )
-    return entry
+# Each output's place in a chunk's buffer starts on this many bytes: a multiple of every item size,
+# and of the 128-byte lines the judging kernel reads.
+PACK_ALIGN = 256
+
+
+def pack_outputs(outputs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(buffer, views): the outputs copied, contiguous, into one new byte buffer on their device,
+    each at a PACK_ALIGN-aligned place; `views` are those places as tensors of the outputs' dtypes
+    and shapes (child side). One allocation per chunk: the parent maps and copies it once, where one
+    handle per output cost it a mapping, a reference counter and a copy each (six verifications at
+    once spent 0.54-0.82 s of each verdict receiving outputs, 0.05-0.07 s alone)."""
+    import torch
+
+    devices = {t.device for t in outputs.values()}
+    if len(devices) > 1:
+        raise ValueError(f"outputs on {len(devices)} devices do not share one buffer")
+    places: dict[str, int] = {}
+    total = 0
+    for key, t in outputs.items():
+        places[key] = total
+        total += -(-t.numel() * t.element_size() // PACK_ALIGN) * PACK_ALIGN
+    device = devices.pop() if devices else torch.device("cpu")
+    buffer = torch.empty(total, dtype=torch.uint8, device=device)
+    views: dict[str, Any] = {}
+    for key, t in outputs.items():
+        nbytes = t.numel() * t.element_size()
+        view = buffer[places[key] : places[key] + nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        views[key] = view
+    return buffer, views
+
+
+def describe_packed(views: Mapping[str, Any], shared: tuple | None) -> dict[str, dict[str, Any]]:
+    """The `cuda_ipc` entries of `views`, places in one buffer whose storage `shared` is (what its
+    `_share_cuda_` returned; None when the buffer is empty). Every entry names the same storage."""
+    entries: dict[str, dict[str, Any]] = {}
+    for key, t in views.items():
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in DTYPE_NAMES:
+            raise ValueError(f"dtype {name} does not travel by cuda_ipc")
+        entry: dict[str, Any] = {
+            "dtype": name,
+            "shape": [int(d) for d in t.shape],
+            "stride": [int(s) for s in t.stride()],
+            "offset": int(t.storage_offset()),
+            "device": int(t.device.index or 0),
+            "handle": "",
+            "storage_bytes": 0,
+            "storage_offset_bytes": 0,
+            "ref_counter": "",
+            "ref_counter_offset": 0,
+        }
+        if t.numel() and shared is not None:  # an empty output maps nothing: the parent makes one
+            device, handle, size, offset, ref_counter, ref_counter_offset, _event, _sync = shared
+            entry.update(
+                device=int(device),
+                handle=bytes(handle).hex(),
+                storage_bytes=int(size),
+                storage_offset_bytes=int(offset),
+                ref_counter=bytes(ref_counter).hex(),
+                ref_counter_offset=int(ref_counter_offset),
+            )
+        entries[key] = entry
+    return entries
+
+
+def export_cuda_ipc(outputs: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """(entries, views) of a `cuda_ipc` chunk (child side): the outputs packed into one buffer on
+    their GPU (`pack_outputs`), complete before this returns (the parent waits on no event), and
+    shared once. The child keeps `views` (and with them the buffer) alive until the parent has read
+    the chunk, and sends them by the host where the parent could not map it."""
+    import torch
+
+    for t in outputs.values():
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in DTYPE_NAMES:
+            raise ValueError(f"dtype {name} does not travel by cuda_ipc")
+        if t.device.type != "cuda":
+            raise ValueError(f"a tensor on {t.device} cannot be exported by cuda_ipc")
+    buffer, views = pack_outputs(outputs)
+    if buffer.device.type == "cuda":
+        torch.cuda.synchronize(buffer.device)
+    shared = buffer.untyped_storage()._share_cuda_() if buffer.numel() else None
+    return describe_packed(views, shared), views
 
 
 @dataclass(frozen=True)
@@ -247,57 +298,88 @@ def validate_chunk(outputs: Any, device_index: int, budget: int, child_pid: int 
     if type(outputs) is not dict or len(outputs) > MAX_ENTRIES:
         raise ValueError(f"outputs must be a dict of at most {MAX_ENTRIES} entries")
     entries = {key: validate_entry(key, entry, device_index, budget, child_pid) for key, entry in outputs.items()}
-    total = sum(e.storage_bytes for e in entries.values())
+    total = sum(size for *_, size in storages(entries.values()))
     if total > budget:
         raise ValueError(f"the chunk maps {total} bytes, past the output budget of {budget}")
     return entries
 
 
-def receive_cuda_ipc(outputs: Any, device_index: int, budget: int, child_pid: int | None) -> dict[str, Any]:
-    """The outputs of a `cuda_ipc` chunk as tensors in this process's own GPU memory (parent side),
-    on the current stream of `device_index`. Every mapping of the child's memory is released before
-    this returns, after the copies from it are complete."""
-    import torch
-
-    entries = validate_chunk(outputs, device_index, budget, child_pid)
-    stream = torch.cuda.current_stream(device_index)
-    mapped: list[Any] = []  # the child's memory, mapped here: released only after the copies
-    received: dict[str, Any] = {}
-    try:
-        for key, entry in entries.items():
-            received[key] = _copy_of(entry, torch.device("cuda", device_index), mapped)
-    finally:
-        stream.synchronize()
-        mapped.clear()
-    return received
+StorageKey = tuple[int, bytes, int, bytes, int, int]  # device, handle, offset, counter, its slot, bytes
 
 
-def _copy_of(entry: IpcEntry, device: Any, mapped: list[Any]) -> Any:
-    import torch
-
-    dtype = getattr(torch, entry.dtype)
-    if entry.storage_bytes == 0:
-        return torch.empty(entry.shape, dtype=dtype, device=device)
-    storage = torch.UntypedStorage._new_shared_cuda(
+def storage_key(entry: IpcEntry) -> StorageKey:
+    """What names the memory an entry's view lies in: entries with the same key share one mapping."""
+    return (
         entry.device,
         entry.handle,
-        entry.storage_bytes,
         entry.storage_offset_bytes,
         entry.ref_counter,
         entry.ref_counter_offset,
+        entry.storage_bytes,
+    )
+
+
+def storages(entries: Any) -> list[StorageKey]:
+    """The distinct storages that non-empty `entries` name, in order."""
+    return list(dict.fromkeys(storage_key(e) for e in entries if e.storage_bytes))
+
+
+def receive_cuda_ipc(outputs: Any, device_index: int, budget: int, child_pid: int | None) -> dict[str, Any]:
+    """The outputs of a `cuda_ipc` chunk as tensors in this process's own GPU memory (parent side),
+    on the current stream of `device_index`: each storage the entries name mapped and copied once,
+    each output a view of that copy. Every mapping of the child's memory is released before this
+    returns, after the copies from it are complete."""
+    import torch
+
+    entries = validate_chunk(outputs, device_index, budget, child_pid)
+    device = torch.device("cuda", device_index)
+    stream = torch.cuda.current_stream(device_index)
+    mapped: list[Any] = []  # the child's memory, mapped here: released only after the copies
+    copies: dict[StorageKey, Any] = {}
+    try:
+        for key in storages(entries.values()):
+            copies[key] = _copy_of_storage(key, device, mapped)
+    finally:
+        stream.synchronize()
+        mapped.clear()
+    received: dict[str, Any] = {}
+    for name, entry in entries.items():
+        dtype = getattr(torch, entry.dtype)
+        if entry.storage_bytes == 0:
+            received[name] = torch.empty(entry.shape, dtype=dtype, device=device)
+            continue
+        view = torch.empty(0, dtype=dtype, device=device)
+        view.set_(copies[storage_key(entry)], entry.offset, entry.shape, entry.stride)
+        received[name] = view.contiguous()  # the view the child named, whatever strides it gave
+    return received
+
+
+def _copy_of_storage(key: StorageKey, device: Any, mapped: list[Any]) -> Any:
+    """The child's storage named by `key`, mapped (kept in `mapped` until the copy completes) and
+    copied into a storage of this process's own."""
+    import torch
+
+    device_index, handle, storage_offset_bytes, ref_counter, ref_counter_offset, storage_bytes = key
+    storage = torch.UntypedStorage._new_shared_cuda(
+        device_index,
+        handle,
+        storage_bytes,
+        storage_offset_bytes,
+        ref_counter,
+        ref_counter_offset,
         _NO_EVENT,
         False,
     )
     mapped.append(storage)
-    size = mapped_bytes(storage.data_ptr() - entry.storage_offset_bytes)
-    if entry.storage_offset_bytes + entry.storage_bytes > size:
+    size = mapped_bytes(storage.data_ptr() - storage_offset_bytes)
+    if storage_offset_bytes + storage_bytes > size:
         raise ValueError(
-            f"the storage ({entry.storage_bytes} bytes at {entry.storage_offset_bytes}) reaches past "
+            f"the storage ({storage_bytes} bytes at {storage_offset_bytes}) reaches past "
             f"the {size} bytes its handle maps"
         )
-    view = torch.empty(0, dtype=dtype, device=device).set_(storage, entry.offset, entry.shape, entry.stride)
-    mapped.append(view)
-    return view.clone(memory_format=torch.contiguous_format)
+    raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage_bytes,), (1,))
+    mapped.append(raw)
+    return raw.clone().untyped_storage()
 
 
 _LIBCUDA: list[Any] = []

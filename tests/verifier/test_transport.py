@@ -31,10 +31,14 @@ from gpuyantra.verifier.transport import (
     CUDA_IPC,
     HOST,
     IPC_HANDLE_BYTES,
+    PACK_ALIGN,
     choose_transport,
-    export_cuda_ipc,
+    describe_packed,
     host_chunk,
     ipc_chunk,
+    pack_outputs,
+    storage_key,
+    storages,
     validate_chunk,
     validate_entry,
 )
@@ -124,45 +128,61 @@ def test_the_shared_memory_files_of_a_child_that_is_gone_are_removed(tmp_path, m
 # --- a cuda_ipc chunk on disk: plain data that loads under weights_only -------------------------
 
 
-class FakeCudaClone:
-    """A CPU tensor dressed as the child's CUDA clone for the real `export_cuda_ipc`: its storage
-    "shares" itself with the Python types torch's `_share_cuda_` returns (bytes for the handle,
-    the reference counter and the event)."""
+class FakeSharedBuffer:
+    """What `_share_cuda_` of a chunk's buffer returns, with the Python types torch's gives (bytes for
+    the handle, the reference counter and the event), for a buffer the test keeps on the CPU."""
 
-    device = torch.device("cuda", 0)
+    def __init__(self, nbytes: int) -> None:
+        self.handle = b"\x02c" + bytes([7]) * 64
+        self.ref_counter = f"/torch_{os.getpid()}_98765_7".encode()
+        self.shared = (0, self.handle, nbytes, 512, self.ref_counter, 3, bytes(64), False)
 
-    def __init__(self, t: torch.Tensor, number: int) -> None:
-        self.t, self.number = t, number
-        self.dtype, self.shape = t.dtype, t.shape
 
-    def stride(self) -> tuple[int, ...]:
-        return self.t.stride()
+def test_a_chunks_outputs_are_packed_into_one_aligned_buffer():
+    outputs = {
+        "4:0": torch.arange(1000, dtype=torch.float32),
+        "4:1": torch.full((7, 9), 3.0, dtype=torch.bfloat16).t(),
+        "4:2": torch.ones(0, 5),
+        "5:0": torch.tensor([True, False, True]),
+    }
+    buffer, views = pack_outputs(outputs)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == 4096 + 256 + 0 + 256
+    for key, t in outputs.items():
+        view = views[key]
+        assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        assert view.is_contiguous() and view.dtype == t.dtype and torch.equal(view, t)
+        assert (view.storage_offset() * view.element_size()) % PACK_ALIGN == 0
+    assert [views[k].storage_offset() * views[k].element_size() for k in outputs] == [0, 4096, 4352, 4352]
+    with pytest.raises(ValueError, match="outputs on 2 devices do not share one buffer"):
+        pack_outputs({"0:0": torch.ones(2), "0:1": torch.ones(2, device="meta")})
 
-    def storage_offset(self) -> int:
-        return self.t.storage_offset()
 
-    def untyped_storage(self) -> FakeCudaClone:
-        return self
-
-    def nbytes(self) -> int:
-        return self.t.untyped_storage().nbytes()
-
-    def _share_cuda_(self) -> tuple:
-        handle = b"\x02c" + bytes([self.number]) * 64
-        ref_counter = f"/torch_{os.getpid()}_98765_{self.number}".encode()
-        return 0, handle, self.nbytes(), 512 * self.number, ref_counter, self.number, bytes(64), False
+def test_every_entry_of_a_chunk_names_its_one_buffer():
+    buffer, views = pack_outputs({"4:0": torch.arange(10.0), "4:1": torch.ones(3, 2, dtype=torch.float16)})
+    fake = FakeSharedBuffer(buffer.numel())
+    entries = describe_packed(views, fake.shared)
+    assert {e["handle"] for e in entries.values()} == {fake.handle.hex()}
+    assert {(e["storage_bytes"], e["storage_offset_bytes"], e["ref_counter_offset"]) for e in entries.values()} == {
+        (buffer.numel(), 512, 3)
+    }
+    assert entries["4:1"]["offset"] == 256 // 2 and entries["4:1"]["stride"] == [2, 1]
+    validated = validate_chunk(entries, 0, BUDGET, os.getpid())
+    assert len(storages(validated.values())) == 1  # mapped, and counted against the budget, once
+    with pytest.raises(ValueError, match="dtype complex64 does not travel by cuda_ipc"):
+        describe_packed({"0:0": torch.ones(2, dtype=torch.complex64)}, fake.shared)
 
 
 def test_a_cuda_ipc_chunk_loads_under_weights_only_and_validates(tmp_path):
-    """The chunk the GPU test's child writes (an empty output among them), through the real export,
-    the child's real write and the parent's real load and validation. Before: the empty output's
+    """The chunk the GPU test's child writes (an empty output among them), through the real packing,
+    the child's real write and the parent's real load and validation. Before: an empty output's
     handle was b"", which pickle protocol 2 writes as a call of `builtins.bytes`, and the parent
     refused the whole chunk (`Unsupported global: GLOBAL bytes`)."""
-    exported: list[FakeCudaClone] = []
+    shared: list[FakeSharedBuffer] = []
 
-    def export(t: torch.Tensor) -> dict[str, Any]:
-        exported.append(FakeCudaClone(t, len(exported) + 1))
-        return export_cuda_ipc(exported[-1])
+    def export(outputs: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        buffer, views = pack_outputs(outputs)
+        shared.append(FakeSharedBuffer(buffer.numel()))
+        return describe_packed(views, shared[-1].shared), views
 
     sink = OutputSink(str(tmp_path), BUDGET, chunk_per_group=True, cuda_ipc=True)
     sink.export = export
@@ -194,13 +214,14 @@ def test_a_cuda_ipc_chunk_loads_under_weights_only_and_validates(tmp_path):
     assert reader.error is None and reader.fallback is None, (reader.error, reader.fallback)
     assert reader.transports == {CUDA_IPC: 1}
     first, second, empty = (validated[f"4:{j}"] for j in range(3))
-    assert (first.dtype, first.shape, first.storage_bytes) == ("float32", (1000,), 4000)
-    assert first.handle == b"\x02c" + bytes([1]) * 64 and first.storage_offset_bytes == 512
-    assert first.ref_counter == f"/torch_{os.getpid()}_98765_1".encode() and first.ref_counter_offset == 1
-    assert (second.dtype, second.shape, second.stride) == ("bfloat16", (9, 7), (7, 1))  # the contiguous clone
+    assert (first.dtype, first.shape, first.storage_bytes, first.offset) == ("float32", (1000,), 4096 + 256, 0)
+    assert first.handle == shared[0].handle and first.storage_offset_bytes == 512
+    assert first.ref_counter == shared[0].ref_counter and first.ref_counter_offset == 3
+    assert (second.dtype, second.shape, second.stride, second.offset) == ("bfloat16", (9, 7), (7, 1), 4096 // 2)
+    assert storage_key(second) == storage_key(first)  # one buffer for the chunk
     assert (empty.shape, empty.storage_bytes, empty.handle, empty.ref_counter) == ((0, 5), 0, b"", b"")
     assert [tuple(got[f"4:{j}"].shape) for j in range(3)] == [(1000,), (9, 7), (0, 5)]
-    sink.close()  # the chunk was read: the clones are released
+    sink.close()  # the chunk was read: the buffer is released
     assert sink.held == {} and not list(tmp_path.iterdir())
 
 
@@ -228,9 +249,12 @@ class FakeIpc:
         self.fail_import = fail_import
         self.imports = 0
 
-    def export(self, t: torch.Tensor) -> dict[str, Any]:
-        self.clones[len(self.clones)] = weakref.ref(t)
-        return {"token": len(self.clones) - 1}
+    def export(self, outputs: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        entries = {}
+        for key, t in outputs.items():
+            self.clones[len(self.clones)] = weakref.ref(t)
+            entries[key] = {"token": len(self.clones) - 1}
+        return entries, dict(outputs)
 
     def receive(self, entries: dict[str, Any]) -> dict[str, torch.Tensor]:
         self.imports += 1
@@ -309,7 +333,7 @@ def test_a_failed_export_sends_the_chunk_by_the_host_with_the_reason(tmp_path):
     reader = OutputReader(tmp_path, BUDGET, lambda chunk: seen.extend(chunk), device="cuda", child_pid=CHILD_PID)
     sink = OutputSink(str(tmp_path), BUDGET, chunk_per_group=True, cuda_ipc=True)
 
-    def export(t: torch.Tensor) -> dict:
+    def export(outputs: dict) -> tuple:
         raise RuntimeError("cudaIpcGetMemHandle failed")
 
     sink.export = export
@@ -401,9 +425,18 @@ def test_bad_chunks_are_refused():
         validate_chunk([good_entry()], 0, BUDGET, CHILD_PID)
     with pytest.raises(ValueError, match="no child process"):
         validate_chunk({"0:0": good_entry()}, 0, BUDGET, None)
-    many = {f"{i}:0": good_entry(shape=[256, 256], stride=[256, 1], storage_bytes=2**17) for i in range(5)}
+    many = {
+        f"{i}:0": good_entry(shape=[256, 256], stride=[256, 1], storage_bytes=2**17, storage_offset_bytes=2**17 * i)
+        for i in range(5)
+    }
     with pytest.raises(ValueError, match="the chunk maps 655360 bytes, past the output budget of 524288"):
         validate_chunk(many, 0, BUDGET // 2, CHILD_PID)
+    # Views of one storage count it once: five outputs packed in one buffer.
+    one = {
+        f"{i}:0": good_entry(shape=[64, 256], stride=[256, 1], offset=64 * 256 * i, storage_bytes=5 * 2**15)
+        for i in range(5)
+    }
+    assert len(validate_chunk(one, 0, BUDGET // 2, CHILD_PID)) == 5
 
 
 # --- CUDA only: the real thing ------------------------------------------------------------------
