@@ -287,6 +287,7 @@ def sandbox_timings(outcome: SandboxOutcome, seconds: float) -> dict[str, float]
         timings["child_exit"] = outcome.exit_seconds
     timings["sandbox_collect"] = outcome.collect_seconds
     timings["load_outputs"] = outcome.load_seconds
+    timings["load_outputs_cpu"] = outcome.load_cpu_seconds
     timings["judge_outputs"] = outcome.consume_seconds
     timings["judge_outputs_cpu"] = outcome.consume_cpu_seconds
     named = sum(timings.get(part, 0.0) for part in SANDBOX_PARTS)

@@ -46,6 +46,14 @@ def budget_bytes(device_type: str) -> int:
     return int(megabytes * 2**20)
 
 
+class _InFlight(Generic[T]):
+    """A value being computed: set, then `done`; None when the computation raised."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: T | None = None
+
+
 class ReferenceCache(Generic[T]):
     """Values by (group, key) up to `budget` bytes, each computed once at a time.
 
@@ -63,29 +71,40 @@ class ReferenceCache(Generic[T]):
         self._groups: OrderedDict[Hashable, dict[Hashable, T]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._computing: dict[tuple[Hashable, Hashable], threading.Lock] = {}
+        self._computing: dict[tuple[Hashable, Hashable], _InFlight[T]] = {}
 
     def get(self, group: Hashable, key: Hashable, compute: Callable[[], T]) -> T:
         """The value kept for (`group`, `key`), else `compute()`'s (kept when there is room). A
-        judging that asks while another computes the same key waits for that one's value."""
+        judging that asks while another computes the same key waits for that one's value, and gets
+        it whether or not it is kept: six judgings of one plan past the budget then compute each key
+        once between them, not one after another (each waiting for the previous one's computation,
+        then doing it again because it was not kept)."""
         if self.budget <= 0:
             return compute()
         with self._lock:
             if (value := self._hit(group, key)) is not None:
                 return value
-            computing = self._computing.setdefault((group, key), threading.Lock())
-        with computing:
-            with self._lock:
-                if (value := self._hit(group, key)) is not None:
-                    return value
+            flight = self._computing.get((group, key))
+            if flight is None:
+                flight = self._computing[(group, key)] = _InFlight()
                 self.misses += 1
-            try:
-                value = compute()
-                with self._lock:
-                    self._keep(group, key, value)
-            finally:
-                with self._lock:
-                    self._computing.pop((group, key), None)
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            flight.done.wait()
+            if flight.value is not None:
+                return flight.value
+            return compute()  # the computation it waited for raised: its own, to raise its own error
+        try:
+            value = compute()
+            flight.value = value
+            with self._lock:
+                self._keep(group, key, value)
+        finally:
+            with self._lock:
+                self._computing.pop((group, key), None)
+            flight.done.set()
         return value
 
     def __len__(self) -> int:

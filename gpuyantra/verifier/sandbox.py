@@ -86,6 +86,7 @@ class SandboxOutcome:
     stderr_tail: str = ""
     seconds: float = 0.0
     load_seconds: float = 0.0  # reading the saved outputs back (parent side, while the child runs)
+    load_cpu_seconds: float = 0.0  # the reading thread's CPU time of it
     consume_seconds: float = 0.0  # judging them as they came (parent side, while the child runs)
     consume_cpu_seconds: float = 0.0  # the judging thread's CPU time of it
     transports: dict[str, int] = field(default_factory=dict)  # chunks judged per transport (`transport`)
@@ -281,6 +282,7 @@ class Sandbox:
         remove_shared_memory(self.proc.pid)
         outcome.load_seconds, outcome.consume_seconds = round(reader.load_seconds, 3), round(reader.consume_seconds, 3)
         outcome.consume_cpu_seconds = round(reader.consume_cpu_seconds, 3)
+        outcome.load_cpu_seconds = round(reader.load_cpu_seconds, 3)
         outcome.transports, outcome.transport_fallback = dict(reader.transports), reader.fallback
         if results_path.exists() and not outcome.timed_out and not outcome.memory_exceeded:
             try:
@@ -343,6 +345,22 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LOAD_ERROR_CHARS = 600
 
 
+MAX_JSON_CHUNK_BYTES = 64 * 2**20  # a cuda_ipc chunk's descriptions: ~400 bytes per output at most
+
+
+def _load_chunk(path: Path, torch: Any) -> Any:
+    """A chunk file's contents: JSON (a cuda_ipc chunk's descriptions) or torch.save's zip (tensors),
+    as its first byte says; either way data only (JSON has no objects, the zip loads weights_only)."""
+    with open(path, "rb") as handle:
+        if handle.read(1) == b"{":
+            if path.stat().st_size > MAX_JSON_CHUNK_BYTES:
+                raise ValueError(f"{path.name} holds descriptions past {MAX_JSON_CHUNK_BYTES} bytes")
+            handle.seek(0)
+            return json.loads(handle.read())
+    # Mapped, not read: the copy to the judging device reads the pages (one pass, not two).
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def load_error(exc: BaseException) -> str:
     """`exc` in one line that keeps its reason. Where torch.load refused a pickle under weights_only it
     wraps the unpickler's reason (say `Unsupported global: GLOBAL bytes was not an allowed global by
@@ -390,6 +408,7 @@ class OutputReader(threading.Thread):
         self.transports: dict[str, int] = {}
         self._stream: Any = None  # CUDA: where cuda_ipc chunks are copied
         self.load_seconds = 0.0
+        self.load_cpu_seconds = 0.0  # this thread's CPU time reading chunks (the rest: GIL, driver, device)
         self.consume_seconds = 0.0
         self.consume_cpu_seconds = 0.0  # this thread's CPU time in `consume` (with any spin of a device wait)
         self._done = threading.Event()
@@ -425,9 +444,8 @@ class OutputReader(threading.Thread):
             # A chunk holds a quarter budget, or one call's outputs up to the budget, plus zip headers.
             if size > 2 * self.budget + 2**20:
                 raise ValueError(f"{path.name} holds {size} bytes, past the output budget of {self.budget}")
-            loading = time.monotonic()
-            # Mapped, not read: the copy to the judging device reads the pages (one pass, not two).
-            chunk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            loading, loading_cpu = time.monotonic(), time.thread_time()
+            chunk = _load_chunk(path, torch)
             if not isinstance(chunk, dict) or not isinstance(chunk.get("outputs"), dict):
                 raise ValueError(f"{path.name} holds a {type(chunk).__name__}, not a chunk of outputs")
             transport = chunk.get("transport")
@@ -439,11 +457,13 @@ class OutputReader(threading.Thread):
                 outputs = self._receive(chunk["outputs"], path, sequence)
                 if outputs is None:
                     self.load_seconds += time.monotonic() - loading
+                    self.load_cpu_seconds += time.thread_time() - loading_cpu
                     return  # the child sends them again by the host
                 path.unlink(missing_ok=True)  # copied: the child may release its clones
             else:
                 raise ValueError(f"{path.name} names transport {transport!r}, not one of {', '.join(TRANSPORTS)}")
             self.load_seconds += time.monotonic() - loading
+            self.load_cpu_seconds += time.thread_time() - loading_cpu
             judging, judging_cpu = time.monotonic(), time.thread_time()
             self.consume(outputs)
             self.consume_seconds += time.monotonic() - judging

@@ -23,10 +23,8 @@ of a plain `cudaMalloc` block, a reference counter of the child's own) before to
 and checks the mapping's real size before reading from it.
 
 An entry holds only str, int and lists of ints (the handle and the reference counter as lowercase
-hex), so the chunk's pickle names no global at all and loads under `torch.load(weights_only=True)`
-on every torch: bytes would not do. Pickle protocol 2 (torch.save's) writes bytes as a call of
-`_codecs.encode`, and an empty one (an empty output's handle) as a call of `builtins.bytes`, which
-the weights_only unpickler refuses (and must: `bytes(n)` allocates whatever n the child names).
+hex), and the child writes a `cuda_ipc` chunk as JSON: the parent parses it in C, without running
+anything from it (`host` chunks, tensors, go by torch.save and load under weights_only).
 """
 
 from __future__ import annotations

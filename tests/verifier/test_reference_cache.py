@@ -74,6 +74,32 @@ def test_a_key_asked_for_at_once_is_computed_once():
     assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
 
 
+def test_a_key_too_large_to_keep_asked_for_at_once_is_still_computed_once():
+    # Before: each waiter found nothing kept and computed it again, one after another.
+    cache: ReferenceCache[_Blob] = ReferenceCache(budget=100)
+    calls: list[int] = []
+    started = threading.Event()
+
+    def compute() -> _Blob:
+        calls.append(1)
+        started.set()
+        time.sleep(0.2)
+        return _Blob(60)  # past a quarter of the budget: never kept
+
+    got: list[_Blob] = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get("plan", "k", compute))) for _ in range(4)]
+    threads[0].start()
+    assert started.wait(10)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
+    assert len(cache) == 0  # and the next asker computes it again
+    cache.get("plan", "k", compute)
+    assert len(calls) == 2
+
+
 def test_a_failed_computation_is_not_kept_and_the_next_asker_computes_again():
     cache: ReferenceCache[_Blob] = ReferenceCache(budget=1000)
 
@@ -83,6 +109,33 @@ def test_a_failed_computation_is_not_kept_and_the_next_asker_computes_again():
     with pytest.raises(RuntimeError):
         cache.get("plan", "k", broken)
     assert cache.get("plan", "k", lambda: _Blob(5, "ok")).name == "ok"
+    # One waiting on a computation that raises computes (and raises) its own.
+    started, release = threading.Event(), threading.Event()
+
+    def slow_broken() -> _Blob:
+        started.set()
+        release.wait(10)
+        raise RuntimeError("reference failed")
+
+    errors: list[str] = []
+    values: list[str] = []
+
+    def ask(compute) -> None:  # noqa: ANN001
+        try:
+            values.append(cache.get("plan", "other", compute).name)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    first = threading.Thread(target=ask, args=(slow_broken,))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=ask, args=(lambda: _Blob(5, "own"),))
+    second.start()
+    time.sleep(0.1)  # the second now waits on the first's computation
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert errors == ["reference failed"] and values == ["own"]
 
 
 def test_zero_budget_turns_the_cache_off_and_a_malformed_one_is_a_clear_error(monkeypatch):

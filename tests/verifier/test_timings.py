@@ -41,6 +41,7 @@ def test_every_second_of_the_sandbox_is_named(state):
     assert {"load_outputs", "judge_outputs", "child_warm_imports"} <= set(verdict.timings)
     # The judging's own CPU time is part of its wall time; every chunk's comparisons were settled.
     assert 0 < verdict.timings["judge_outputs_cpu"] <= verdict.timings["judge_outputs"] + 0.01, verdict.timings
+    assert 0 < verdict.timings["load_outputs_cpu"] <= verdict.timings["load_outputs"] + 0.01, verdict.timings
     assert verdict.timings["judge_settles"] >= 1 and verdict.timings["judge_outputs_device_wait"] == 0
 
 

@@ -9,8 +9,8 @@ here with a stand-in for the export and the import; the GPU tests at the end run
 
 from __future__ import annotations
 
+import json
 import os
-import pickletools
 import subprocess
 import sys
 import textwrap
@@ -172,11 +172,9 @@ def test_every_entry_of_a_chunk_names_its_one_buffer():
         describe_packed({"0:0": torch.ones(2, dtype=torch.complex64)}, fake.shared)
 
 
-def test_a_cuda_ipc_chunk_loads_under_weights_only_and_validates(tmp_path):
+def test_a_cuda_ipc_chunk_is_json_and_validates(tmp_path):
     """The chunk the GPU test's child writes (an empty output among them), through the real packing,
-    the child's real write and the parent's real load and validation. Before: an empty output's
-    handle was b"", which pickle protocol 2 writes as a call of `builtins.bytes`, and the parent
-    refused the whole chunk (`Unsupported global: GLOBAL bytes`)."""
+    the child's real write and the parent's real load and validation."""
     shared: list[FakeSharedBuffer] = []
 
     def export(outputs: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -195,11 +193,9 @@ def test_a_cuda_ipc_chunk_loads_under_weights_only_and_validates(tmp_path):
     sink.end_group()
     assert sink.cuda_ipc and list(sink.held) == [0]
 
-    # Nothing in the pickle names a global or calls one: it loads under any torch's weights_only.
-    # (torch's reader: the child writes no CRC-32 that zipfile could check)
-    pickled = torch._C.PyTorchFileReader(str(tmp_path / chunk_name(0))).get_record("data.pkl")
-    opcodes = {op.name for op, _, _ in pickletools.genops(pickled)}
-    assert not opcodes & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD"}, opcodes
+    # Descriptions only: plain JSON, which the parent parses without running anything.
+    written = json.loads((tmp_path / chunk_name(0)).read_text())
+    assert written["transport"] == CUDA_IPC and sorted(written["outputs"]) == ["4:0", "4:1", "4:2"]
 
     validated: dict[str, Any] = {}
 
@@ -223,6 +219,19 @@ def test_a_cuda_ipc_chunk_loads_under_weights_only_and_validates(tmp_path):
     assert [tuple(got[f"4:{j}"].shape) for j in range(3)] == [(1000,), (9, 7), (0, 5)]
     sink.close()  # the chunk was read: the buffer is released
     assert sink.held == {} and not list(tmp_path.iterdir())
+
+
+def test_a_json_chunk_that_is_not_data_or_too_large_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox_module, "MAX_JSON_CHUNK_BYTES", 1000)
+    reader = OutputReader(tmp_path, BUDGET, lambda chunk: pytest.fail("nothing to judge"), child_pid=CHILD_PID)
+    (tmp_path / chunk_name(0)).write_text('{"transport": "cuda_ipc", "outputs": ' + "[" * 100)
+    reader.read_ready()
+    assert reader.error is not None and reader.error.startswith("cannot read the saved outputs (chunk-000000.pt)")
+    reader.error = None
+    (tmp_path / chunk_name(1)).write_text(json.dumps(ipc_chunk({f"{i}:0": good_entry() for i in range(10)})))
+    reader.read_ready()
+    assert reader.error is not None and "holds descriptions past 1000 bytes" in reader.error
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_chunk_refused_by_weights_only_is_an_error_naming_the_unpicklers_reason(tmp_path):
