@@ -52,6 +52,19 @@ def test_another_plan_pushes_out_the_least_recently_used_plan_whole():
     assert cache.get("huge", "a", lambda: _Blob(30, "recomputed")).name == "recomputed"
 
 
+def _asked_at_once(cache: ReferenceCache[_Blob], compute, started: threading.Event, n: int = 4) -> list[_Blob]:  # noqa: ANN001
+    """What `n` threads got asking for one key: the first starts computing, the others ask meanwhile."""
+    got: list[_Blob] = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get("plan", "k", compute))) for _ in range(n)]
+    threads[0].start()
+    assert started.wait(10)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return got
+
+
 def test_a_key_asked_for_at_once_is_computed_once():
     cache: ReferenceCache[_Blob] = ReferenceCache(budget=1000)
     calls: list[int] = []
@@ -63,14 +76,7 @@ def test_a_key_asked_for_at_once_is_computed_once():
         time.sleep(0.2)  # the others ask meanwhile
         return _Blob(10)
 
-    got: list[_Blob] = []
-    threads = [threading.Thread(target=lambda: got.append(cache.get("plan", "k", compute))) for _ in range(4)]
-    threads[0].start()
-    assert started.wait(10)
-    for thread in threads[1:]:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
+    got = _asked_at_once(cache, compute, started)
     assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
 
 
@@ -86,14 +92,7 @@ def test_a_key_too_large_to_keep_asked_for_at_once_is_still_computed_once():
         time.sleep(0.2)
         return _Blob(60)  # past a quarter of the budget: never kept
 
-    got: list[_Blob] = []
-    threads = [threading.Thread(target=lambda: got.append(cache.get("plan", "k", compute))) for _ in range(4)]
-    threads[0].start()
-    assert started.wait(10)
-    for thread in threads[1:]:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
+    got = _asked_at_once(cache, compute, started)
     assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
     assert len(cache) == 0  # and the next asker computes it again
     cache.get("plan", "k", compute)
