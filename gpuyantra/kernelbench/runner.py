@@ -348,13 +348,9 @@ def gpu_memory(device: str, alone: bool = False) -> Iterator[None]:
         return
     from gpuyantra.verifier import baselines
     from gpuyantra.verifier.gpu_locks import problem_memory
-    from gpuyantra.verifier.sandbox import wait_for_exits
 
     with problem_memory(baselines.timing_lock(), alone=alone):
-        try:
-            yield
-        finally:
-            wait_for_exits()  # the problem's sandbox children gone, their GPU memory with them
+        yield
 
 
 def ran_out_of_memory(result: ProblemResult) -> bool:

@@ -269,7 +269,7 @@ SANDBOX_PARTS = (
     "child_recheck_drain",
     "child_save_outputs",
     "child_other",
-    "child_exit",  # results written to the parent seeing them (the process is reaped in the background)
+    "child_exit",  # results written to the child's process gone
     "sandbox_collect",  # the child gone to the outcome complete (stragglers, last outputs, results)
 )
 

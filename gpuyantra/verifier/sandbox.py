@@ -63,7 +63,7 @@ FILE_SIZE_LIMIT = 8 * 2**30
 # Saved outputs waiting unread for the parent, at most (the child waits for room; one call's outputs
 # past it are refused with a verdict that names it).
 OUTPUT_BUDGET = 2**30
-POLL_SECONDS = 0.02  # the watch: the child's exit or its results, resident memory, the deadline
+POLL_SECONDS = 0.05
 READ_POLL_SECONDS = 0.01
 # The session's members are found by reading every process's stat in /proc (2 ms on a small host,
 # under the worker's one GIL): each poll reads the resident memory of the members last found, and
@@ -199,7 +199,6 @@ class Sandbox:
         self.workdir = Path(self._tmp.name)
         (self.workdir / "home").mkdir()
         self.proc: subprocess.Popen | None = None
-        self._reaped_later = False  # killed once its results were in; a reaper thread waits for it
         self.started_at = 0.0
 
     def start(self, gpu_lock: str | None = None) -> None:
@@ -271,30 +270,20 @@ class Sandbox:
             self.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
-        finished = self._watch(outcome, results_path)
+        self._watch(outcome)
         collecting = time.monotonic()
         exited_at = time.time()
         outcome.seconds = time.monotonic() - self.started_at
-        if finished:
-            # The harness wrote its results: all the child does now is exit (on CUDA, a context torn
-            # down: 0.1 s alone, 0.2-0.4 s beside five others). Anything else of the session was
-            # started by the candidate; the session goes, and its process is reaped in the background.
-            outcome.leftover = [pid for pid in _session_members(self.proc.pid) if pid != self.proc.pid]
+        # Anything of the session still alive now was started by the candidate and outlived it.
+        time.sleep(LEFTOVER_GRACE_SECONDS)
+        outcome.leftover = _session_members(self.proc.pid)
+        if outcome.leftover:
             _kill_session(self.proc.pid)
-            _reap_later(self.proc)
-            self._reaped_later = True
-        else:
-            # Anything of the session still alive now was started by the candidate and outlived it.
-            time.sleep(LEFTOVER_GRACE_SECONDS)
-            outcome.leftover = _session_members(self.proc.pid)
-            if outcome.leftover:
-                _kill_session(self.proc.pid)
         self._stdout.close()
         self._stderr.close()
         outcome.stderr_tail = _tail(self.workdir / "stderr.log")
         reader.finish(read_rest=not (outcome.timed_out or outcome.memory_exceeded))
-        if not finished:
-            remove_shared_memory(self.proc.pid)  # else once reaped (`_reap_later`)
+        remove_shared_memory(self.proc.pid)
         outcome.load_seconds, outcome.consume_seconds = round(reader.load_seconds, 3), round(reader.consume_seconds, 3)
         outcome.consume_cpu_seconds = round(reader.consume_cpu_seconds, 3)
         outcome.load_cpu_seconds = round(reader.load_cpu_seconds, 3)
@@ -316,10 +305,8 @@ class Sandbox:
         outcome.collect_seconds = round(time.monotonic() - collecting, 3)
         return outcome
 
-    def _watch(self, outcome: SandboxOutcome, results_path: Path) -> bool:
-        """Wait for the child to exit or to have written its results (True: its exit is not waited
-        for, and `outcome.returncode` stays None); kill its session past the wall-clock or memory
-        limit."""
+    def _watch(self, outcome: SandboxOutcome) -> None:
+        """Wait for the child to exit; kill its session past the wall-clock or memory limit."""
         assert self.proc is not None
         sid = self.proc.pid
         # From the job on: a warm spare may have waited long before it got one.
@@ -331,8 +318,6 @@ class Sandbox:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if results_path.exists():  # written whole (os.replace): the harness's last step
-                return True
             now = time.monotonic()
             if now > deadline:
                 outcome.timed_out = True
@@ -347,10 +332,9 @@ class Sandbox:
                 _kill_session(sid)
                 break
         outcome.returncode = self.proc.wait()
-        return False
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None and not self._reaped_later:
+        if self.proc is not None and self.proc.poll() is None:
             _kill_session(self.proc.pid)
             self.proc.wait()
         for fh in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
@@ -600,44 +584,6 @@ def keep_spare(
 
 
 SHARED_MEMORY = Path("/dev/shm")
-
-
-# Children whose results are in and whose process is still going away (`_reap_later`).
-_EXITING: set[subprocess.Popen] = set()
-_EXITING_LOCK = threading.Lock()
-
-
-def _reap_later(proc: subprocess.Popen) -> None:
-    """Wait for `proc` (killed, its results in) on a thread of its own, then remove its shared memory."""
-
-    def reap() -> None:
-        proc.wait()
-        remove_shared_memory(proc.pid)
-        with _EXITING_LOCK:
-            _EXITING.discard(proc)
-
-    with _EXITING_LOCK:
-        _EXITING.add(proc)
-    threading.Thread(target=reap, name="gpuyantra-sandbox-reaper", daemon=True).start()
-
-
-def wait_for_exits(timeout: float = 30.0) -> bool:
-    """Wait until every child whose results are in has also gone (its GPU memory freed with it):
-    for a caller about to hand the GPU's memory to another job. False if some are still there."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with _EXITING_LOCK:
-            exiting = list(_EXITING)
-        if not exiting:
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        try:
-            exiting[0].wait(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            return False
-        time.sleep(0.001)  # its reaper thread removes it from the set
 
 
 def remove_shared_memory(pid: int) -> None:
