@@ -362,7 +362,6 @@ def _bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-CUDA_IPC = "cuda_ipc"  # transport.CUDA_IPC (imported late there: this module starts before torch)
 CHUNK_PREFIX = "chunk-"
 CHUNKS_PER_BUDGET = 4  # chunk size = budget / 4: the parent judges one chunk while the next ones are written
 WAIT_POLL_SECONDS = 0.005
@@ -490,6 +489,8 @@ class OutputSink:
     def _write(self, chunk: dict[str, Any]) -> int:
         """Write `chunk` as the next numbered file (whole or not at all); its number."""
         import torch
+
+        from gpuyantra.verifier.transport import CUDA_IPC
 
         sequence = self.written
         name = chunk_name(sequence)

@@ -356,9 +356,11 @@ LOAD_ERROR_CHARS = 600
 MAX_JSON_CHUNK_BYTES = 64 * 2**20  # a cuda_ipc chunk's descriptions: ~400 bytes per output at most
 
 
-def _load_chunk(path: Path, torch: Any) -> Any:
+def _load_chunk(path: Path) -> Any:
     """A chunk file's contents: JSON (a cuda_ipc chunk's descriptions) or torch.save's zip (tensors),
     as its first byte says; either way data only (JSON has no objects, the zip loads weights_only)."""
+    import torch
+
     with open(path, "rb") as handle:
         if handle.read(1) == b"{":
             if path.stat().st_size > MAX_JSON_CHUNK_BYTES:
@@ -445,15 +447,13 @@ class OutputReader(threading.Thread):
         return read
 
     def _read(self, path: Path, sequence: int) -> None:
-        import torch
-
         try:
             size = path.stat().st_size
             # A chunk holds a quarter budget, or one call's outputs up to the budget, plus zip headers.
             if size > 2 * self.budget + 2**20:
                 raise ValueError(f"{path.name} holds {size} bytes, past the output budget of {self.budget}")
             loading, loading_cpu = time.monotonic(), time.thread_time()
-            chunk = _load_chunk(path, torch)
+            chunk = _load_chunk(path)
             if not isinstance(chunk, dict) or not isinstance(chunk.get("outputs"), dict):
                 raise ValueError(f"{path.name} holds a {type(chunk).__name__}, not a chunk of outputs")
             transport = chunk.get("transport")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -52,8 +53,18 @@ def test_another_plan_pushes_out_the_least_recently_used_plan_whole():
     assert cache.get("huge", "a", lambda: _Blob(30, "recomputed")).name == "recomputed"
 
 
-def _asked_at_once(cache: ReferenceCache[_Blob], compute, started: threading.Event, n: int = 4) -> list[_Blob]:  # noqa: ANN001
-    """What `n` threads got asking for one key: the first starts computing, the others ask meanwhile."""
+def _asked_at_once(cache: ReferenceCache[_Blob], size: int, n: int = 4) -> tuple[list[_Blob], list[int], Callable]:
+    """(what `n` threads got asking for one key of `size` bytes, the computations, the computation):
+    the first starts computing, the others ask meanwhile."""
+    calls: list[int] = []
+    started = threading.Event()
+
+    def compute() -> _Blob:
+        calls.append(1)
+        started.set()
+        time.sleep(0.2)  # the others ask meanwhile
+        return _Blob(size)
+
     got: list[_Blob] = []
     threads = [threading.Thread(target=lambda: got.append(cache.get("plan", "k", compute))) for _ in range(n)]
     threads[0].start()
@@ -62,37 +73,18 @@ def _asked_at_once(cache: ReferenceCache[_Blob], compute, started: threading.Eve
         thread.start()
     for thread in threads:
         thread.join(10)
-    return got
+    return got, calls, compute
 
 
 def test_a_key_asked_for_at_once_is_computed_once():
-    cache: ReferenceCache[_Blob] = ReferenceCache(budget=1000)
-    calls: list[int] = []
-    started = threading.Event()
-
-    def compute() -> _Blob:
-        calls.append(1)
-        started.set()
-        time.sleep(0.2)  # the others ask meanwhile
-        return _Blob(10)
-
-    got = _asked_at_once(cache, compute, started)
+    got, calls, _ = _asked_at_once(ReferenceCache(budget=1000), size=10)
     assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
 
 
 def test_a_key_too_large_to_keep_asked_for_at_once_is_still_computed_once():
     # Before: each waiter found nothing kept and computed it again, one after another.
     cache: ReferenceCache[_Blob] = ReferenceCache(budget=100)
-    calls: list[int] = []
-    started = threading.Event()
-
-    def compute() -> _Blob:
-        calls.append(1)
-        started.set()
-        time.sleep(0.2)
-        return _Blob(60)  # past a quarter of the budget: never kept
-
-    got = _asked_at_once(cache, compute, started)
+    got, calls, compute = _asked_at_once(cache, size=60)  # past a quarter of the budget: never kept
     assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
     assert len(cache) == 0  # and the next asker computes it again
     cache.get("plan", "k", compute)
