@@ -8,6 +8,9 @@
 with no cached baselines (give each round its own state folder and compiler caches): one after
 another (`--round sequential`: each one's cold wall time) or all at once (`--round parallel`).
 
+`--parallel-rounds N`: the round of six N times (each after `--spare-wait-s`); the summary has
+each round's wall time, their median and its ratio to the warm median.
+
 `--judge-only`: the parent's side of a verdict alone (no child, no GPU lock, any machine): the
 outputs of one verification's plan (the module's own math, saved in chunks as the child saves them)
 loaded and judged from one thread, then from `--parallel` threads of this process at once.
@@ -136,6 +139,20 @@ def judge_only(device: str, shapes: list[list[int]], dtype: str, seeds: int, par
     return report
 
 
+def parallel_round(candidate: str, shapes: list[list[int]], dtype: str, parallel: int) -> dict:
+    """`parallel` verifications at once from as many threads, each from a warm spare."""
+    started, cpu = time.perf_counter(), time.process_time()  # all this process's threads, not its children
+    with ThreadPoolExecutor(parallel) as pool:
+        verdicts = list(pool.map(lambda _: one(candidate, shapes, dtype), range(parallel)))
+    wall = round(time.perf_counter() - started, 2)
+    # Near the wall time: this process's threads (judging, the sandboxes' readers) take turns on one core.
+    parent_cpu = round(time.process_time() - cpu, 2)
+    for row in verdicts:
+        print("parallel", row, flush=True)
+    print("parallel round", wall, "s, parent CPU", parent_cpu, "s", flush=True)
+    return {"wall_s": wall, "parent_cpu_s": parent_cpu, "verdicts": verdicts}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -145,6 +162,7 @@ def main() -> int:
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=6)
     parser.add_argument("--spare-wait-s", type=float, default=20.0, help="spares starting, as at a worker start")
+    parser.add_argument("--parallel-rounds", type=int, default=1, help="rounds of --parallel at once")
     parser.add_argument(
         "--between-s", type=float, default=0.0, help="pause before each warm run (its spare child starting)"
     )
@@ -187,24 +205,32 @@ def main() -> int:
     from gpuyantra.verifier.sandbox import keep_spare, set_spare_count
 
     set_spare_count(args.parallel)
-    keep_spare("cuda")
-    time.sleep(args.spare_wait_s)
-    started, cpu = time.perf_counter(), time.process_time()  # all this process's threads, not its children
-    with ThreadPoolExecutor(args.parallel) as pool:
-        report["parallel"] = list(pool.map(lambda _: one(args.candidate, shapes, args.dtype), range(args.parallel)))
-    report["parallel_wall_s"] = round(time.perf_counter() - started, 2)
-    # Near the wall time: this process's threads (judging, the sandboxes' readers) take turns on one core.
-    report["parallel_parent_cpu_s"] = round(time.process_time() - cpu, 2)
-    for row in report["parallel"]:
-        print("parallel", row, flush=True)
+    report["parallel_rounds"] = []
+    for _ in range(args.parallel_rounds):
+        keep_spare("cuda")
+        time.sleep(args.spare_wait_s)
+        report["parallel_rounds"].append(parallel_round(args.candidate, shapes, args.dtype, args.parallel))
+        save()
+    # The first round under the names earlier reports used.
+    first = report["parallel_rounds"][0]
+    report["parallel"], report["parallel_wall_s"] = first["verdicts"], first["wall_s"]
+    report["parallel_parent_cpu_s"] = first["parent_cpu_s"]
     warm = [r["wall_s"] for r in report["warm"]]
+    walls = [r["wall_s"] for r in report["parallel_rounds"]]
     report["summary"] = {
         "cold_s": report["cold"]["wall_s"],
         "warm_median_s": statistics.median(warm) if warm else None,
         "parallel_wall_s": report["parallel_wall_s"],
+        "parallel_walls_s": walls,
+        "parallel_median_s": statistics.median(walls),
+        "parallel_over_warm": round(statistics.median(walls) / statistics.median(warm), 2) if warm else None,
         "parallel_parent_cpu_s": report["parallel_parent_cpu_s"],
         "single_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["warm"]],
-        "parallel_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["parallel"]],
+        "parallel_speedups_vs_eager": [r["speedup_vs_eager"] for r in first["verdicts"]],
+        "parallel_speedups_range": [
+            min(r["speedup_vs_eager"] for rnd in report["parallel_rounds"] for r in rnd["verdicts"]),
+            max(r["speedup_vs_eager"] for rnd in report["parallel_rounds"] for r in rnd["verdicts"]),
+        ],
     }
     print("summary", report["summary"], flush=True)
     save()

@@ -39,6 +39,7 @@ MIN_REPS, MAX_REPS = 10, 100
 # The GPU is kept busy before each timed call for AHEAD_FACTOR x the call's host issue time, plus a pad.
 AHEAD_FACTOR, AHEAD_PAD_US, MAX_AHEAD_US = 2.0, 20.0, 5000.0
 LAUNCH_SAMPLES = 5
+FLUSH_SAMPLES = 5
 CALIBRATION_CYCLES = 2_000_000
 GRAPHS_IRRELEVANT_US = 1000.0  # past this eager time the reduce-overhead (CUDA graphs) baseline is skipped
 
@@ -103,7 +104,9 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
     end.record()
     torch.cuda.synchronize()
     estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
-    ahead_us = min(MAX_AHEAD_US, AHEAD_FACTOR * launch_us(fn) + AHEAD_PAD_US)
+    # The flush before each timed call keeps the GPU busy too, for at least its own device time
+    # after the host issued it: only what the call's issue needs beyond that is spun.
+    ahead_us = max(0.0, min(MAX_AHEAD_US, AHEAD_FACTOR * launch_us(fn) + AHEAD_PAD_US) - flush_us(flush))
     warmup = min(MAX_WARMUP, max(1, int(WARMUP_MS / estimate_ms)))
     reps = min(MAX_REPS, max(MIN_REPS, int(REP_MS / estimate_ms)))
     for i in range(warmup):
@@ -115,7 +118,8 @@ def time_cuda(fn: Callable[[int], Any], flush: torch.Tensor, before: Callable[[]
         flush.zero_()
         if before is not None:
             before()
-        queue_ahead(ahead_us)
+        if ahead_us > 0:
+            queue_ahead(ahead_us)
         starts[i].record()
         timed(i % N_INPUT_SETS)
         ends[i].record()
@@ -134,6 +138,26 @@ def launch_us(fn: Callable[[int], Any]) -> float:
         samples.append((time.perf_counter() - started) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+_flush_us: dict[int, float] = {}  # the fastest device time of one flush, per flush size, once per process
+
+
+def flush_us(flush: torch.Tensor) -> float:
+    """The shortest device time of one `flush.zero_()` over FLUSH_SAMPLES runs: a lower bound of how
+    long the GPU stays busy with a flush once the host has issued it."""
+    size = flush.numel() * flush.element_size()
+    if size not in _flush_us:
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(FLUSH_SAMPLES)
+        ]
+        for start, end in events:
+            start.record()
+            flush.zero_()
+            end.record()
+        torch.cuda.synchronize()
+        _flush_us[size] = min(start.elapsed_time(end) for start, end in events) * 1e3
+    return _flush_us[size]
 
 
 _cycles_per_us = 0.0  # the GPU's clock for torch.cuda._sleep, measured once per process

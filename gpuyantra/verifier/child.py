@@ -249,17 +249,67 @@ def _hard_finding(record: dict[str, Any]) -> bool:
     )
 
 
+# Inputs and their snapshots a CUDA group of calls keeps for one synchronize, at most (bytes). A
+# synchronize after each call was a wait per call (170 calls in a norm's verdict): with six
+# verifications' children taking turns on one GPU, each wait was a turn of theirs.
+SETTLE_BYTES = 1 << 30
+
+
+class _Unsettled:
+    """Calls whose device work may still be running (on CUDA, none is waited for one by one): their
+    records, with their inputs and the snapshots to compare them to once every stream is done (a
+    kernel the candidate left running on a stream of its own may still write an input)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, Any], list[tuple[str, Any]], list[Any]]] = []
+        self.nbytes = 0
+
+    def add(self, record: dict[str, Any], named: list[tuple[str, Any]], snapshots: list[Any]) -> None:
+        self.calls.append((record, named, snapshots))
+        self.nbytes += 2 * sum(t.numel() * t.element_size() for _, t in named)
+
+
+def _settle(unsettled: _Unsettled, unread: list, device: str, results: dict[str, Any]) -> bool:
+    """Wait for the unsettled calls' device work, then queue their input comparisons into `unread`.
+    False when the wait raised (a device fault of one of them): the first of them carries the error
+    and the records after it are dropped, since which call faulted cannot be told."""
+    import torch
+
+    calls, unsettled.calls, unsettled.nbytes = unsettled.calls, [], 0
+    if not calls:
+        return True
+    if device == "cuda":
+        try:
+            torch.cuda.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - an asynchronous fault is the candidate's
+            first, last = calls[0][0], calls[-1][0]
+            first["error"] = (
+                f"{type(exc).__name__}: {exc}"[:2000]
+                + f" (reported by the synchronize after calls {first['id']}-{last['id']}, one of which faulted)"
+            )
+            dropped = {id(record) for record, _, _ in calls[1:]}
+            results["checks"] = [r for r in results["checks"] if id(r) not in dropped]
+            return False
+    for record, named, snapshots in calls:
+        unread.append((record, [(name, _changed(t, snap)) for (name, t), snap in zip(named, snapshots)]))
+    return True
+
+
 def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> bool:
-    """Calls entry on every case; False once a call raised or showed a hard finding."""
+    """Calls entry on every case; False once a call raised or showed a hard finding. On CUDA the calls
+    of a group run without a synchronize between them (`_settle` waits once for up to SETTLE_BYTES
+    of their inputs); on the CPU each call is settled as it returns."""
     import torch
 
     from gpuyantra.verifier.cases import make_case
 
     family, entry, counter, recorder = ctx["family"], ctx["entry"], ctx["counter"], ctx["recorder"]
     device = ctx["device"]
+    settle_bytes = SETTLE_BYTES if device == "cuda" else 0
     for _, group in itertools.groupby(cases, key=lambda c: (c.phase, c.dtype, c.shape)):
         alive: list[tuple[int, list[tuple[int, Any]]]] = []
         unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []  # records whose `mutated` is unread
+        unsettled = _Unsettled()
         for case in group:
             acts, params = make_case(family, case, ctx["param_specs"], device)
             named = [
@@ -276,16 +326,15 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
             try:
                 with torch.no_grad(), recorder:
                     out = entry(*acts, **params)
-                if device == "cuda":
-                    torch.cuda.synchronize()
             except BaseException as exc:  # noqa: BLE001 - whatever the candidate raises is a finding
                 record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                 record["launches"] = counter.launches
-                results["checks"].append(record)
                 with contextlib.suppress(BaseException):  # after a device fault nothing more can be read
-                    _read_mutations(unread)
+                    if _settle(unsettled, unread, device, results):
+                        _read_mutations(unread)
+                results["checks"].append(record)
                 return False
-            record["seconds"] = round(time.perf_counter() - started, 6)
+            record["seconds"] = round(time.perf_counter() - started, 6)  # host time: the launches
             record["launches"] = counter.launches
             record["host_ops"] = sorted(recorder.bad)
             if device == "cuda":
@@ -301,16 +350,22 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
             reused = [[j, other] for j, o in plain for other, outs in alive for _, p in outs if _overlaps(o, p)]
             reused += [[j, case.id] for (j, o), (k, p) in itertools.combinations(plain, 2) if _overlaps(o, p)]
             record["reused"] = reused
-            unread.append((record, [(name, _changed(t, snap)) for (name, t), snap in zip(named, snapshots)]))
+            unsettled.add(record, named, snapshots)
             alive.append((case.id, [(j, o) for j, o in plain if str(o.device) == record["input_device"]]))
             results["checks"].append(record)
-            if _hard_finding(record):
+            hard = _hard_finding(record)
+            if (hard or unsettled.nbytes > settle_bytes) and not _settle(unsettled, unread, device, results):
+                return False
+            if hard:
                 _read_mutations(unread)
                 results["stopped"] = f"stopped after call {case.id}: the parent rejects on this record alone"
                 _save(alive, sink, results)
                 return False
+        if not _settle(unsettled, unread, device, results):
+            return False
+        records = [record for record, _ in unread]
         _read_mutations(unread)
-        mutated = next((record for record, _ in unread if record["mutated"]), None)
+        mutated = next((record for record in records if record["mutated"]), None)
         if mutated is not None:
             results["stopped"] = f"stopped after call {mutated['id']}: the parent rejects on this record alone"
             _save(alive, sink, results)
@@ -399,10 +454,18 @@ class OutputSink:
     not map, those outputs go by the host, and so does everything after (`cuda_ipc` is cleared: a
     failure repeats, and a clone nobody maps is never released by torch)."""
 
-    def __init__(self, folder: str, budget: int, chunk_per_group: bool = False, cuda_ipc: bool = False) -> None:
+    def __init__(
+        self, folder: str, budget: int, chunk_per_group: bool = False, cuda_ipc: bool = False, notify_fd: int = -1
+    ) -> None:
         from gpuyantra.verifier.transport import export_cuda_ipc
 
         self.folder = folder
+        # The parent's reader sleeps until a byte arrives here (non-blocking: a full pipe, or one the
+        # candidate closed, costs the parent a poll of its own, never a wait here).
+        self.notify_fd = notify_fd
+        if notify_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.set_blocking(notify_fd, False)
         self.budget = max(1, int(budget))
         # On CUDA each group of calls is a chunk: the parent judges it (on the GPU) while the next group
         # runs. On CPU chunks go by size: judging beside the interpreter only slowed a small worker.
@@ -510,6 +573,9 @@ class OutputSink:
             ) from exc
         os.replace(partial, os.path.join(self.folder, name))  # the parent never sees a half-written chunk
         self.written += 1
+        if self.notify_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.notify_fd, b"\n")
         return sequence
 
     def _collect(self) -> None:
@@ -584,15 +650,17 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
         with _timed(timings, "precompile"):
             _precompile(job, ctx)
         results["stage"] = "benchmark"
-        if not _benchmark(job, ctx, results):
-            return
-        results["stage"] = "recheck"
-        # After the other verifications' timing turns: their wait is what several at once add up to.
-        with _shared(lock, timings, "recheck_lock_wait", after_timers=True):
+        with _alone(lock, timings, "timing_lock_wait", "quiet_lock_wait"):
+            if not _benchmark(job, ctx, results):
+                return
+            results["stage"] = "recheck"
+            # In the same turn: the GPU is still this verification's alone, so the recheck and the
+            # parent's judging of it take a few milliseconds; after the other verifications' turns,
+            # all six rechecks and child exits of six at once came together at the end.
             with _timed(timings, "recheck"):
                 passed = run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink)
             with _timed(timings, "recheck_drain"):
-                sink.drain()  # the parent's judging of them on the GPU, still sharing it
+                sink.drain()  # the parent's judging of them on the GPU
         if not passed:
             return
     results["stage"] = "done"
@@ -709,27 +777,26 @@ def _precompile(job: dict[str, Any], ctx: dict[str, Any]) -> None:
 
 
 def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]) -> bool:
-    """Time every bench shape with the GPU alone (timing and quiet locks); False when the candidate's
-    kernel failed."""
+    """Time every bench shape (the caller holds the GPU alone: timing and quiet locks); False when the
+    candidate's kernel failed."""
     import gpuyantra.verifier.bench as bench
 
     timings = results["timings"]
     counter = ctx["counter"]
     counter.unwrap()
     try:
-        with _alone(job.get("timing_lock"), timings, "timing_lock_wait", "quiet_lock_wait"):
-            with _timed(timings, "benchmark"):
-                for shape in job["bench_shapes"]:
-                    cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
-                    started = time.perf_counter()
-                    row = bench.bench_shape(
-                        ctx["family"], ctx["entry"], shape, job["bench_dtype"], job["param_specs"], cached
-                    )
-                    # All of the shape (input sets, resets, cost besides the timed parts in `seconds`).
-                    row.setdefault("seconds", {})["total"] = round(time.perf_counter() - started, 3)
-                    results["bench"].append(row)
-                    if row.get("kernel_us") is None:
-                        return False
+        with _timed(timings, "benchmark"):
+            for shape in job["bench_shapes"]:
+                cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
+                started = time.perf_counter()
+                row = bench.bench_shape(
+                    ctx["family"], ctx["entry"], shape, job["bench_dtype"], job["param_specs"], cached
+                )
+                # All of the shape (input sets, resets, cost besides the timed parts in `seconds`).
+                row.setdefault("seconds", {})["total"] = round(time.perf_counter() - started, 3)
+                results["bench"].append(row)
+                if row.get("kernel_us") is None:
+                    return False
     finally:
         counter.rewrap()
     return True
@@ -756,10 +823,10 @@ def _alone(lock_path: str | None, timings: dict[str, float], timing_wait: str, q
 
 
 @contextlib.contextmanager
-def _shared(lock_path: str | None, timings: dict[str, float], wait: str, after_timers: bool = False):
+def _shared(lock_path: str | None, timings: dict[str, float], wait: str):
     """GPU work that is not timing: the quiet lock beside `lock_path` shared for the block (it waits
-    while anything is timed or about to be, and holds off timing until it ends; `after_timers`: also
-    while a timer waits for its turn); the wait in `timings[wait]`. No lock: nothing to wait for."""
+    while anything is timed or about to be, and holds off timing until it ends); the wait in
+    `timings[wait]`. No lock: nothing to wait for."""
     if not lock_path:
         yield
         return
@@ -767,7 +834,7 @@ def _shared(lock_path: str | None, timings: dict[str, float], wait: str, after_t
 
     from gpuyantra.verifier.gpu_locks import share_gpu
 
-    with share_gpu(Path(lock_path), after_timers) as waited:
+    with share_gpu(Path(lock_path)) as waited:
         timings[wait] = waited
         yield
 
@@ -847,7 +914,6 @@ JOB_PARTS = (
     "timing_lock_wait",
     "quiet_lock_wait",
     "benchmark",
-    "recheck_lock_wait",
     "recheck",
     "recheck_drain",
     "save_outputs",
@@ -861,6 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address-space", type=int, default=0)
     parser.add_argument("--file-size", type=int, default=0)
     parser.add_argument("--gpu-lock", default=None)
+    parser.add_argument("--notify-fd", type=int, default=-1, help="a pipe to write a byte to after each chunk")
     args = parser.parse_args(argv)
     _apply_limits(args.cpu_seconds, args.address_space, args.file_size)
     network_isolated = _isolate_network(args.device)
@@ -884,7 +951,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     timings = results["timings"]
     cuda = args.device == "cuda"
-    sink = OutputSink(job["outputs_dir"], job["output_budget"], chunk_per_group=cuda, cuda_ipc=cuda)
+    sink = OutputSink(
+        job["outputs_dir"], job["output_budget"], chunk_per_group=cuda, cuda_ipc=cuda, notify_fd=args.notify_fd
+    )
     try:
         execute(job, results, sink)
     except BaseException as exc:  # noqa: BLE001 - record what happened; the parent decides

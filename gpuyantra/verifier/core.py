@@ -264,7 +264,6 @@ SANDBOX_PARTS = (
     "child_timing_lock_wait",  # the timing lock: a pending served-speed check and others' timing first
     "child_quiet_lock_wait",  # the quiet lock, exclusive: others' correctness ends
     "child_benchmark",
-    "child_recheck_lock_wait",
     "child_recheck",
     "child_recheck_drain",
     "child_save_outputs",

@@ -1,4 +1,4 @@
-"""Who may use the GPU when: four flock files in the verifier's state folder, beside each other.
+"""Who may use the GPU when: three flock files in the verifier's state folder, beside each other.
 
 Several verifications run at once on one GPU, and the campaign's served-speed check measures on it
 too. A timing (a verdict's kernel, the copy bandwidth, the served tokens/s) is only worth something
@@ -19,20 +19,13 @@ verifications (flock is not FIFO). Hence:
   that is not timing (correctness cases, a CUDA warm-up, the parent judging outputs on the GPU while
   the child waits for it), exclusive after T while anything is timed. So nothing else runs on the GPU
   while anything is timed.
-* W `gpu-timers-waiting.lock`: a timer holds it shared from when it starts waiting until it has T.
-  GPU work that may wait (`share_gpu(..., after_timers=True)`: a verdict's recheck, once its own
-  timing is done) enters only when W can be taken exclusive for an instant, that is when no timer
-  waits (for at most MAX_YIELD_S, then as any reader). Six verifications at once then time back to
-  back and recheck together afterwards, instead of each recheck holding the next timer up (the
-  timers' turns are what six at once wait for).
 
 The order is always P, T, Q (`ORDER`), and a lock is released before any lock that precedes it
 (`ExitStack`: Q, T, P). No deadlock: nobody waits for an earlier lock while holding a later one, a
 reader never waits for anything while it holds P or T (it tries them, lets go and polls), and the
 only waits made while holding a lock are for a later one (the served check for T holding P; a timer
 for Q holding T). A holder of Q shared waits for nothing of these locks until it lets go.
-W is held only by waiting timers (shared, blocking nothing they wait for) and tried, never waited
-for, by the rest. `hold_lock`'s wait may be bounded (the served check measures anyway once it runs out, and says so).
+`hold_lock`'s wait may be bounded (the served check measures anyway once it runs out, and says so).
 
 Outside these three, for whole jobs that share the GPU's memory rather than its time (KernelBench
 problems run by shards side by side, `problem_memory`): M `gpu-memory.lock` shared per job, and
@@ -58,8 +51,6 @@ POLL_S = 0.005
 TURN_FILE = "gpu-turn.lock"
 TIMING_FILE = "gpu-timing.lock"
 QUIET_FILE = "gpu-quiet.lock"
-TIMERS_WAITING_FILE = "gpu-timers-waiting.lock"
-MAX_YIELD_S = 10.0  # how long GPU work that yields to waiting timers yields at most
 MEMORY_FILE = "gpu-memory.lock"
 MEMORY_TURN_FILE = "gpu-memory-turn.lock"
 ORDER = ("turn", "timing", "quiet")  # the only order locks are taken in (P, T, Q)
@@ -154,11 +145,8 @@ def time_alone(timing: Path) -> Iterator[dict[str, float]]:
     locks = GpuLocks.beside(timing)
     with contextlib.ExitStack() as stack:
         turn, timing_fd, quiet = (_open(stack, getattr(locks, name)) for name in ORDER)
-        waiting = _open(stack, locks.timing.with_name(TIMERS_WAITING_FILE))
         started = time.monotonic()
-        _lock(waiting, fcntl.LOCK_SH)  # exclusive holders hold it for an instant only
         _through_turn(turn, lambda: _try(timing_fd, fcntl.LOCK_EX))
-        _lock(waiting, fcntl.LOCK_UN)
         got_timing = time.monotonic()
         _lock(quiet, fcntl.LOCK_EX)  # readers are no longer let in (they pass T): only current ones end
         waits = {
@@ -190,26 +178,16 @@ def last_timed_at(timing_fd: int) -> float:
 
 
 @contextlib.contextmanager
-def share_gpu(timing: Path, after_timers: bool = False) -> Iterator[float]:
+def share_gpu(timing: Path) -> Iterator[float]:
     """GPU work that is not timing: Q shared for the block, taken while holding P and T shared for an
-    instant (no new reader while a served check is pending or anything times or waits to). With
-    `after_timers`, also not while a timer waits for its turn (W). Yields the seconds waited."""
+    instant (no new reader while a served check is pending or anything times or waits to). Yields
+    the seconds waited."""
     locks = GpuLocks.beside(timing)
     with contextlib.ExitStack() as stack:
         turn, timing_fd, quiet = (_open(stack, getattr(locks, name)) for name in ORDER)
-        waiting = _open(stack, locks.timing.with_name(TIMERS_WAITING_FILE)) if after_timers else None
-        yield_until = time.monotonic() + MAX_YIELD_S
-
-        def no_timer_waits() -> bool:
-            if waiting is None or time.monotonic() > yield_until:  # a stream of timers cannot starve it
-                return True
-            if not _try(waiting, fcntl.LOCK_EX):
-                return False
-            _lock(waiting, fcntl.LOCK_UN)
-            return True
 
         def enter() -> bool:
-            if not no_timer_waits() or not _try(timing_fd, fcntl.LOCK_SH):
+            if not _try(timing_fd, fcntl.LOCK_SH):
                 return False
             try:
                 # Fails only where Q is held without T (a served check whose wait for T ran out).

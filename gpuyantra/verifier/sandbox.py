@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -65,6 +66,7 @@ FILE_SIZE_LIMIT = 8 * 2**30
 OUTPUT_BUDGET = 2**30
 POLL_SECONDS = 0.05
 READ_POLL_SECONDS = 0.01
+READ_IDLE_SECONDS = 0.1  # the reader looks this often even when the child says nothing
 # The session's members are found by reading every process's stat in /proc (2 ms on a small host,
 # under the worker's one GIL): each poll reads the resident memory of the members last found, and
 # they are looked for again this often (a process the candidate starts counts from then on).
@@ -178,6 +180,35 @@ def _kill_session(sid: int) -> None:
             pass
 
 
+class _ExitWatch:
+    """Waits for a child's exit for at most some seconds at a time. On Linux one blocking poll of a
+    pidfd (the GIL released throughout): `Popen.wait` with a timeout wakes every few milliseconds to
+    look instead, and six verifications' watchers waking took turns on the GIL with their judging."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):  # not Linux 5.3+: Popen.wait
+            self.pidfd = os.pidfd_open(proc.pid)
+
+    def exited(self, seconds: float) -> bool:
+        """True as soon as the child has exited (not yet reaped), False after `seconds`."""
+        if self.pidfd is None:
+            try:
+                self.proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(max(1, round(seconds * 1000))))
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
 class Sandbox:
     """One child process. `start()` early (it imports torch meanwhile), then `run(job)` once."""
 
@@ -200,6 +231,7 @@ class Sandbox:
         (self.workdir / "home").mkdir()
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
+        self.notify_fd: int | None = None  # read end of the pipe the child writes a byte to per chunk
 
     def start(self, gpu_lock: str | None = None) -> None:
         """Start the child. `gpu_lock` (a spare's): the GPU timing lock, beside which lie the locks its
@@ -227,6 +259,9 @@ class Sandbox:
         ]
         if gpu_lock:
             cmd += ["--gpu-lock", gpu_lock]
+        self.notify_fd, notify_write = os.pipe()
+        os.set_blocking(self.notify_fd, False)
+        cmd += ["--notify-fd", str(notify_write)]
         self._stdout = open(self.workdir / "stdout.log", "wb")
         self._stderr = open(self.workdir / "stderr.log", "wb")
         self.started_at = time.monotonic()
@@ -239,7 +274,9 @@ class Sandbox:
             env=scrubbed_env(self.device, self.workdir, self.threads),
             start_new_session=True,
             close_fds=True,
+            pass_fds=(notify_write,),
         )
+        os.close(notify_write)  # the child's alone: the reader sees the end of the pipe when it exits
 
     def stage_file(self, name: str, text: str) -> Path:
         path = self.workdir / name
@@ -259,7 +296,12 @@ class Sandbox:
         outputs_dir.mkdir(exist_ok=True)
         budget = output_budget()
         reader = OutputReader(
-            outputs_dir, budget, consume or outcome.outputs.update, device=self.device, child_pid=self.proc.pid
+            outputs_dir,
+            budget,
+            consume or outcome.outputs.update,
+            device=self.device,
+            child_pid=self.proc.pid,
+            notify_fd=self.notify_fd,
         )
         job = dict(job, results_path=str(results_path), outputs_dir=str(outputs_dir), output_budget=budget)
         reader.start()
@@ -312,25 +354,24 @@ class Sandbox:
         # From the job on: a warm spare may have waited long before it got one.
         deadline = time.monotonic() + self.timeout
         members, scanned = [sid], time.monotonic()
-        while True:
-            try:
-                self.proc.wait(timeout=POLL_SECONDS)  # returns as soon as the child exits
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if now > deadline:
-                outcome.timed_out = True
-                _kill_session(sid)
-                break
-            if now - scanned >= MEMBERS_SCAN_SECONDS:
-                members, scanned = _session_members(sid) or [sid], now
-            rss = _rss(members)
-            outcome.peak_rss = max(outcome.peak_rss, rss)
-            if rss > self.memory_limit:
-                outcome.memory_exceeded = True
-                _kill_session(sid)
-                break
+        watch = _ExitWatch(self.proc)
+        try:
+            while not watch.exited(POLL_SECONDS):
+                now = time.monotonic()
+                if now > deadline:
+                    outcome.timed_out = True
+                    _kill_session(sid)
+                    break
+                if now - scanned >= MEMBERS_SCAN_SECONDS:
+                    members, scanned = _session_members(sid) or [sid], now
+                rss = _rss(members)
+                outcome.peak_rss = max(outcome.peak_rss, rss)
+                if rss > self.memory_limit:
+                    outcome.memory_exceeded = True
+                    _kill_session(sid)
+                    break
+        finally:
+            watch.close()
         outcome.returncode = self.proc.wait()
 
     def close(self) -> None:
@@ -340,6 +381,9 @@ class Sandbox:
         for fh in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
             if fh is not None and not fh.closed:
                 fh.close()
+        if self.notify_fd is not None:
+            os.close(self.notify_fd)
+            self.notify_fd = None
         self._tmp.cleanup()
 
     def __enter__(self) -> Sandbox:
@@ -405,8 +449,14 @@ class OutputReader(threading.Thread):
         consume: Callable[[dict[str, Any]], None],
         device: str = "cpu",
         child_pid: int | None = None,
+        notify_fd: int | None = None,
     ) -> None:
         super().__init__(name="gpuyantra-output-reader", daemon=True)
+        # The child writes a byte here after each chunk (`notify_fd`, non-blocking): the reader sleeps
+        # until then, instead of waking every READ_POLL_SECONDS to look (six verifications' readers
+        # waking took turns on the GIL with their judging).
+        self.notify_fd = notify_fd
+        self._woken_at = 0.0
         self.folder = folder
         self.budget = budget
         self.consume = consume
@@ -427,9 +477,32 @@ class OutputReader(threading.Thread):
     def run(self) -> None:
         while not self._done.is_set():
             if not self.read_ready():
-                self._done.wait(READ_POLL_SECONDS)
+                self._await_chunk()
         if self._read_rest:
             self.read_ready()  # what the child wrote before it exited
+
+    def _await_chunk(self) -> None:
+        """Until the child says it wrote a chunk (at most READ_IDLE_SECONDS), or READ_POLL_SECONDS
+        without a notification pipe. Wakes at most once per READ_POLL_SECONDS, whatever is written
+        to the pipe (the candidate runs in the child and may write to it too). The pipe's end (the
+        child gone, or the pipe closed by the candidate) leaves polling."""
+        if self.notify_fd is None:
+            self._done.wait(READ_POLL_SECONDS)
+            return
+        since = time.monotonic() - self._woken_at
+        if since < READ_POLL_SECONDS:
+            self._done.wait(READ_POLL_SECONDS - since)
+        poller = select.poll()
+        poller.register(self.notify_fd, select.POLLIN)
+        if poller.poll(round(READ_IDLE_SECONDS * 1000)):
+            try:
+                if not os.read(self.notify_fd, 65536):
+                    self.notify_fd = None  # every write end is closed: nothing will say so again
+            except BlockingIOError:
+                pass
+            except OSError:  # closed under it (the sandbox gone): look by polling
+                self.notify_fd = None
+        self._woken_at = time.monotonic()
 
     def finish(self, read_rest: bool = True) -> None:
         """Read what is left (unless the child was killed: nothing of it is judged), then stop."""

@@ -5,7 +5,6 @@ to those), or a process. Tests assert the order things happen in, never how long
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from gpuyantra.verifier.core import SANDBOX_PARTS
 from gpuyantra.verifier.gpu_locks import (
     MEMORY_FILE,
     ORDER,
-    TIMERS_WAITING_FILE,
     GpuLocks,
     hold_lock,
     problem_memory,
@@ -151,46 +149,6 @@ def test_timing_waits_for_gpu_work_under_way_and_lets_none_start(locks, polled, 
     assert order == ["correctness", "timing", "late correctness"]
 
 
-def test_a_recheck_waits_for_the_timers_waiting_and_a_correctness_phase_does_not(locks, polled, holders):
-    order: list[str] = []
-    first = Holder("timing 1", lambda: time_alone(locks.timing), order)
-    start(holders, first)
-    until(first.inside.is_set, "a verification times")
-    second = Holder("timing 2", lambda: time_alone(locks.timing), order)
-    start(holders, second)
-    until(lambda: "timing 2" in polled, "a second timer waits for its turn")
-    recheck = Holder("recheck", lambda: share_gpu(locks.timing, after_timers=True), order)
-    start(holders, recheck)
-    until(lambda: "recheck" in polled, "the recheck waits")
-    first.release.set()
-    until(second.inside.is_set, "the second timer times")
-    second.release.set()
-    until(recheck.inside.is_set, "the recheck runs once no timer waits")
-    assert order == ["timing 1", "timing 2", "recheck"]
-    recheck.release.set()
-    # Without a timer waiting, it shares the GPU with a correctness phase as any reader does.
-    both = [
-        Holder("correctness", lambda: share_gpu(locks.timing), order),
-        Holder("recheck again", lambda: share_gpu(locks.timing, after_timers=True), order),
-    ]
-    start(holders, *both)
-    until(lambda: all(h.inside.is_set() for h in both), "both share the GPU")
-    let_through(both)
-
-
-def test_a_recheck_yields_to_waiting_timers_for_a_bounded_time(locks, polled, holders, monkeypatch):
-    monkeypatch.setattr(gpu_locks, "MAX_YIELD_S", 0.2)
-    with contextlib.ExitStack() as stack:
-        # A timer that waits forever: W held shared, as time_alone holds it while it waits.
-        fd = gpu_locks._open(stack, locks.timing.with_name(TIMERS_WAITING_FILE))
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        order: list[str] = []
-        recheck = Holder("recheck", lambda: share_gpu(locks.timing, after_timers=True), order)
-        start(holders, recheck)
-        until(recheck.inside.is_set, "the recheck runs once it has yielded MAX_YIELD_S")
-        let_through([recheck])
-
-
 def test_a_problem_alone_on_the_gpus_memory_waits_for_those_running_and_lets_none_start(locks, polled, holders):
     order: list[str] = []
     running = [Holder(f"problem {i}", lambda: problem_memory(locks.timing), order) for i in range(2)]
@@ -283,8 +241,7 @@ def test_every_holder_takes_the_locks_in_the_documented_order(locks, monkeypatch
 
     def watched_open(stack: Any, path: Path) -> int:
         fd = original_open(stack, path)
-        names[fd] = next((name for name in ORDER if getattr(locks, name) == path), "waiting")
-        assert names[fd] != "waiting" or path.name == TIMERS_WAITING_FILE
+        names[fd] = next(name for name in ORDER if getattr(locks, name) == path)
         return fd
 
     def watched_lock(fd: int, operation: int) -> None:
@@ -297,16 +254,12 @@ def test_every_holder_takes_the_locks_in_the_documented_order(locks, monkeypatch
     taken.clear()
     with hold_lock(locks.timing, wait_s=1.0):
         assert taken == list(ORDER)
-    # A timer holds W (shared) while it waits for P and T; W blocks no wait of anyone else.
     taken.clear()
     with time_alone(locks.timing):
-        assert taken == ["waiting", *ORDER]
+        assert taken == list(ORDER)
     taken.clear()
     with share_gpu(locks.timing):
         assert taken == list(ORDER)
-    taken.clear()
-    with share_gpu(locks.timing, after_timers=True):  # W tried exclusive, inside P, never waited for
-        assert taken == ["turn", "waiting", "timing", "quiet"]
 
 
 class _Sink:
@@ -362,15 +315,14 @@ def test_a_cuda_child_checks_correctness_sharing_the_gpu_and_times_alone(locks, 
         ("drain", *shared),  # the parent judges the outputs on the GPU meanwhile
         ("precompile", True, True),  # compiling the baselines (one call each): others may even time
         ("bench", *alone),
-        ("recheck", *shared),
-        ("drain", *shared),
+        ("recheck", *alone),  # in the same turn: the GPU is still its alone
+        ("drain", *alone),  # the parent judges the recheck's outputs meanwhile
     ]
     assert all(can_take(getattr(locks, name), fcntl.LOCK_EX) for name in ORDER)  # all let go
     waits = {
         "correctness_lock_wait",
         "timing_lock_wait",
         "quiet_lock_wait",
-        "recheck_lock_wait",
     }
     assert waits <= set(timings) <= {*JOB_PARTS, *SETUP_PARTS, "setup_other"}  # every wait has its name
     assert {f"child_{part}" for part in JOB_PARTS} <= set(SANDBOX_PARTS)

@@ -147,8 +147,54 @@ def test_queue_ahead_is_bounded(monkeypatch):
     aheads: list[float] = []
     monkeypatch.setattr(bench, "queue_ahead", aheads.append)
     monkeypatch.setattr(bench, "launch_us", lambda fn: 1e7)  # a call that blocks for 10 s on the host
+    monkeypatch.setattr(bench, "flush_us", lambda flush: 0.0)
     bench.time_cuda(lambda i: None, torch.empty(16))
     assert aheads and max(aheads) == bench.MAX_AHEAD_US
+
+
+@pytest.mark.parametrize(("flush_us", "spun"), [(50.0, 30.0), (80.0, None), (500.0, None)])
+def test_the_flush_counts_toward_keeping_the_gpu_busy(monkeypatch, flush_us, spun):
+    # The L2 flush issued before each timed call is GPU work of its own: only what the call's issue
+    # needs beyond the flush's device time is spun (2 x 30 us + 20 us = 80 us needed here).
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "spin_up", lambda flush: None)
+    aheads: list[float] = []
+    monkeypatch.setattr(bench, "queue_ahead", aheads.append)
+    monkeypatch.setattr(bench, "launch_us", lambda fn: 30.0)
+    monkeypatch.setattr(bench, "flush_us", lambda flush: flush_us)
+    bench.time_cuda(lambda i: None, torch.empty(16))
+    if spun is None:
+        assert aheads == []
+    else:
+        assert aheads and all(us == pytest.approx(spun) for us in aheads)
+
+
+def test_the_flush_time_is_its_fastest_run_measured_once_per_size(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_flush_us", {})
+    zeroed: list[int] = []
+
+    class Flush:
+        def __init__(self, numel: int) -> None:
+            self.n = numel
+
+        def numel(self) -> int:
+            return self.n
+
+        def element_size(self) -> int:
+            return 1
+
+        def zero_(self) -> None:
+            zeroed.append(self.n)
+            time.sleep(0.001 * (1 + len(zeroed) % 3))  # runs of 1-3 ms
+
+    first = bench.flush_us(Flush(64))  # type: ignore[arg-type]
+    assert 1000 <= first < 2000  # the fastest of the runs, in microseconds
+    assert bench.flush_us(Flush(64)) == first and zeroed == [64] * bench.FLUSH_SAMPLES  # not measured again
+    bench.flush_us(Flush(128))  # type: ignore[arg-type]
+    assert zeroed.count(128) == bench.FLUSH_SAMPLES
 
 
 def test_sandbox_children_yield_the_cpu_to_the_server():
