@@ -265,18 +265,20 @@ class Sandbox:
         self._stdout = open(self.workdir / "stdout.log", "wb")
         self._stderr = open(self.workdir / "stderr.log", "wb")
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=self._stdout,
-            stderr=self._stderr,
-            cwd=self.workdir,
-            env=scrubbed_env(self.device, self.workdir, self.threads),
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=(notify_write,),
-        )
-        os.close(notify_write)  # the child's alone: the reader sees the end of the pipe when it exits
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=self._stdout,
+                stderr=self._stderr,
+                cwd=self.workdir,
+                env=scrubbed_env(self.device, self.workdir, self.threads),
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(notify_write,),
+            )
+        finally:
+            os.close(notify_write)  # the child's alone: the reader sees the end of the pipe when it exits
 
     def stage_file(self, name: str, text: str) -> Path:
         path = self.workdir / name
