@@ -9,7 +9,9 @@ with no cached baselines (give each round its own state folder and compiler cach
 another (`--round sequential`: each one's cold wall time) or all at once (`--round parallel`).
 
 `--parallel-rounds N`: the round of six N times (each after `--spare-wait-s`); the summary has
-each round's wall time, their median and its ratio to the warm median.
+each round's wall time, their median and its ratio to the warm median. Warm runs and rounds where a
+verification waited for its spare to finish starting are counted and left out of the medians (the
+spare's start is not the verdict's time), unless nothing else is left.
 
 `--judge-only`: the parent's side of a verdict alone (no child, no GPU lock, any machine): the
 outputs of one verification's plan (the module's own math, saved in chunks as the child saves them)
@@ -139,6 +141,13 @@ def judge_only(device: str, shapes: list[list[int]], dtype: str, seeds: int, par
     return report
 
 
+SPARE_READY_S = 0.1  # a warm spare hands its job over at once; longer, it was still starting
+
+
+def spare_was_ready(verdict: dict) -> bool:
+    return (verdict.get("timings") or {}).get("sandbox_child_start", 0.0) <= SPARE_READY_S
+
+
 def parallel_round(candidate: str, shapes: list[list[int]], dtype: str, parallel: int) -> dict:
     """`parallel` verifications at once from as many threads, each from a warm spare."""
     started, cpu = time.perf_counter(), time.process_time()  # all this process's threads, not its children
@@ -215,8 +224,12 @@ def main() -> int:
     first = report["parallel_rounds"][0]
     report["parallel"], report["parallel_wall_s"] = first["verdicts"], first["wall_s"]
     report["parallel_parent_cpu_s"] = first["parent_cpu_s"]
-    warm = [r["wall_s"] for r in report["warm"]]
-    walls = [r["wall_s"] for r in report["parallel_rounds"]]
+    # A verdict whose spare was still starting (`sandbox_child_start`) measured the spare's start, not
+    # the verdict: such runs and rounds are counted, and left out of the medians where others remain.
+    ready_warm = [r for r in report["warm"] if spare_was_ready(r)]
+    ready_rounds = [r for r in report["parallel_rounds"] if all(spare_was_ready(v) for v in r["verdicts"])]
+    warm = [r["wall_s"] for r in ready_warm or report["warm"]]
+    walls = [r["wall_s"] for r in ready_rounds or report["parallel_rounds"]]
     report["summary"] = {
         "cold_s": report["cold"]["wall_s"],
         "warm_median_s": statistics.median(warm) if warm else None,
@@ -224,6 +237,8 @@ def main() -> int:
         "parallel_walls_s": walls,
         "parallel_median_s": statistics.median(walls),
         "parallel_over_warm": round(statistics.median(walls) / statistics.median(warm), 2) if warm else None,
+        "warm_spare_not_ready": len(report["warm"]) - len(ready_warm),
+        "rounds_spare_not_ready": len(report["parallel_rounds"]) - len(ready_rounds),
         "parallel_parent_cpu_s": report["parallel_parent_cpu_s"],
         "single_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["warm"]],
         "parallel_speedups_vs_eager": [r["speedup_vs_eager"] for r in first["verdicts"]],
