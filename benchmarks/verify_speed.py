@@ -230,11 +230,12 @@ def main() -> int:
     ready_rounds = [r for r in report["parallel_rounds"] if all(spare_was_ready(v) for v in r["verdicts"])]
     warm = [r["wall_s"] for r in ready_warm or report["warm"]]
     walls = [r["wall_s"] for r in ready_rounds or report["parallel_rounds"]]
+    speedups = [v["speedup_vs_eager"] for rnd in report["parallel_rounds"] for v in rnd["verdicts"]]
     report["summary"] = {
         "cold_s": report["cold"]["wall_s"],
         "warm_median_s": statistics.median(warm) if warm else None,
         "parallel_wall_s": report["parallel_wall_s"],
-        "parallel_walls_s": walls,
+        "parallel_walls_s": [r["wall_s"] for r in report["parallel_rounds"]],
         "parallel_median_s": statistics.median(walls),
         "parallel_over_warm": round(statistics.median(walls) / statistics.median(warm), 2) if warm else None,
         "warm_spare_not_ready": len(report["warm"]) - len(ready_warm),
@@ -242,10 +243,7 @@ def main() -> int:
         "parallel_parent_cpu_s": report["parallel_parent_cpu_s"],
         "single_speedups_vs_eager": [r["speedup_vs_eager"] for r in report["warm"]],
         "parallel_speedups_vs_eager": [r["speedup_vs_eager"] for r in first["verdicts"]],
-        "parallel_speedups_range": [
-            min(r["speedup_vs_eager"] for rnd in report["parallel_rounds"] for r in rnd["verdicts"]),
-            max(r["speedup_vs_eager"] for rnd in report["parallel_rounds"] for r in rnd["verdicts"]),
-        ],
+        "parallel_speedups_range": [min(speedups), max(speedups)],
     }
     print("summary", report["summary"], flush=True)
     save()

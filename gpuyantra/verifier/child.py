@@ -363,9 +363,7 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
                 return False
         if not _settle(unsettled, unread, device, results):
             return False
-        records = [record for record, _ in unread]
-        _read_mutations(unread)
-        mutated = next((record for record in records if record["mutated"]), None)
+        mutated = next((record for record in _read_mutations(unread) if record["mutated"]), None)
         if mutated is not None:
             results["stopped"] = f"stopped after call {mutated['id']}: the parent rejects on this record alone"
             _save(alive, sink, results)
@@ -383,10 +381,11 @@ def _changed(t: Any, snapshot: Any) -> Any:
     return (t != snapshot).any()  # NaN != NaN: a NaN written into an input counts, as in torch.equal
 
 
-def _read_mutations(unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]]) -> None:
+def _read_mutations(unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]]) -> list[dict[str, Any]]:
     """Fill each record's `mutated` (inputs that differ from their snapshots) with one read from the
-    device for all of them. A read per input was a wait per input: with six verifications' children
-    taking turns on one GPU, each wait was a turn of theirs."""
+    device for all of them, and return those records (`unread` is emptied). A read per input was a
+    wait per input: with six verifications' children taking turns on one GPU, each wait was a turn
+    of theirs."""
     import torch
 
     flags = [flag for _, changes in unread for _, flag in changes if isinstance(flag, torch.Tensor)]
@@ -395,7 +394,9 @@ def _read_mutations(unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]]) 
         record["mutated"] = [
             name for name, flag in changes if (next(values) if isinstance(flag, torch.Tensor) else flag)
         ]
+    records = [record for record, _ in unread]
     unread.clear()
+    return records
 
 
 def _save(alive: list, sink: OutputSink, results: dict[str, Any]) -> bool:

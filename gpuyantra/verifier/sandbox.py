@@ -188,8 +188,10 @@ class _ExitWatch:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
         self.pidfd: int | None = None
+        self.poller = select.poll()
         with contextlib.suppress(AttributeError, OSError):  # not Linux 5.3+: Popen.wait
             self.pidfd = os.pidfd_open(proc.pid)
+            self.poller.register(self.pidfd, select.POLLIN)
 
     def exited(self, seconds: float) -> bool:
         """True as soon as the child has exited (not yet reaped), False after `seconds`."""
@@ -199,9 +201,7 @@ class _ExitWatch:
             except subprocess.TimeoutExpired:
                 return False
             return True
-        poller = select.poll()
-        poller.register(self.pidfd, select.POLLIN)
-        return bool(poller.poll(max(1, round(seconds * 1000))))
+        return bool(self.poller.poll(max(1, round(seconds * 1000))))
 
     def close(self) -> None:
         if self.pidfd is not None:
