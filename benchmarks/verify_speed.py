@@ -52,6 +52,7 @@ def one(path: str, shapes: list[list[int]] | None, dtype: str) -> dict:
         "failures": [f.rule for f in verdict.failures],
         "timings": verdict.timings,
         "cached": [row.get("cached") for row in verdict.bench],
+        "bench_seconds": [row.get("seconds") for row in verdict.bench],  # each shape's parts of the timing turn
     }
 
 

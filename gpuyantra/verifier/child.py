@@ -420,6 +420,11 @@ def _bytes(n: int) -> str:
 
 CHUNK_PREFIX = "chunk-"
 CHUNKS_PER_BUDGET = 4  # chunk size = budget / 4: the parent judges one chunk while the next ones are written
+# On CUDA a group's outputs become a chunk once the chunk holds this much. Each chunk costs the
+# parent a mapping, a copy and a wait for the device, under the GIL it shares with the other
+# verifications' judging: one chunk per group made 19 chunks of the rms_norm plan (bfloat16, two
+# live shapes), most of them groups of a few KiB (one row, the recheck's); this makes them 8.
+GROUP_CHUNK_BYTES = 32 * 2**20
 WAIT_POLL_SECONDS = 0.005
 
 
@@ -456,7 +461,13 @@ class OutputSink:
     failure repeats, and a clone nobody maps is never released by torch)."""
 
     def __init__(
-        self, folder: str, budget: int, chunk_per_group: bool = False, cuda_ipc: bool = False, notify_fd: int = -1
+        self,
+        folder: str,
+        budget: int,
+        chunk_per_group: bool = False,
+        cuda_ipc: bool = False,
+        notify_fd: int = -1,
+        group_chunk_bytes: int = 0,
     ) -> None:
         from gpuyantra.verifier.transport import export_cuda_ipc
 
@@ -472,6 +483,8 @@ class OutputSink:
         # runs. On CPU chunks go by size: judging beside the interpreter only slowed a small worker.
         self.chunk_per_group = chunk_per_group
         self.chunk_bytes = max(1, self.budget // CHUNKS_PER_BUDGET)
+        # A group's outputs short of this wait for the next group's in the same chunk (`end_group`).
+        self.group_chunk_bytes = min(max(0, group_chunk_bytes), self.chunk_bytes)
         self.cuda_ipc = cuda_ipc
         # outputs -> (entries, the exported tensors: what must stay alive until the chunk is read)
         self.export: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]] = export_cuda_ipc
@@ -508,7 +521,7 @@ class OutputSink:
         return None
 
     def end_group(self) -> None:
-        if self.chunk_per_group:
+        if self.chunk_per_group and self.pending_bytes >= self.group_chunk_bytes:
             self.flush()
 
     def flush(self) -> None:
@@ -953,7 +966,12 @@ def main(argv: list[str] | None = None) -> int:
     timings = results["timings"]
     cuda = args.device == "cuda"
     sink = OutputSink(
-        job["outputs_dir"], job["output_budget"], chunk_per_group=cuda, cuda_ipc=cuda, notify_fd=args.notify_fd
+        job["outputs_dir"],
+        job["output_budget"],
+        chunk_per_group=cuda,
+        cuda_ipc=cuda,
+        notify_fd=args.notify_fd,
+        group_chunk_bytes=GROUP_CHUNK_BYTES,
     )
     try:
         execute(job, results, sink)

@@ -339,7 +339,8 @@ _STREAMS_LOCK = threading.Lock()
 @contextlib.contextmanager
 def judging_stream(device: str | torch.device) -> Iterator[None]:
     """Inside: the current CUDA stream is one of the judging streams, this thread's alone until the
-    block ends (on the CPU: nothing changes)."""
+    block ends (on the CPU: nothing changes). Its work runs after what the caller's stream had queued
+    (outputs still being copied there: `sandbox.OutputReader`), with no wait on the host."""
     where = torch.device(device)
     if where.type != "cuda":
         yield
@@ -349,6 +350,7 @@ def judging_stream(device: str | torch.device) -> Iterator[None]:
     with _STREAMS_LOCK:
         free = _FREE_STREAMS.setdefault(where, [])
         stream = free.pop() if free else torch.cuda.Stream(where)
+    stream.wait_stream(torch.cuda.current_stream(where))
     try:
         with torch.cuda.stream(stream):
             yield
@@ -422,12 +424,26 @@ def prepare_case(case: Case, outs: Mapping[int, Any], family: Any, references: R
     return PendingCase(where, judged.is_tuple, len(judged.expected), slots)
 
 
-def settle(pending: Sequence[PendingCase]) -> list[CaseValues]:
-    """Read every queued comparison's counts in one wait for the device; an output with violations
-    is compared again for its message (the same computation, kept only for failing outputs)."""
+def queued_counts(pending: Sequence[PendingCase]) -> torch.Tensor | None:
+    """Every queued comparison's counts in one tensor, on CUDA copied to (pinned) host memory without
+    waiting: once the stream's work is complete it is read with no further trip to the device (a
+    trip is a turn among the contexts sharing the GPU). None where nothing was compared."""
+    comparisons = [s.counts for p in pending for s in p.slots if isinstance(s, _Comparison)]
+    if not comparisons:
+        return None
+    counts = torch.stack(comparisons)
+    return counts.to("cpu", non_blocking=True) if counts.is_cuda else counts
+
+
+def settle(pending: Sequence[PendingCase], counts: torch.Tensor | None = None) -> list[CaseValues]:
+    """Read every queued comparison's counts in one wait for the device (or `counts`, from
+    `queued_counts` once its stream's work is complete); an output with violations is compared again
+    for its message (the same computation, kept only for failing outputs)."""
     comparisons = [s for p in pending for s in p.slots if isinstance(s, _Comparison)]
-    counts = torch.stack([c.counts for c in comparisons]).tolist() if comparisons else []
-    failing = {id(c) for c, (nonfinite, wrong) in zip(comparisons, counts) if nonfinite or wrong}
+    if counts is None and comparisons:
+        counts = torch.stack([c.counts for c in comparisons])
+    rows: list[list[int]] = counts.tolist() if counts is not None else []
+    failing = {id(c) for c, (nonfinite, wrong) in zip(comparisons, rows) if nonfinite or wrong}
     values = []
     for p in pending:
         findings = []
@@ -478,6 +494,8 @@ class OutputValues:
             self._settle(pending)
 
     def _settle(self, pending: list[tuple[int, PendingCase]]) -> None:
+        cases = [p for _, p in pending]
+        counts = queued_counts(cases)
         if torch.device(self.references.device).type == "cuda":
             # Timed apart from the rest: with several verifications judging while their children run
             # on the GPU, this wait is the contexts' turns, the rest is this process's own work.
@@ -485,7 +503,7 @@ class OutputValues:
             torch.cuda.current_stream().synchronize()
             self.wait_seconds += time.monotonic() - started
         self.settles += 1
-        for (case_id, _), values in zip(pending, settle([p for _, p in pending])):
+        for (case_id, _), values in zip(pending, settle(cases, counts)):
             self.values[case_id] = values
         pending.clear()
 

@@ -135,13 +135,13 @@ def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
     return env
 
 
-def _session_members(sid: int) -> list[int]:
-    """Pids whose session is `sid` (the child and anything it started), from /proc."""
-    members: list[int] = []
+def _sessions() -> dict[int, list[int]]:
+    """Every live (not zombie) process's pid by its session, from one pass over /proc."""
+    sessions: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return members
+        return sessions
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -152,9 +152,36 @@ def _session_members(sid: int) -> list[int]:
             state, session = fields[0], int(fields[3])
         except (OSError, ValueError, IndexError):
             continue
-        if session == sid and state != "Z":
-            members.append(int(entry))
-    return members
+        if state != "Z":
+            sessions.setdefault(session, []).append(int(entry))
+    return sessions
+
+
+class _SharedScan:
+    """The last pass over /proc, shared by every sandbox this process watches: six verifications at
+    once made six passes each MEMBERS_SCAN_SECONDS (7 % of the worker's GIL in a round of six, H200
+    host); one pass younger than a watcher's `max_age` now serves them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at = float("-inf")
+        self._sessions: dict[int, list[int]] = {}
+
+    def members(self, sid: int, max_age: float) -> list[int]:
+        with self._lock:
+            if time.monotonic() - self._at > max_age:
+                scanned_at = time.monotonic()
+                self._sessions, self._at = _sessions(), scanned_at
+            return list(self._sessions.get(sid, ()))
+
+
+_SCAN = _SharedScan()
+
+
+def _session_members(sid: int, max_age: float = 0.0) -> list[int]:
+    """Pids whose session is `sid` (the child and anything it started), from /proc: a pass made now,
+    or one at most `max_age` seconds old (another sandbox's)."""
+    return _SCAN.members(sid, max_age)
 
 
 def _rss(pids: list[int]) -> int:
@@ -365,7 +392,7 @@ class Sandbox:
                     _kill_session(sid)
                     break
                 if now - scanned >= MEMBERS_SCAN_SECONDS:
-                    members, scanned = _session_members(sid) or [sid], now
+                    members, scanned = _session_members(sid, MEMBERS_SCAN_SECONDS / 2) or [sid], now
                 rss = _rss(members)
                 outcome.peak_rss = max(outcome.peak_rss, rss)
                 if rss > self.memory_limit:
@@ -440,9 +467,10 @@ class OutputReader(threading.Thread):
 
     A `cuda_ipc` chunk (`transport`) is copied into this process's GPU memory (`device`: where the
     outputs are judged; `child_pid`: whose reference counters the entries may name) and deleted
-    before it is judged. Where that fails, a nack beside it asks the child to send the outputs again
-    by the host, and `fallback` keeps the first reason; `transports` counts the chunks judged per
-    transport."""
+    once it is judged: the child's wait for it to go (`drain`) ends with the parent's GPU work on
+    it, so none of it overlaps the child's timing that follows. Where that fails, a nack beside it
+    asks the child to send the outputs again by the host, and `fallback` keeps the first reason;
+    `transports` counts the chunks judged per transport."""
 
     def __init__(
         self,
@@ -469,6 +497,7 @@ class OutputReader(threading.Thread):
         self.fallback: str | None = None
         self.transports: dict[str, int] = {}
         self._stream: Any = None  # CUDA: where cuda_ipc chunks are copied
+        self._mapped: list[Any] = []  # the child's memory mapped for the chunk being judged (`_import`)
         self.load_seconds = 0.0
         self.load_cpu_seconds = 0.0  # this thread's CPU time reading chunks (the rest: GIL, driver, device)
         self.consume_seconds = 0.0
@@ -542,13 +571,13 @@ class OutputReader(threading.Thread):
                     self.load_seconds += time.monotonic() - loading
                     self.load_cpu_seconds += time.thread_time() - loading_cpu
                     return  # the child sends them again by the host
-                path.unlink(missing_ok=True)  # copied: the child may release its clones
             else:
                 raise ValueError(f"{path.name} names transport {transport!r}, not one of {', '.join(TRANSPORTS)}")
             self.load_seconds += time.monotonic() - loading
             self.load_cpu_seconds += time.thread_time() - loading_cpu
             judging, judging_cpu = time.monotonic(), time.thread_time()
-            self.consume(outputs)
+            with self._after_copies():
+                self.consume(outputs)
             self.consume_seconds += time.monotonic() - judging
             self.consume_cpu_seconds += time.thread_time() - judging_cpu
             self.transports[transport] = self.transports.get(transport, 0) + 1
@@ -556,7 +585,25 @@ class OutputReader(threading.Thread):
             if self.error is None:
                 self.error = f"cannot read the saved outputs ({path.name}): {load_error(exc)}"
         finally:
-            path.unlink(missing_ok=True)
+            self._release_mappings()
+            path.unlink(missing_ok=True)  # copied and judged: the child may release its clones
+
+    def _after_copies(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a cuda_ipc chunk's copies were queued (this reader's stream): judging entered from
+        there queues behind them (`judge.judging_stream`) and its one wait for the device covers both."""
+        if not self._mapped or self._stream is None:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.stream(self._stream)
+
+    def _release_mappings(self) -> None:
+        """Release the child's memory mapped for the last chunk, once its copies are complete (judging
+        waited for them already, unless nothing in the chunk was judged)."""
+        if self._mapped:
+            assert self._stream is not None  # mapped only on it (`_import`)
+            self._stream.synchronize()
+            self._mapped.clear()
 
     def _receive(self, entries: Any, path: Path, sequence: int) -> dict[str, Any] | None:
         """A cuda_ipc chunk's outputs in this process's GPU memory; None (after leaving a nack for the
@@ -564,6 +611,7 @@ class OutputReader(threading.Thread):
         try:
             return self._import(entries)
         except Exception as exc:  # noqa: BLE001 - any failure: the same outputs come again by the host
+            self._release_mappings()
             reason = one_line(f"cuda_ipc import failed: {type(exc).__name__}: {exc}")
             self._fell_back(reason)
             # An empty file, before the chunk goes: the child looks for it once the chunk is gone. Never
@@ -576,8 +624,9 @@ class OutputReader(threading.Thread):
 
     def _import(self, entries: Any) -> dict[str, Any]:
         """The entries' clones copied into this process's GPU memory, on this reader's own stream (not
-        behind other verifications' work), complete when this returns. Judging them (on a judging
-        stream) ends with reading its counts back, before they are freed."""
+        behind other verifications' work): queued, the mappings kept in `_mapped` until the judging
+        that follows has waited for them (`_release_mappings`). Judging them (on a judging stream)
+        ends with reading its counts back, before they are freed."""
         if self.device != "cuda":
             raise ValueError(f"outputs are judged on {self.device}, not on a CUDA device")
         import torch
@@ -586,7 +635,7 @@ class OutputReader(threading.Thread):
         if self._stream is None:
             self._stream = torch.cuda.Stream(index)
         with torch.cuda.stream(self._stream):
-            return receive_cuda_ipc(entries, index, self.budget, self.child_pid)
+            return receive_cuda_ipc(entries, index, self.budget, self.child_pid, self._mapped)
 
     def _fell_back(self, reason: str) -> None:
         if self.fallback is None:

@@ -11,8 +11,10 @@ transport, and the parent dispatches on it:
   each entry describes one output's place in that buffer (every entry names the same handle), and
   the file carries only those descriptions. The child keeps the buffer alive until the parent has
   deleted the chunk file. The parent maps each storage the entries name once, copies it into its own
-  GPU memory (`receive_cuda_ipc`), waits for the copy, unmaps it and only then deletes the file,
-  so nothing the child does afterwards (exit, crash, writes) changes what is judged. Where that fails
+  GPU memory (`receive_cuda_ipc`) and queues its judging behind the copy; it waits once for both,
+  unmaps the storage and only then deletes the file, so nothing the child does afterwards (exit,
+  crash, writes) changes what is judged, and the child's wait for the file to go (`drain`) ends
+  with the parent's GPU work on it. Where that fails
   the parent leaves a `nack-NNNNNN` file beside the chunk before deleting it, and the child sends the
   same outputs again as a `host` chunk.
 
@@ -319,24 +321,29 @@ def storages(entries: Any) -> list[StorageKey]:
     return list(dict.fromkeys(storage_key(e) for e in entries if e.storage_bytes))
 
 
-def receive_cuda_ipc(outputs: Any, device_index: int, budget: int, child_pid: int | None) -> dict[str, Any]:
+def receive_cuda_ipc(
+    outputs: Any, device_index: int, budget: int, child_pid: int | None, mapped: list[Any] | None = None
+) -> dict[str, Any]:
     """The outputs of a `cuda_ipc` chunk as tensors in this process's own GPU memory (parent side),
     on the current stream of `device_index`: each storage the entries name mapped and copied once,
     each output a view of that copy. Every mapping of the child's memory is released before this
-    returns, after the copies from it are complete."""
+    returns, after the copies from it are complete; or, given `mapped`, the copies are only queued
+    and the mappings go into it, for the caller to release once that stream's work is complete
+    (what it queues behind the copies then costs no second wait for the device)."""
     import torch
 
     entries = validate_chunk(outputs, device_index, budget, child_pid)
     device = torch.device("cuda", device_index)
     stream = torch.cuda.current_stream(device_index)
-    mapped: list[Any] = []  # the child's memory, mapped here: released only after the copies
+    held: list[Any] = [] if mapped is None else mapped  # the child's memory, mapped: kept until copied
     copies: dict[StorageKey, Any] = {}
     try:
         for key in storages(entries.values()):
-            copies[key] = _copy_of_storage(key, device, mapped)
+            copies[key] = _copy_of_storage(key, device, held)
     finally:
-        stream.synchronize()
-        mapped.clear()
+        if mapped is None:
+            stream.synchronize()
+            held.clear()
     received: dict[str, Any] = {}
     for name, entry in entries.items():
         dtype = getattr(torch, entry.dtype)

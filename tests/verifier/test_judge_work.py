@@ -162,10 +162,15 @@ def test_each_chunk_and_each_missing_call_is_judged_inside_a_judging_stream(monk
 class _FakeStream:
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.waited_for: list[_FakeStream] = []
+
+    def wait_stream(self, other: _FakeStream) -> None:
+        self.waited_for.append(other)
 
 
 def test_concurrent_judgings_get_streams_of_their_own_and_give_them_back(monkeypatch):
     current: list[_FakeStream] = []
+    caller = _FakeStream(torch.device("cuda", 0))  # the thread's stream before any judging
 
     @contextlib.contextmanager
     def use(stream):  # noqa: ANN001, ANN202
@@ -177,12 +182,15 @@ def test_concurrent_judgings_get_streams_of_their_own_and_give_them_back(monkeyp
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
     monkeypatch.setattr(torch.cuda, "stream", use)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[-1] if current else caller)
     with judging_stream("cuda"):
         first = current[-1]
         with judging_stream("cuda:0"):  # a second judging at the same time: another stream
             second = current[-1]
             assert second is not first
     assert current == []
+    # Each queues behind the work its caller's stream had queued (outputs still being copied there).
+    assert first.waited_for == [caller] and second.waited_for == [first]
     with judging_stream("cuda"), judging_stream("cuda"):
         assert {id(s) for s in current} == {id(first), id(second)}  # taken back from the pool
     assert {torch.device("cuda", 0)} == set(judge_module._FREE_STREAMS)

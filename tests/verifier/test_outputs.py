@@ -133,3 +133,19 @@ def test_groups_become_chunks_only_where_asked(tmp_path, chunk_per_group):
     sink.drain()
     reader.finish()
     assert written == ([2, 2, 2] if chunk_per_group else [6])
+
+
+def test_small_groups_share_a_chunk_until_it_holds_the_least_a_group_chunk_may(tmp_path):
+    # Each chunk costs the parent a mapping, a copy and a wait for the device: groups of a few KiB
+    # (one row, the recheck's) go together; a group that fills the least goes as soon as it ends.
+    written: list[list[str]] = []
+    reader = OutputReader(tmp_path, 2**20, lambda chunk: written.append(sorted(chunk)))
+    sink = OutputSink(str(tmp_path), 2**20, chunk_per_group=True, group_chunk_bytes=1000)
+    for case_id, nbytes in enumerate((64, 64, 64, 4000, 64, 64)):
+        sink.add(case_id, _outputs(case_id, nbytes))
+        sink.end_group()  # one call per group
+        reader.read_ready()
+    assert written == [["0:0", "1:0", "2:0", "3:0"]]  # the fourth group filled it
+    sink.flush()  # the end of the phase (`drain`, `close`)
+    reader.read_ready()
+    assert written[1:] == [["4:0", "5:0"]]

@@ -9,6 +9,7 @@ here with a stand-in for the export and the import; the GPU tests at the end run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -314,6 +315,47 @@ def test_clones_are_held_until_read_and_count_against_the_budget(tmp_path):
     assert 0 < most_held[0] <= budget
     assert all(ref() is None for ref in fake.clones.values())  # released once read
     assert not list(tmp_path.iterdir())
+
+
+class _RecordingStream:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def synchronize(self) -> None:
+        self.events.append("synchronize")
+
+
+def test_a_chunk_goes_only_once_judged_and_its_mapping_once_the_copies_are_complete(tmp_path, monkeypatch):
+    # The child's wait for its chunks to go (`drain`) must end with the parent's GPU work on them:
+    # the child times next, alone on the GPU. The copies are only queued on import; the judging's own
+    # wait covers them, and the mapping of the child's memory is released after that.
+    events: list[str] = []
+    fake = FakeIpc()
+    stream = _RecordingStream(events)
+
+    def receive(entries: dict[str, Any]) -> dict[str, torch.Tensor]:
+        reader._stream = stream
+        reader._mapped.append("mapping")
+        return fake.receive(entries)
+
+    @contextlib.contextmanager
+    def on_stream(where: Any) -> Any:
+        events.append("judged on the copies' stream" if where is stream else "elsewhere")
+        yield
+
+    def consume(chunk: dict) -> None:
+        assert (tmp_path / chunk_name(0)).exists() and reader._mapped == ["mapping"]
+        events.append("consume")
+
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    sink, reader = ipc_pair(tmp_path, fake, BUDGET, consume)
+    reader._import = receive  # type: ignore[method-assign]
+    sink.add(0, _outputs(0, 64))
+    sink.end_group()
+    reader.read_ready()
+    assert reader.error is None, reader.error
+    assert events == ["judged on the copies' stream", "consume", "synchronize"]
+    assert reader._mapped == [] and not (tmp_path / chunk_name(0)).exists()
 
 
 def test_a_chunk_the_parent_cannot_map_comes_again_by_the_host(tmp_path):

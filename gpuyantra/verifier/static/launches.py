@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 
 from gpuyantra.verifier.static.base import _CheckerBase
-from gpuyantra.verifier.static.scopes import _body_nodes, _Func, _walk_no_nested
+from gpuyantra.verifier.static.scopes import _Func, _walk_no_nested
 from gpuyantra.verifier.static.tables import SHAPE_ATTRS, TORCH_ALLOC
 
 
@@ -22,7 +22,7 @@ class _LaunchRules(_CheckerBase):
     def _kernel_alias_targets(self, f: _Func) -> dict[str, set[str]]:
         """Local names bound to kernels: `k = _a` or `k = _a if cond else _b`."""
         result: dict[str, set[str]] = {}
-        for sub in _body_nodes(f.node):
+        for sub in f.body:
             if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
                 found = {n.id for n in ast.walk(sub.value) if isinstance(n, ast.Name) and n.id in self.kernels}
                 if found and isinstance(sub.value, (ast.Name, ast.IfExp)):
@@ -79,7 +79,7 @@ class _LaunchRules(_CheckerBase):
         names: set[str] = set()
         for _ in range(10):
             before = len(names)
-            for sub in _body_nodes(f.node):
+            for sub in f.body:
                 if isinstance(sub, ast.Assign):
                     value_shapey = any(
                         (isinstance(n, ast.Attribute) and n.attr in SHAPE_ATTRS)
@@ -181,7 +181,7 @@ class _LaunchRules(_CheckerBase):
                 x = parent[x]
             return x
 
-        for sub in _body_nodes(f.node):
+        for sub in f.body:
             if isinstance(sub, (ast.Assign, ast.AnnAssign)) and sub.value is not None:
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 root = self._value_root(sub.value)
@@ -214,7 +214,7 @@ class _LaunchRules(_CheckerBase):
     def _fresh_names(self, f: _Func) -> tuple[set[str], set[str]]:
         """(names bound to fresh allocations, names bound to kernel outputs of helpers)."""
         fresh, outputs = set(), set()
-        for sub in _body_nodes(f.node):
+        for sub in f.body:
             if isinstance(sub, (ast.Assign, ast.AnnAssign)) and isinstance(sub.value, ast.Call):
                 call = sub.value
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
@@ -239,7 +239,7 @@ class _LaunchRules(_CheckerBase):
 
     def _launched_names(self, f: _Func) -> set[str]:
         names: set[str] = set()
-        for sub in _body_nodes(f.node):
+        for sub in f.body:
             if isinstance(sub, ast.Call) and self._launch_of(sub, f) is not None:
                 for arg in list(sub.args) + [k.value for k in sub.keywords]:
                     names.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
@@ -318,7 +318,7 @@ class _LaunchRules(_CheckerBase):
             if f in reachable:
                 continue
             reachable.append(f)
-            for sub in _body_nodes(f.node):
+            for sub in f.body:
                 if isinstance(sub, ast.Name) and sub.id in self.funcs and not self._is_local(sub.id, f):
                     todo.append(self.funcs[sub.id])
         reachable_nodes = {id(f.node) for f in reachable}
@@ -332,7 +332,7 @@ class _LaunchRules(_CheckerBase):
         referenced: set[str] = set()
         for f in reachable + nested:
             f.kernel_aliases = self._kernel_alias_targets(f)
-            for sub in _body_nodes(f.node):
+            for sub in f.body:
                 kernels = self._launch_of(sub, f)
                 if kernels is not None:
                     launched |= kernels

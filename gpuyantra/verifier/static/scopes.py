@@ -74,7 +74,9 @@ class _Func:
         if args.kwarg:
             self.params.append(args.kwarg.arg)
         self.locals: set[str] = set(self.params)
-        for sub in _body_nodes(node):
+        # Its body's nodes, walked once: the dataflow rules pass over them again and again (fixpoints).
+        self.body: list[ast.AST] = list(_body_nodes(node))
+        for sub in self.body:
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                 self.locals.add(sub.id)
             elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from gpuyantra.verifier.static.base import _CheckerBase
-from gpuyantra.verifier.static.scopes import _body_nodes, _Func
+from gpuyantra.verifier.static.scopes import _Func
 from gpuyantra.verifier.static.tables import (
     TENSOR_ATTRS,
     TENSOR_BUILTINS,
@@ -72,7 +72,7 @@ class _TaintRules(_CheckerBase):
             changed = False
             rounds += 1
             for f in self.all_host_funcs:
-                for sub in _body_nodes(f.node):
+                for sub in f.body:
                     names: list[str] = []
                     if isinstance(sub, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and sub.value is not None:
                         targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
@@ -117,7 +117,7 @@ class _TaintRules(_CheckerBase):
     def _operator_rules(self) -> None:
         """Operators, augmented assignments and math builtins on tensors in host code."""
         for f in self.all_host_funcs:
-            for sub in _body_nodes(f.node):
+            for sub in f.body:
                 if (
                     isinstance(sub, ast.BinOp)
                     and not isinstance(sub.op, ast.MatMult)
