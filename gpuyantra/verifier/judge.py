@@ -428,11 +428,14 @@ def queued_counts(pending: Sequence[PendingCase]) -> torch.Tensor | None:
     """Every queued comparison's counts in one tensor, on CUDA copied to (pinned) host memory without
     waiting: once the stream's work is complete it is read with no further trip to the device (a
     trip is a turn among the contexts sharing the GPU). None where nothing was compared."""
-    comparisons = [s.counts for p in pending for s in p.slots if isinstance(s, _Comparison)]
-    if not comparisons:
-        return None
-    counts = torch.stack(comparisons)
-    return counts.to("cpu", non_blocking=True) if counts.is_cuda else counts
+    counts = _stacked_counts(pending)
+    return counts.to("cpu", non_blocking=True) if counts is not None and counts.is_cuda else counts
+
+
+def _stacked_counts(pending: Sequence[PendingCase]) -> torch.Tensor | None:
+    """The queued comparisons' counts stacked where they are (None where nothing was compared)."""
+    counts = [s.counts for p in pending for s in p.slots if isinstance(s, _Comparison)]
+    return torch.stack(counts) if counts else None
 
 
 def settle(pending: Sequence[PendingCase], counts: torch.Tensor | None = None) -> list[CaseValues]:
@@ -440,8 +443,8 @@ def settle(pending: Sequence[PendingCase], counts: torch.Tensor | None = None) -
     `queued_counts` once its stream's work is complete); an output with violations is compared again
     for its message (the same computation, kept only for failing outputs)."""
     comparisons = [s for p in pending for s in p.slots if isinstance(s, _Comparison)]
-    if counts is None and comparisons:
-        counts = torch.stack([c.counts for c in comparisons])
+    if counts is None:
+        counts = _stacked_counts(pending)
     rows: list[list[int]] = counts.tolist() if counts is not None else []
     failing = {id(c) for c, (nonfinite, wrong) in zip(comparisons, rows) if nonfinite or wrong}
     values = []
