@@ -47,7 +47,8 @@ def timing_lock() -> Path:
     return folder() / TIMING_FILE
 
 
-def _read(name: str) -> dict[str, Any]:
+def read_state(name: str) -> dict[str, Any]:
+    """One JSON file of the verifier's state folder ({} when missing or unreadable)."""
     try:
         data = json.loads((folder() / name).read_text())
         return data if isinstance(data, dict) else {}
@@ -56,12 +57,12 @@ def _read(name: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _locked(name: str) -> Iterator[dict[str, Any]]:
+def updating_state(name: str) -> Iterator[dict[str, Any]]:
     """Read-modify-write of one JSON file under an exclusive lock, replaced atomically."""
     path = folder() / name
     with open(path.with_suffix(".lock"), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        data = _read(name)
+        data = read_state(name)
         yield data
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -69,12 +70,12 @@ def _locked(name: str) -> Iterator[dict[str, Any]]:
 
 
 def bandwidth_cache() -> dict[str, float]:
-    return {str(k): float(v) for k, v in _read(BANDWIDTH_FILE).items() if isinstance(v, (int, float))}
+    return {str(k): float(v) for k, v in read_state(BANDWIDTH_FILE).items() if isinstance(v, (int, float))}
 
 
 def store_bandwidth(device_name: str | None, gbs: float | None) -> None:
     if device_name and gbs:
-        with _locked(BANDWIDTH_FILE) as data:
+        with updating_state(BANDWIDTH_FILE) as data:
             data[device_name] = float(gbs)
 
 
@@ -115,7 +116,7 @@ def cached_baselines(
 ) -> dict[str, dict[str, float]]:
     """{shape as "AxB": {eager_us, eager_launch_us, compile_us, compile_ro_us}} for the shapes measured
     before with the same parameters (`params_digest`)."""
-    data = _read(BASELINES_FILE)
+    data = read_state(BASELINES_FILE)
     out: dict[str, dict[str, float]] = {}
     for shape in shapes:
         entry = data.get(baseline_key(op, module_class, shape, dtype, device_name, params))
@@ -137,6 +138,6 @@ def store_baselines(
         if values:
             fresh.append((baseline_key(op, module_class, row["shape"], row["dtype"], device_name, params), values))
     if fresh:
-        with _locked(BASELINES_FILE) as data:
+        with updating_state(BASELINES_FILE) as data:
             for key, values in fresh:
                 data.setdefault(key, {}).update(values)

@@ -15,6 +15,7 @@ import torch
 from gpuyantra.candidate import CandidateError, validate_adapter
 from gpuyantra.ops import UnknownOpError, get_op
 from gpuyantra.ops.base import OpFamily, import_class
+from gpuyantra.verifier import module_contracts
 from gpuyantra.verifier.static import StaticReport
 from gpuyantra.verifier.verdict import Failure
 
@@ -89,24 +90,41 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
     if family.open_target is not None:
         _check_open_attrs(family, adapter or [], result)
         return result
-    # The module class imports and builds on the meta device; each binding names a real attribute.
     dotted = module_class or family.default_module
     result.module_class = dotted
+    # A passing check of the same class, bindings and code, kept from an earlier process.
+    key = None
+    if not result.failures:
+        key = module_contracts.contract_key(dotted, family.name, family.reference.__module__, adapter or [])
+        kept = module_contracts.kept_param_specs(key)
+        if kept is not None:
+            result.param_specs = kept
+            return result
+    _check_module_class(family, dotted, adapter, result)
+    if not result.failures:
+        module_contracts.keep_param_specs(key, dotted, result.param_specs)
+    return result
+
+
+def _check_module_class(
+    family: OpFamily, dotted: str, adapter: list[dict[str, str]] | None, result: ContractResult
+) -> None:
+    """The module class imports and builds on the meta device; each binding names a real attribute."""
     try:
         cls = import_class(dotted)
     except ValueError as exc:
         result.fail("module-class", str(exc))
-        return result
+        return
     if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
         result.fail("module-class", f"{dotted} is not a torch.nn.Module class")
-        return result
+        return
     from gpuyantra.ops.meta import build_instance, meta_instance
 
     # A class is hashable; mypy checks type[Module] against Hashable through Module's instance __hash__.
     meta = meta_instance(cls)  # type: ignore[arg-type]
     if meta is None:
         result.fail("module-class", f"cannot build {dotted} on the meta device with a tiny configuration")
-        return result
+        return
     kinds = {p.name: p.kind for p in family.params}
     attr_of: dict[str, str] = {}
     for binding in adapter or []:
@@ -138,9 +156,8 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
             )
         attr_of[binding["kernel_param"]] = attr
     if result.failures:
-        return result
+        return
     result.param_specs = _param_specs(family, cls, attr_of, build_instance)
-    return result
 
 
 def _check_open_attrs(family: OpFamily, adapter: list[dict[str, str]], result: ContractResult) -> None:

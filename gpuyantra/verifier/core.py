@@ -7,7 +7,9 @@ The candidate's source is read once; the sandbox runs a read-only copy of exactl
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -112,6 +114,21 @@ def run_verification(
     return verdict
 
 
+def _warm_judge_kernel(dtypes: Sequence[str]) -> None:
+    """Load the judge kernel's variants while the sandbox child starts (`judge_kernel.warm`): a new
+    process's first judging paid for them while the child waited on it."""
+
+    def warm() -> None:
+        import torch
+
+        from gpuyantra.verifier.judge_kernel import warm
+
+        with contextlib.suppress(Exception):  # a head start only: judging loads what is missing
+            warm([case_plan.dtype_of(name) for name in dtypes], torch.device("cuda", torch.cuda.current_device()))
+
+    threading.Thread(target=warm, name="judge-kernel-warm", daemon=True).start()
+
+
 def _run(
     verdict: Verdict,
     path: Path,
@@ -161,6 +178,8 @@ def _run(
     try:
         if not verdict.failures:
             sandbox.start()  # imports torch and triton while the contract layer runs here
+            if device == "cuda":
+                _warm_judge_kernel(dtypes)
         if keep_warm:  # the next verification's child starts while this one runs
             keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
         # Layer 2: contract.

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from gpuyantra.verifier import judge_kernel
 from gpuyantra.verifier.judge import OutputAllowance, _counts, _violations, violation_counts
 from gpuyantra.verifier.judge_kernel import extra_divisor, fused_applies, violation_counts_fused
 
@@ -104,3 +105,16 @@ def test_host_outputs_keep_the_tensor_ops() -> None:
     got, allowance = got.cpu(), _on(allowance, "cpu")
     assert not fused_applies(got, allowance)  # CPU tensors: judged by the tensor ops
     assert violation_counts(got, allowance, TOL).tolist() == _torch_counts(got, allowance)
+
+
+def test_warm_loads_each_variant_ahead_on_cuda_only() -> None:
+    """A verification warms the kernel's variants while its child starts; under the interpreter there
+    is nothing to load ahead."""
+    device = torch.device("cuda", torch.cuda.current_device()) if ON_GPU else torch.device("cpu")
+    before = set(judge_kernel._WARMED)
+    judge_kernel.warm([torch.float16, torch.bfloat16], device)
+    wanted = {(dtype, extra, device) for dtype in (torch.float16, torch.bfloat16) for extra in (False, True)}
+    if ON_GPU:
+        assert wanted <= judge_kernel._WARMED
+    else:
+        assert judge_kernel._WARMED == before

@@ -1,0 +1,157 @@
+"""How long `gpuyantra verify FILE` takes as a user runs it: a new process for every verdict.
+
+    python3 benchmarks/verify_cli_speed.py --out $OUT/cli [--templates rms_norm,softmax]
+        [--warm-runs 2] [--parallel 6] [--parallel-rounds 2] [--parallel-templates rms_norm]
+
+Each template (gpuyantra/kernels/<name>.py, the CLI's default shapes and dtypes on CUDA) gets a state
+folder and compiler caches of its own, empty at first: one cold run (no cached baselines, no Triton or
+inductor cache), then `--warm-runs` runs with what the cold run left. Then, for each of
+`--parallel-templates`, `--parallel-rounds` rounds of `--parallel` processes started at once over that
+template's warm state folder (its GPU locks are shared by them, as by every verification of one
+machine): the round's wall time (start to the last exit) against the template's warm median, and each
+verdict's speedups against the single runs'.
+
+Writes `<out>/cli_speed.json` after every run (a run cut short keeps what it measured) and prints one
+line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = sorted(p.stem for p in (ROOT / "gpuyantra" / "kernels").glob("*.py") if p.stem != "__init__")
+
+
+def _env(folder: Path) -> dict[str, str]:
+    """The state folder and compiler caches of one template's runs."""
+    env = dict(os.environ)
+    env["GPUYANTRA_STATE_DIR"] = str(folder / "state")
+    env["TRITON_CACHE_DIR"] = str(folder / "triton")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _start(template: str, folder: Path, device: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "gpuyantra.cli", "verify", str(ROOT / "gpuyantra" / "kernels" / f"{template}.py")]
+    argv += ["--device", device, "--json"]
+    return subprocess.Popen(argv, env=_env(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(process: subprocess.Popen, started: float, timeout_s: float) -> dict[str, Any]:
+    try:
+        stdout, stderr = process.communicate(timeout=max(1.0, timeout_s - (time.perf_counter() - started)))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+    row: dict[str, Any] = {"wall_s": round(time.perf_counter() - started, 2), "rc": process.returncode}
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        row["error"] = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return row
+    verdict = json.loads(lines[-1])
+    timings = verdict.get("timings") or {}
+    row.update(
+        reward=verdict.get("reward"),
+        verdict_s=verdict.get("seconds"),
+        speedup_vs_eager=verdict.get("speedup_vs_eager"),
+        speedup_vs_compile=verdict.get("speedup_vs_compile"),
+        failures=[f.get("rule") for f in verdict.get("failures", [])],
+        timings=timings,
+    )
+    return row
+
+
+def run_one(template: str, folder: Path, device: str, timeout_s: float) -> dict[str, Any]:
+    started = time.perf_counter()
+    return _finish(_start(template, folder, device), started, timeout_s)
+
+
+def run_round(template: str, folder: Path, device: str, count: int, timeout_s: float) -> dict[str, Any]:
+    started = time.perf_counter()
+    processes = [_start(template, folder, device) for _ in range(count)]
+    rows = [_finish(p, started, timeout_s) for p in processes]
+    return {"wall_s": round(time.perf_counter() - started, 2), "runs": rows}
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for template, runs in report["templates"].items():
+        warm = [r["wall_s"] for r in runs.get("warm", []) if r.get("rc") == 0]
+        cold = runs.get("cold") or {}
+        summary[template] = {
+            "cold_s": cold.get("wall_s"),
+            "cold_rc": cold.get("rc"),
+            "warm_median_s": round(statistics.median(warm), 2) if warm else None,
+            "single_speedups": [r.get("speedup_vs_eager") for r in [cold, *runs.get("warm", [])]],
+        }
+        rounds = report["rounds"].get(template, [])
+        if rounds and warm:
+            walls = [r["wall_s"] for r in rounds]
+            summary[template].update(
+                round_walls_s=walls,
+                round_over_one=[round(w / statistics.median(warm), 2) for w in walls],
+                round_speedups=[[r.get("speedup_vs_eager") for r in rnd["runs"]] for rnd in rounds],
+                round_all_accepted=all(r.get("rc") == 0 for rnd in rounds for r in rnd["runs"]),
+            )
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for cli_speed.json")
+    parser.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated template names")
+    parser.add_argument("--warm-runs", type=int, default=2)
+    parser.add_argument("--parallel", type=int, default=6, help="processes started at once in a round")
+    parser.add_argument("--parallel-rounds", type=int, default=2)
+    parser.add_argument("--parallel-templates", default="rms_norm", help="templates whose rounds are run")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run of the script")
+    parser.add_argument("--timeout-s", type=float, default=180.0, help="limit of one run or one round")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.templates.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(TEMPLATES))
+    if unknown:
+        parser.error(f"unknown templates {unknown}; choose from {', '.join(TEMPLATES)}")
+    parallel = [n.strip() for n in args.parallel_templates.split(",") if n.strip()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gy-cli-speed-"))
+    report: dict[str, Any] = {"argv": sys.argv[1:], "templates": {}, "rounds": {}}
+
+    def save() -> None:
+        report["summary"] = summarize(report)
+        (out / "cli_speed.json").write_text(json.dumps(report, indent=1))
+
+    # The templates with rounds first, each round right after its template's single runs.
+    for template in sorted(names, key=lambda name: name not in parallel):
+        runs: dict[str, Any] = report["templates"].setdefault(template, {"warm": []})
+        runs["cold"] = run_one(template, work / template, args.device, args.timeout_s)
+        print(template, "cold", runs["cold"], flush=True)
+        save()
+        for _ in range(args.warm_runs):
+            runs["warm"].append(run_one(template, work / template, args.device, args.timeout_s))
+            print(template, "warm", runs["warm"][-1], flush=True)
+            save()
+        for _ in range(args.parallel_rounds if template in parallel else 0):
+            rnd = run_round(template, work / template, args.device, args.parallel, args.timeout_s)
+            report["rounds"].setdefault(template, []).append(rnd)
+            walls = [r.get("wall_s") for r in rnd["runs"]]
+            print(template, f"{args.parallel} at once", rnd["wall_s"], walls, flush=True)
+            save()
+    save()
+    print(json.dumps(report["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
