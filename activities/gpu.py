@@ -13,7 +13,16 @@ from activities.heartbeat import with_heartbeat
 from gpuyantra import config
 from gpuyantra.served_speed import measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
-from workflows.types import BenchmarkInput, CompareInput, DeployInput, RollbackInput, ServerCall, Target, VerifyInput
+from workflows.types import (
+    BenchmarkInput,
+    CompareInput,
+    DeployInput,
+    RollbackInput,
+    ServerCall,
+    Target,
+    VerifyFileInput,
+    VerifyInput,
+)
 
 
 def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -157,6 +166,37 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     return {**judged_on_served_decode(result, request.target), "rows_gate": rows_gate(result)}
 
 
+@activity.defn(name="verify_file")
+def verify_file(request: VerifyFileInput) -> dict[str, Any]:
+    """`gpuyantra verify FILE` on this worker (the VerifyKernel workflow): the same verifier with the
+    command's options, from a sandbox child this worker keeps started. The candidate is written under
+    the state folder's `candidates/verify/` (the audit trail), named by its bytes."""
+    import hashlib
+
+    from gpuyantra.triton_env import prepare
+    from gpuyantra.verifier import run_verification
+
+    device = prepare(request.device)
+    folder = config.candidates_dir() / "verify"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^0-9A-Za-z_]+", "_", request.file_name.rsplit("/", 1)[-1].removesuffix(".py"))[:60] or "candidate"
+    path = folder / f"{stem}_{hashlib.sha256(request.source.encode()).hexdigest()[:12]}.py"
+    path.write_text(request.source)
+    verdict = with_heartbeat(
+        lambda: run_verification(
+            path,
+            device=device,
+            module_class=request.module_class,
+            shapes=request.shapes,
+            dtypes=request.dtypes,
+            timeout=request.timeout,
+            keep_warm=device == "cuda",
+            param_shapes=request.param_shapes or None,
+        )
+    )
+    return {**verdict.to_dict(), "device": device, "candidate_path": str(path)}
+
+
 def device_name(device: str) -> str:
     import torch
 
@@ -174,6 +214,7 @@ ACTIVITIES: list[Callable[..., Any]] = [
     profile_server,
     benchmark_server,
     verify_candidate,
+    verify_file,
     deploy_kernel,
     rollback_swap,
     compare_swap,

@@ -2,6 +2,7 @@
 
     python3 benchmarks/verify_cli_speed.py --out $OUT/cli [--templates rms_norm,softmax]
         [--warm-runs 2] [--parallel 6] [--parallel-rounds 2] [--parallel-templates rms_norm]
+        [--where here|worker]
 
 Each template (gpuyantra/kernels/<name>.py, the CLI's default shapes and dtypes on CUDA) gets a state
 folder and compiler caches of its own, empty at first: one cold run (no cached baselines, no Triton or
@@ -10,6 +11,12 @@ inductor cache), then `--warm-runs` runs with what the cold run left. Then, for 
 template's warm state folder (its GPU locks are shared by them, as by every verification of one
 machine): the round's wall time (start to the last exit) against the template's warm median, and each
 verdict's speedups against the single runs'.
+
+`--where worker`: the same through this machine's GPU worker (`gpuyantra verify --where worker`):
+the script starts a Temporal dev server and `gpuyantra worker all` on one fresh state folder (as
+`gpuyantra up` does), waits until they poll, and every run uses them. The worker's state folder and
+compiler caches are shared by all templates, so a template's first run ("cold") finds no baselines
+of its own but the worker's children warm; the worker's start is reported apart (`worker_start_s`).
 
 Writes `<out>/cli_speed.json` after every run (a run cut short keeps what it measured) and prints one
 line per run.
@@ -32,9 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = sorted(p.stem for p in (ROOT / "gpuyantra" / "kernels").glob("*.py") if p.stem != "__init__")
 
 
+WORKER_ENV: dict[str, str] = {}  # --where worker: the worker's state folder and Temporal address
+
+
 def _env(folder: Path) -> dict[str, str]:
-    """The state folder and compiler caches of one template's runs."""
+    """The state folder and compiler caches of one template's runs (the worker's, with a worker)."""
     env = dict(os.environ)
+    if WORKER_ENV:
+        env.update(WORKER_ENV)
+        return env
     env["GPUYANTRA_STATE_DIR"] = str(folder / "state")
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
     env["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
@@ -42,9 +55,12 @@ def _env(folder: Path) -> dict[str, str]:
     return env
 
 
-def _start(template: str, folder: Path, device: str) -> subprocess.Popen:
+def _start(template: str, folder: Path, device: str | None, where: str | None = "") -> subprocess.Popen:
+    """`where` "" picks the script's mode (here, or worker when it started one); None leaves it out."""
     argv = [sys.executable, "-m", "gpuyantra.cli", "verify", str(ROOT / "gpuyantra" / "kernels" / f"{template}.py")]
-    argv += ["--device", device, "--json"]
+    argv += ["--json"] + (["--device", device] if device else [])
+    if where is not None:
+        argv += ["--where", where or ("worker" if WORKER_ENV else "here")]
     return subprocess.Popen(argv, env=_env(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -62,6 +78,7 @@ def _finish(process: subprocess.Popen, started: float, timeout_s: float) -> dict
     verdict = json.loads(lines[-1])
     timings = verdict.get("timings") or {}
     row.update(
+        verified_by=verdict.get("verified_by"),
         reward=verdict.get("reward"),
         verdict_s=verdict.get("seconds"),
         speedup_vs_eager=verdict.get("speedup_vs_eager"),
@@ -70,6 +87,12 @@ def _finish(process: subprocess.Popen, started: float, timeout_s: float) -> dict
         timings=timings,
     )
     return row
+
+
+def run_auto(template: str, folder: Path, timeout_s: float) -> dict[str, Any]:
+    """`gpuyantra verify FILE --json` with no --device and no --where, as a user types it."""
+    started = time.perf_counter()
+    return _finish(_start(template, folder, None, None), started, timeout_s)
 
 
 def run_one(template: str, folder: Path, device: str, timeout_s: float) -> dict[str, Any]:
@@ -116,6 +139,7 @@ def main() -> int:
     parser.add_argument("--parallel-rounds", type=int, default=2)
     parser.add_argument("--parallel-templates", default="rms_norm", help="templates whose rounds are run")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run of the script")
+    parser.add_argument("--where", default="here", choices=["here", "worker"], help="where `gpuyantra verify` verifies")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="limit of one run or one round")
     args = parser.parse_args()
     names = [n.strip() for n in args.templates.split(",") if n.strip()]
@@ -127,6 +151,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gy-cli-speed-"))
     report: dict[str, Any] = {"argv": sys.argv[1:], "templates": {}, "rounds": {}}
+    managed = start_worker(work / "worker-state", report) if args.where == "worker" else []
 
     def save() -> None:
         report["summary"] = summarize(report)
@@ -148,9 +173,31 @@ def main() -> int:
             walls = [r.get("wall_s") for r in rnd["runs"]]
             print(template, f"{args.parallel} at once", rnd["wall_s"], walls, flush=True)
             save()
+    if managed:  # what a plain `gpuyantra verify FILE` picks with the worker up (--where auto)
+        report["auto"] = run_auto(names[0], work / names[0], args.timeout_s)
+        print("auto", report["auto"].get("verified_by"), report["auto"].get("wall_s"), flush=True)
     save()
     print(json.dumps(report["summary"], indent=1))
+    for process in reversed(managed):
+        process.stop()
     return 0
+
+
+def start_worker(state: Path, report: dict[str, Any]) -> list:
+    """A Temporal dev server and `gpuyantra worker all` on `state`, as `gpuyantra up` starts them."""
+    sys.path.insert(0, str(ROOT))
+    from gpuyantra.processes import free_port, start_temporal
+    from gpuyantra.processes import start_worker as start_worker_process
+
+    state.mkdir(parents=True)
+    started = time.perf_counter()
+    temporal = start_temporal(state, port=free_port(), headless=True)
+    address = temporal.info["address"]
+    worker = start_worker_process("all", address, state, {"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    report["worker_start_s"] = round(time.perf_counter() - started, 2)
+    WORKER_ENV.update(GPUYANTRA_STATE_DIR=str(state), TEMPORAL_ADDRESS=address)
+    print("worker polling after", report["worker_start_s"], "s", flush=True)
+    return [temporal, worker]
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ def build_workers(client: Client, role: str, executor: concurrent.futures.Execut
     """The workers a role runs. The workflow runs beside the CPU activities (no GPU needed)."""
     from activities import cpu, gpu
     from workflows.campaign import OptimizeCampaign
+    from workflows.verify import VerifyKernel
 
     workers: list[Worker] = []
     if role in ("cpu", "all"):
-        workers.append(Worker(client, task_queue=config.CONTROL_TASK_QUEUE, workflows=[OptimizeCampaign]))
+        workers.append(Worker(client, task_queue=config.CONTROL_TASK_QUEUE, workflows=[OptimizeCampaign, VerifyKernel]))
         workers.append(
             Worker(
                 client,

@@ -1,4 +1,4 @@
-"""Check what users hand the campaign: its JSON input and the arguments of its signals.
+"""Check what users hand the workflows: a campaign's JSON input and its signals' arguments, a verification's input.
 
 Plain Python, stdlib only: it runs inside the workflow sandbox. A bad input must fail the workflow
 run at once with a message naming the field; decoding it into CampaignInput inside the SDK would
@@ -12,11 +12,14 @@ import difflib
 import json
 import types
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from gpuyantra.rewards import REWARD_MAX, REWARD_MIN  # stdlib only
-from workflows.types import CampaignInput
+from workflows.types import CampaignInput, VerifyFileInput
+
+T = TypeVar("T")
 
 # Inclusive bounds of the numeric fields: min_reward spans the verifier's reward ladder; the upper
 # bounds keep a typo ("max_iterations": 600) from holding a GPU for days.
@@ -27,6 +30,8 @@ RANGES: dict[str, tuple[int, int]] = {
 }
 DEVICES = ("cpu", "cuda")
 EXAMPLE = '{"server_url": "http://127.0.0.1:8000"}'
+VERIFY_EXAMPLE = '{"source": "OP = ...", "file_name": "rms_norm.py"}'
+MAX_VERIFY_TIMEOUT_S = 3600  # a verdict's sandbox limit; beyond it a typo holds a GPU slot
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 
@@ -36,12 +41,21 @@ class InvalidInput(ValueError):
 
 def parse_campaign_input(args: tuple[Any, ...]) -> CampaignInput:
     """The workflow's decoded arguments (JSON values) as a checked CampaignInput, or InvalidInput."""
+    return _parse(args, CampaignInput, "campaign", EXAMPLE, _check_value)
+
+
+def parse_verify_input(args: tuple[Any, ...]) -> VerifyFileInput:
+    """VerifyKernel's decoded arguments as a checked VerifyFileInput, or InvalidInput."""
+    return _parse(args, VerifyFileInput, "verify", VERIFY_EXAMPLE, _check_verify_value)
+
+
+def _parse(args: tuple[Any, ...], cls: type[T], what: str, example: str, check: Callable[[str, Any], list[str]]) -> T:
     if len(args) != 1 or not isinstance(args[0], dict):
         got = "no input" if not args else f"{len(args)} inputs" if len(args) > 1 else _kind(args[0])
-        raise InvalidInput(f"invalid campaign input: expected one JSON object like {EXAMPLE}, got {got}")
+        raise InvalidInput(f"invalid {what} input: expected one JSON object like {example}, got {got}")
     raw: dict[str, Any] = args[0]
-    hints = typing.get_type_hints(CampaignInput)
-    fields = {f.name: f for f in dataclasses.fields(CampaignInput)}
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     problems: list[str] = []
     for name in raw:
         if name not in fields:
@@ -54,10 +68,29 @@ def parse_campaign_input(args: tuple[Any, ...]) -> CampaignInput:
         elif not _matches(raw[name], hints[name]):
             problems.append(f"field {name!r} must be {_describe(hints[name])}, got {_show(raw[name])}")
         else:
-            problems.extend(_check_value(name, raw[name]))
+            problems.extend(check(name, raw[name]))
     if problems:
-        raise InvalidInput("invalid campaign input: " + "; ".join(problems))
-    return CampaignInput(**{name: raw[name] for name in fields if name in raw})
+        raise InvalidInput(f"invalid {what} input: " + "; ".join(problems))
+    return cls(**{name: raw[name] for name in fields if name in raw})
+
+
+def _check_verify_value(name: str, value: Any) -> list[str]:
+    """Checks beyond the type, as `gpuyantra verify`'s own options check them."""
+    if value is None:
+        return []
+    if name == "source" and not value.strip():
+        return ["field 'source' must hold the candidate's Python source, got an empty string"]
+    if name == "device" and value not in DEVICES:
+        return [f"field 'device' must be one of {', '.join(DEVICES)} or null, got {_show(value)}"]
+    if name == "shapes" and (not value or any(not shape or min(shape) < 1 for shape in value)):
+        return [f"field 'shapes' must be lists of positive sizes like [[1, 2048]], got {_show(value)}"]
+    if name == "timeout" and not 0 < value <= MAX_VERIFY_TIMEOUT_S:
+        return [f"field 'timeout' must be seconds in (0, {MAX_VERIFY_TIMEOUT_S}], got {_show(value)}"]
+    if name == "param_shapes":
+        bad = [k for k, v in value.items() if v is not None and not (_matches(v, list[int]) and v and min(v) >= 1)]
+        if bad:
+            return [f"field 'param_shapes' must map names to positive sizes or null, got {_show(value)}"]
+    return []
 
 
 def _check_value(name: str, value: Any) -> list[str]:
@@ -114,6 +147,8 @@ def _matches(value: Any, hint: Any) -> bool:
         return value is None
     if hint is int:  # JSON true/false are bools, and Python's bool is an int
         return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:  # JSON has one number type: 300 is a float here
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is Any:
         return True
     return isinstance(value, origin or hint)
@@ -125,7 +160,14 @@ def _describe(hint: Any) -> str:
         return " or ".join(_describe(arg) for arg in typing.get_args(hint))
     if origin is list:
         return f"a list of {_describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
-    names = {str: "a string", int: "an integer", bool: "true or false", type(None): "null", dict: "an object"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        type(None): "null",
+        dict: "an object",
+    }
     return names.get(origin or hint, f"a {getattr(hint, '__name__', hint)}")
 
 

@@ -198,6 +198,21 @@ class VerifyInput:
 
 
 @dataclass
+class VerifyFileInput:
+    """`gpuyantra verify FILE` run by this machine's GPU worker (the `VerifyKernel` workflow), whose
+    sandbox children are started and warm. The fields are the command's options."""
+
+    source: str
+    file_name: str = "candidate.py"
+    device: str | None = None
+    module_class: str | None = None
+    shapes: list[list[int]] | None = None
+    dtypes: list[str] | None = None
+    param_shapes: dict[str, list[int] | None] | None = None
+    timeout: float | None = None
+
+
+@dataclass
 class OutcomeInput:
     skill_id: str
     reward: float

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from gpuyantra.triton_env import prepare
@@ -102,10 +104,87 @@ def register(subparsers: Any) -> None:
         help="wall-clock limit of the sandboxed run (default: 300 on cpu, 600 on cuda)",
     )
     parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    parser.add_argument(
+        "--where",
+        choices=WHERE,
+        default="auto",
+        help="where the verifier runs: 'worker', this machine's GPU worker (gpuyantra up), whose sandbox "
+        "children are warm (about a second a verdict instead of a new process's ten); 'here', this process; "
+        "'auto' (default), the worker when one polls and the verification is for CUDA, else here",
+    )
     parser.set_defaults(handler=run)
 
 
+WHERE = ("auto", "worker", "here")
+
+
 def run(args: argparse.Namespace) -> int:
+    verdict = None
+    if args.where != "here" and _worker_may_take(args):
+        verdict = _on_worker(args)
+    if verdict is None:
+        verdict = _here(args)
+    if args.json:
+        sys.stdout.write(json.dumps(verdict) + "\n")
+    else:
+        _print_human(verdict)
+    return 0 if verdict["accepted"] else 1
+
+
+def _worker_may_take(args: argparse.Namespace) -> bool:
+    """'worker' always tries; 'auto' only a CUDA verification (a GPU worker's own device) whose module
+    class, if named, the worker imports as this process would (not a module of this folder)."""
+    if args.where == "worker":
+        return True
+    if args.device == "cpu" or (args.device is None and not os.path.exists("/dev/nvidiactl")):
+        return False
+    if getattr(args, "state_dir", None):  # a state folder of its own: its caches and locks, not the worker's
+        return False
+    return args.module is None or not _module_of_this_folder(args.module)
+
+
+def _module_of_this_folder(dotted: str) -> bool:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(dotted.split(".")[0])
+    except (ImportError, ValueError):
+        return True
+    origin = spec.origin if spec is not None else None
+    return origin is None or Path(origin).resolve().is_relative_to(Path.cwd().resolve())
+
+
+def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The worker's verdict, or None (with a line on stderr under 'auto') to verify here instead."""
+    from gpuyantra.verify_client import WorkerUnavailable, verify_on_worker
+
+    try:
+        source = Path(args.file).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None  # the local run rejects it with the reason
+    request = {
+        "source": source,
+        "file_name": Path(args.file).name,
+        "device": args.device,
+        "module_class": args.module,
+        "shapes": args.shapes,
+        "dtypes": args.dtypes,
+        "param_shapes": dict(args.param_shapes) if args.param_shapes else None,
+        "timeout": args.timeout,
+    }
+    try:
+        workflow_id, verdict = verify_on_worker(request, (args.timeout or 600.0) + 300.0)
+    except WorkerUnavailable as exc:
+        if args.where == "worker":
+            print(f"gpuyantra verify: --where worker: {exc} (start one with `gpuyantra up`)", file=sys.stderr)
+            raise SystemExit(2) from None
+        if "failed" in str(exc):  # a worker took it and lost it: say so; a missing worker is the usual case
+            print(f"gpuyantra verify: {exc}; verifying in this process", file=sys.stderr)
+        return None
+    return {**verdict, "verified_by": "worker", "workflow_id": workflow_id}
+
+
+def _here(args: argparse.Namespace) -> dict[str, Any]:
     device = prepare(args.device)
     from gpuyantra.verifier.core import run_verification
 
@@ -118,26 +197,25 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         param_shapes=dict(args.param_shapes or []),
     )
-    if args.json:
-        sys.stdout.write(json.dumps(verdict.to_dict()) + "\n")
-    else:
-        _print_human(verdict)
-    return 0 if verdict.accepted else 1
+    return {**verdict.to_dict(), "verified_by": "here"}
 
 
-def _print_human(verdict: Any) -> None:
-    status = "ACCEPTED" if verdict.accepted else "REJECTED"
+def _print_human(verdict: dict[str, Any]) -> None:
+    status = "ACCEPTED" if verdict["accepted"] else "REJECTED"
     print(
-        f"{status}  op={verdict.op}  reward={verdict.reward:+d}  device={verdict.device}  "
-        f"checks={verdict.checks}  {verdict.seconds:.1f}s"
+        f"{status}  op={verdict['op']}  reward={verdict['reward']:+d}  device={verdict.get('device')}  "
+        f"checks={verdict.get('checks')}  {verdict.get('seconds') or 0.0:.1f}s"
     )
-    if verdict.module_class:
-        print(f"module class: {verdict.module_class}")
-    for failure in verdict.failures:
-        print(f"  [{failure.layer}/{failure.rule}] {failure.message}", file=sys.stdout)
-    if verdict.speedup_vs_eager is not None:
-        compile_text = f"{verdict.speedup_vs_compile:.2f}x" if verdict.speedup_vs_compile else "n/a"
+    if verdict.get("workflow_id"):
+        print(f"verified by this machine's GPU worker: workflow {verdict['workflow_id']}")
+    if verdict.get("module_class"):
+        print(f"module class: {verdict['module_class']}")
+    for failure in verdict.get("failures", []):
+        print(f"  [{failure['layer']}/{failure['rule']}] {failure['message']}", file=sys.stdout)
+    if verdict.get("speedup_vs_eager") is not None:
+        compile_speedup = verdict.get("speedup_vs_compile")
+        compile_text = f"{compile_speedup:.2f}x" if compile_speedup else "n/a"
         print(
-            f"speedup: {verdict.speedup_vs_eager:.2f}x vs eager, {compile_text} vs torch.compile "
-            f"(kernel {verdict.kernel_us:.2f} us, eager {verdict.eager_us:.2f} us)"
+            f"speedup: {verdict['speedup_vs_eager']:.2f}x vs eager, {compile_text} vs torch.compile "
+            f"(kernel {verdict.get('kernel_us') or 0.0:.2f} us, eager {verdict.get('eager_us') or 0.0:.2f} us)"
         )

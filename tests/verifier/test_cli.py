@@ -32,7 +32,8 @@ def test_accepted_exits_0_and_candidate_prints_stay_out_of_stdout():
     result = gpuyantra(candidate_path("honest_helper"), "--device", "cpu", "--json", "--dtypes", "float32")
     assert result.returncode == 0, result.stdout + result.stderr
     data = one_json(result.stdout)
-    assert list(data) == CONTRACT_KEYS + EXTRA_KEYS
+    assert list(data) == CONTRACT_KEYS + EXTRA_KEYS + ["verified_by"]
+    assert data["verified_by"] == "here"  # no GPU worker polls here
     assert data["accepted"] is True and data["reward"] == 1 and data["failures"] == []
     assert data["op"] == "rms_norm" and data["device"] == "cpu" and data["checks"] == 4 * (5 * 4 + 2 * 2) + 2
     assert data["speedup_vs_eager"] is None and data["speedup_vs_compile"] is None
