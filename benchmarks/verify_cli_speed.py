@@ -7,8 +7,8 @@
 Each template (gpuyantra/kernels/<name>.py, the CLI's default shapes and dtypes on CUDA) gets a state
 folder and compiler caches of its own, empty at first: one cold run (no cached baselines, no Triton or
 inductor cache), then `--warm-runs` runs with what the cold run left. Then, for each of
-`--parallel-templates`, `--parallel-rounds` rounds of `--parallel` processes started at once over that
-template's warm state folder (its GPU locks are shared by them, as by every verification of one
+`--parallel-templates`, `--parallel-rounds` rounds of `--parallel` processes started at once (each
+after `--between-s` idle seconds) over that template's warm state folder (its GPU locks are shared by them, as by every verification of one
 machine): the round's wall time (start to the last exit) against the template's warm median, and each
 verdict's speedups against the single runs'.
 
@@ -139,6 +139,7 @@ def main() -> int:
     parser.add_argument("--parallel-rounds", type=int, default=2)
     parser.add_argument("--parallel-templates", default="rms_norm", help="templates whose rounds are run")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run of the script")
+    parser.add_argument("--between-s", type=float, default=0.0, help="idle seconds before each round")
     parser.add_argument("--where", default="here", choices=["here", "worker"], help="where `gpuyantra verify` verifies")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="limit of one run or one round")
     args = parser.parse_args()
@@ -168,6 +169,7 @@ def main() -> int:
             print(template, "warm", runs["warm"][-1], flush=True)
             save()
         for _ in range(args.parallel_rounds if template in parallel else 0):
+            time.sleep(args.between_s)  # the worker's spare children started for the last runs get ready
             rnd = run_round(template, work / template, args.device, args.parallel, args.timeout_s)
             report["rounds"].setdefault(template, []).append(rnd)
             walls = [r.get("wall_s") for r in rnd["runs"]]

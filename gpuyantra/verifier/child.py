@@ -20,7 +20,6 @@ import ctypes
 import itertools
 import json
 import os
-import select
 import sys
 import time
 from collections.abc import Callable
@@ -708,7 +707,7 @@ def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | Non
     with _timed(timings, "setup_device"):
         torch.set_num_threads(max(1, int(job.get("threads", 1))))
         if device == "cuda":
-            bench.float32_as_float32()  # done in `_warm_up`; cheap to be sure here
+            bench.float32_as_float32()  # done in `_warm_up` (with its imports); cheap to be sure here
             results["device_name"] = torch.cuda.get_device_name()
     if device == "cuda":
         bandwidth = (job.get("bandwidth_cache") or {}).get(results["device_name"])
@@ -895,7 +894,11 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
         all_ops()
     if device != "cuda":
         return timings
-    bench.float32_as_float32()
+    with _timed(timings, "warm_compile_modules"):
+        # float32_as_float32's torch.use_deterministic_algorithms imports torch._inductor, and with it
+        # torch._dynamo (which the benchmark resets): seconds on a GPU host, that the job's setup paid.
+        bench.float32_as_float32()
+        import torch._dynamo  # noqa: F401 - imported above already where torch still does so
     with _shared(gpu_lock, timings, "warm_lock_wait"), _timed(timings, "warm_cuda"):
         torch.cuda.init()
         # torch.cuda.init() creates no context: the first allocation and kernel do (and load the
@@ -912,23 +915,7 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
             from triton.compiler.compiler import triton_key
         triton_key()
         triton.runtime.driver.active.get_current_device()
-    if not _job_waiting():
-        with _timed(timings, "warm_compile_modules"):
-            # torch.compile's modules (seconds on a GPU host) for a job whose baselines are not cached,
-            # only while no job waits: a spare, or a parent still checking the contract. A job already
-            # waiting imports them when it compiles, and most find their baselines cached.
-            import torch._dynamo  # noqa: F401
-            import torch._inductor  # noqa: F401
     return timings
-
-
-def _job_waiting() -> bool:
-    """Whether the parent has written the job (or closed stdin) already."""
-    try:
-        readable, _, _ = select.select([sys.stdin], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
 
 
 # The top-level parts of a job, in order; what they leave is `other`.
