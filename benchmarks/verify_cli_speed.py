@@ -8,9 +8,9 @@ Each template (gpuyantra/kernels/<name>.py, the CLI's default shapes and dtypes 
 folder and compiler caches of its own, empty at first: one cold run (no cached baselines, no Triton or
 inductor cache), then `--warm-runs` runs with what the cold run left. Then, for each of
 `--parallel-templates`, `--parallel-rounds` rounds of `--parallel` processes started at once (each
-after `--between-s` idle seconds) over that template's warm state folder (its GPU locks are shared by them, as by every verification of one
-machine): the round's wall time (start to the last exit) against the template's warm median, and each
-verdict's speedups against the single runs'.
+after `--between-s` idle seconds) over that template's warm state folder (its GPU locks are shared
+by them, as by every verification of one machine): the round's wall time (start to the last exit)
+against the template's warm median, and each verdict's speedups against the single runs'.
 
 `--where worker`: the same through this machine's GPU worker (`gpuyantra verify --where worker`):
 the script starts a Temporal dev server and `gpuyantra worker all` on one fresh state folder (as

@@ -136,22 +136,33 @@ def _worker_may_take(args: argparse.Namespace) -> bool:
     class, if named, the worker imports as this process would (not a module of this folder)."""
     if args.where == "worker":
         return True
-    if args.device == "cpu" or (args.device is None and not os.path.exists("/dev/nvidiactl")):
+    if args.device == "cpu" or (args.device is None and not _has_nvidia_device()):
         return False
     if getattr(args, "state_dir", None):  # a state folder of its own: its caches and locks, not the worker's
         return False
-    return args.module is None or not _module_of_this_folder(args.module)
+    return args.module is None or not _worker_may_not_import(args.module)
 
 
-def _module_of_this_folder(dotted: str) -> bool:
+def _has_nvidia_device() -> bool:
+    """Without importing torch (seconds): the driver's control device node."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def _worker_may_not_import(dotted: str) -> bool:
+    """A module class the worker may not import as this process does: one of the current folder
+    (importable here because the folder is on sys.path), or one not found at all."""
     import importlib.util
 
     try:
         spec = importlib.util.find_spec(dotted.split(".")[0])
     except (ImportError, ValueError):
         return True
-    origin = spec.origin if spec is not None else None
-    return origin is None or Path(origin).resolve().is_relative_to(Path.cwd().resolve())
+    if spec is None or not spec.origin:
+        return True
+    origin = Path(spec.origin).resolve()
+    # The top-level module's own folder: a package's parent, a plain module's folder.
+    home = origin.parent.parent if spec.submodule_search_locations is not None else origin.parent
+    return home == Path.cwd().resolve()
 
 
 def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -91,3 +92,26 @@ def test_usage_errors_exit_2(args):
 def test_help():
     result = gpuyantra("--help")
     assert result.returncode == 0 and "--module" in result.stdout and "--json" in result.stdout
+
+
+def _where(**given) -> argparse.Namespace:
+    return argparse.Namespace(**{"where": "auto", "device": "cuda", "state_dir": None, "module": None, **given})
+
+
+def test_auto_sends_to_the_worker_only_what_it_would_verify_the_same(monkeypatch, tmp_path):
+    from gpuyantra.commands import verify as command
+
+    assert command._worker_may_take(_where())
+    assert command._worker_may_take(_where(where="worker", device="cpu"))  # insisted on
+    assert not command._worker_may_take(_where(device="cpu"))  # the interpreter: here
+    assert not command._worker_may_take(_where(state_dir=str(tmp_path)))  # its own caches and locks
+    assert command._worker_may_take(_where(module="transformers.models.llama.modeling_llama.LlamaRMSNorm"))
+    (tmp_path / "gy_my_norms.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not command._worker_may_take(_where(module="gy_my_norms.Norm"))  # a module of this folder
+    assert not command._worker_may_take(_where(module="gy_no_such_package.Norm"))
+    monkeypatch.setattr(command, "_has_nvidia_device", lambda: False)
+    assert not command._worker_may_take(_where(device=None))  # no --device and no GPU here
+    monkeypatch.setattr(command, "_has_nvidia_device", lambda: True)
+    assert command._worker_may_take(_where(device=None))
