@@ -116,14 +116,18 @@ def run_verification(
 
 def _warm_judge_kernel(dtypes: Sequence[str]) -> None:
     """Load the judge kernel's variants while the sandbox child starts (`judge_kernel.warm`): a new
-    process's first judging paid for them while the child waited on it."""
+    process's first judging paid for them while the child waited on it. Its launches are GPU work
+    outside any child's hold, so they share the GPU through the locks (never while anything is
+    timed); the judging never waits for those locks, only for a launch in progress."""
 
     def warm() -> None:
         import torch
 
+        from gpuyantra.verifier.gpu_locks import share_gpu
         from gpuyantra.verifier.judge_kernel import warm
 
-        with contextlib.suppress(Exception):  # a head start only: judging loads what is missing
+        # A head start only: judging loads whatever is missing.
+        with contextlib.suppress(Exception), share_gpu(baselines.timing_lock()):
             warm([case_plan.dtype_of(name) for name in dtypes], torch.device("cuda", torch.cuda.current_device()))
 
     threading.Thread(target=warm, name="judge-kernel-warm", daemon=True).start()
