@@ -29,6 +29,10 @@ class WorkerUnavailable(RuntimeError):
     """No GPU worker of this machine's Temporal can take the verification; the message says why."""
 
 
+class WorkerLost(WorkerUnavailable):
+    """A worker took the verification and its workflow failed (worker gone, timed out)."""
+
+
 async def _connect(address: str) -> Any:
     from temporalio.client import Client
 
@@ -86,7 +90,7 @@ async def _verify(request: dict[str, Any], address: str, timeout_s: float) -> tu
         cause: BaseException = exc
         while getattr(cause, "cause", None) is not None:
             cause = cause.cause  # type: ignore[attr-defined]
-        raise WorkerUnavailable(f"workflow {ident} failed: {cause}") from None
+        raise WorkerLost(f"workflow {ident} failed: {cause}") from None
 
 
 def verify_on_worker(request: dict[str, Any], timeout_s: float) -> tuple[str, dict[str, Any]]:

@@ -167,7 +167,7 @@ def _worker_may_not_import(dotted: str) -> bool:
 
 def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:
     """The worker's verdict, or None (with a line on stderr under 'auto') to verify here instead."""
-    from gpuyantra.verify_client import WorkerUnavailable, verify_on_worker
+    from gpuyantra.verify_client import WorkerLost, WorkerUnavailable, verify_on_worker
 
     try:
         source = Path(args.file).read_text()
@@ -189,7 +189,7 @@ def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         if args.where == "worker":
             print(f"gpuyantra verify: --where worker: {exc} (start one with `gpuyantra up`)", file=sys.stderr)
             raise SystemExit(2) from None
-        if "failed" in str(exc):  # a worker took it and lost it: say so; a missing worker is the usual case
+        if isinstance(exc, WorkerLost):  # a worker took it and lost it: say so; none at all is the usual case
             print(f"gpuyantra verify: {exc}; verifying in this process", file=sys.stderr)
         return None
     return {**verdict, "verified_by": "worker", "workflow_id": workflow_id}

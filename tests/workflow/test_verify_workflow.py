@@ -18,7 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.gpu import verify_file
-from gpuyantra.config import GPU_TASK_QUEUE
+from gpuyantra.config import CONTROL_TASK_QUEUE, GPU_TASK_QUEUE
 from tests.errors_table import matches, rows
 from workflows.inputs import InvalidInput, parse_verify_input
 from workflows.verify import VerifyKernel
@@ -92,3 +92,32 @@ def test_every_documented_bad_input_fails_with_its_message(raw: str, message: st
 )
 def test_good_inputs_pass(raw: dict) -> None:
     assert parse_verify_input((raw,)).source == "x"
+
+
+async def test_a_worker_that_fails_the_verification_is_reported_as_lost(env: WorkflowEnvironment) -> None:
+    """The command verifies here after saying so (gpuyantra/commands/verify.py); here the client's
+    side: the workflow's failure comes back as WorkerLost, naming the workflow and the cause."""
+    from temporalio import activity
+
+    from gpuyantra import verify_client
+
+    @activity.defn(name="verify_file")
+    def lost(request: dict) -> dict:
+        raise ApplicationError("the GPU went away", non_retryable=True)
+
+    address = env.client.service_client.config.target_host
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        async with (
+            Worker(env.client, task_queue=CONTROL_TASK_QUEUE, workflows=[VerifyKernel]),
+            Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=[lost], activity_executor=pool),
+        ):
+            for _ in range(100):  # bounded: 10 s for the new workers' first polls to be seen
+                try:
+                    await verify_client._check_workers(env.client, address)
+                    break
+                except verify_client.WorkerUnavailable:
+                    await asyncio.sleep(0.1)
+            with pytest.raises(verify_client.WorkerLost) as failed:
+                request = {"source": "OP = 1", "file_name": "k.py"}
+                await asyncio.wait_for(verify_client._verify(request, address, 60), HANG_GUARD_S)
+    assert "workflow verify-k-" in str(failed.value) and "the GPU went away" in str(failed.value)
