@@ -2,8 +2,8 @@
 
 A new process pays for its imports before its first verdict: torch and triton in it and in its
 sandbox child, the child's CUDA context and torch's compiler modules (the host-op recorder's
-dispatch mode imports them), about ten seconds on a GPU host. The GPU worker `gpuyantra up` runs
-keeps sandbox children started and warm, so the same verdict takes about a second there.
+dispatch mode imports them): 12-17 s for a warm verdict on an H200 host. The GPU worker `gpuyantra
+up` runs keeps sandbox children started and warm: the same verdict took 1.6-3.7 s through it.
 
 A worker counts as up when both queues the workflow needs have a poller seen recently: the control
 queue's workflow poller (the `cpu` role runs the workflow) and the GPU queue's activity poller.

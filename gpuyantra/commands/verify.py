@@ -109,7 +109,7 @@ def register(subparsers: Any) -> None:
         choices=WHERE,
         default="auto",
         help="where the verifier runs: 'worker', this machine's GPU worker (gpuyantra up), whose sandbox "
-        "children are warm (about a second a verdict instead of a new process's ten); 'here', this process; "
+        "children are warm (seconds a verdict instead of a new process's 12 or more); 'here', this process; "
         "'auto' (default), the worker when one polls and the verification is for CUDA, else here",
     )
     parser.set_defaults(handler=run)
