@@ -15,7 +15,7 @@ import torch
 from gpuyantra.candidate import CandidateError, validate_adapter
 from gpuyantra.ops import UnknownOpError, get_op
 from gpuyantra.ops.base import OpFamily, import_class
-from gpuyantra.verifier import module_contracts
+from gpuyantra.verifier.module_contracts import contract_key, keep_param_specs, kept_param_specs
 from gpuyantra.verifier.static import StaticReport
 from gpuyantra.verifier.verdict import Failure
 
@@ -95,14 +95,14 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
     # A passing check of the same class, bindings and code, kept from an earlier process.
     key = None
     if not result.failures:
-        key = module_contracts.contract_key(dotted, family.name, family.reference.__module__, adapter or [])
-        kept = module_contracts.kept_param_specs(key)
+        key = contract_key(dotted, family.name, family.reference.__module__, adapter or [])
+        kept = kept_param_specs(key)
         if kept is not None:
             result.param_specs = kept
             return result
     _check_module_class(family, dotted, adapter, result)
     if not result.failures:
-        module_contracts.keep_param_specs(key, dotted, result.param_specs)
+        keep_param_specs(key, dotted, result.param_specs)
     return result
 
 
