@@ -18,7 +18,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.gpu import verify_file
-from gpuyantra.config import CONTROL_TASK_QUEUE, GPU_TASK_QUEUE
+from gpuyantra import config
+from gpuyantra.config import GPU_TASK_QUEUE
 from tests.errors_table import matches, rows
 from workflows.inputs import InvalidInput, parse_verify_input
 from workflows.verify import VerifyKernel
@@ -94,7 +95,9 @@ def test_good_inputs_pass(raw: dict) -> None:
     assert parse_verify_input((raw,)).source == "x"
 
 
-async def test_a_worker_that_fails_the_verification_is_reported_as_lost(env: WorkflowEnvironment) -> None:
+async def test_a_worker_that_fails_the_verification_is_reported_as_lost(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The command verifies here after saying so (gpuyantra/commands/verify.py); here the client's
     side: the workflow's failure comes back as WorkerLost, naming the workflow and the cause."""
     from temporalio import activity
@@ -106,9 +109,11 @@ async def test_a_worker_that_fails_the_verification_is_reported_as_lost(env: Wor
         raise ApplicationError("the GPU went away", non_retryable=True)
 
     address = env.client.service_client.config.target_host
+    control = "verify-test-control-" + uuid.uuid4().hex[:6]  # the session's server: a queue of its own
+    monkeypatch.setattr(config, "CONTROL_TASK_QUEUE", control)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         async with (
-            Worker(env.client, task_queue=CONTROL_TASK_QUEUE, workflows=[VerifyKernel]),
+            Worker(env.client, task_queue=control, workflows=[VerifyKernel]),
             Worker(env.client, task_queue=GPU_TASK_QUEUE, activities=[lost], activity_executor=pool),
         ):
             for _ in range(100):  # bounded: 10 s for the new workers' first polls to be seen
