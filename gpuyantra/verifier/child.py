@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 CLONE_NEWUSER = 0x10000000
@@ -96,13 +97,19 @@ ALLOWED_ATEN = frozenset(
 # there; measured without it, eight children importing and compiling moved an unchanged server's
 # tokens/s by up to 25% between two served-speed checks.
 CHILD_NICENESS = 10
+# A spare creates its CUDA context once the GPU has been free of others' work this long, when its job
+# comes, or after the longest wait (a worker that never idles): forked spares would otherwise create
+# theirs about a second after their fork, inside the round of six verifications that forked them.
+SPARE_IDLE_S = 0.1
+SPARE_IDLE_MAX_WAIT_S = 5.0
 
 
 def _apply_limits(cpu_seconds: int, address_space: int, file_size: int) -> None:
     import resource
 
-    with contextlib.suppress(OSError):
-        os.nice(CHILD_NICENESS)
+    with contextlib.suppress(OSError):  # at least CHILD_NICENESS (a forked child has it already)
+        current = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, max(current, CHILD_NICENESS))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if cpu_seconds > 0:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
@@ -874,19 +881,17 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
-    """Everything the harness needs that does not depend on the job, done before the job is read: a
-    fresh child does it while the parent checks the contract, a warm spare before the job exists
-    (its GPU part shares the GPU through the locks beside `gpu_lock`, the timing lock: never while
-    anything is timed).
-    Returns seconds per part (`warm_*`)."""
+def preload(device: str) -> dict[str, float]:
+    """What every child needs before any GPU work, whatever its job: the harness's imports and, on
+    CUDA, torch's compiler modules and Triton's cache key. A fork server (`fork_server`) does it once
+    and forks children that have it. Returns seconds per part (`warm_*`)."""
     timings: dict[str, float] = {}
     with _timed(timings, "warm_imports"):
-        import torch
-        import triton
+        import torch  # noqa: F401
+        import triton  # noqa: F401
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401 - the host-op recorder's base
 
-        import gpuyantra.candidate
+        import gpuyantra.candidate  # noqa: F401
         import gpuyantra.verifier.bench as bench
         import gpuyantra.verifier.cases  # noqa: F401
         from gpuyantra.ops import all_ops
@@ -899,7 +904,44 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
         # torch._dynamo (which the benchmark resets): seconds on a GPU host, that the job's setup paid.
         bench.float32_as_float32()
         import torch._dynamo  # noqa: F401 - imported above already where torch still does so
-    with _shared(gpu_lock, timings, "warm_lock_wait"), _timed(timings, "warm_cuda"):
+    with _timed(timings, "warm_triton_key"), contextlib.suppress(Exception):  # a head start only
+        # A process's first Triton launch hashes Triton's own library (half a gigabyte: about a
+        # second); the hash is kept for the process (and its forks).
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:  # where older Triton keeps it
+            from triton.compiler.compiler import triton_key
+        triton_key()
+    return timings
+
+
+def _job_waiting() -> bool:
+    """Whether the parent has written the job (or closed stdin): a spare is wanted now."""
+    import select
+
+    return bool(select.select([sys.stdin], [], [], 0)[0])
+
+
+def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
+    """Everything the harness needs that does not depend on the job, done before the job is read: a
+    fresh child does it while the parent checks the contract, a warm spare before the job exists
+    (its GPU part shares the GPU through the locks beside `gpu_lock`, the timing lock: never while
+    anything is timed). A child forked by a fork server finds `preload` done.
+    Returns seconds per part (`warm_*`)."""
+    timings = preload(device)
+    if device != "cuda":
+        return timings
+    import torch
+    import triton
+
+    warm_up: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if gpu_lock:  # a spare: its CUDA context waits for a gap in others' GPU work (`wait_for_idle`)
+        from gpuyantra.verifier.gpu_locks import wait_for_idle, warming_up
+
+        wait = wait_for_idle(Path(gpu_lock), SPARE_IDLE_S, SPARE_IDLE_MAX_WAIT_S, needed=_job_waiting)
+        timings["warm_idle_wait"] = wait
+        warm_up = warming_up(Path(gpu_lock))
+    with warm_up, _shared(gpu_lock, timings, "warm_lock_wait"), _timed(timings, "warm_cuda"):
         torch.cuda.init()
         # torch.cuda.init() creates no context: the first allocation and kernel do (and load the
         # generator's kernels every case uses).
@@ -907,13 +949,7 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
         torch.randn(1024, generator=generator, device="cuda").add_(1.0)
         torch.cuda.synchronize()
     with _timed(timings, "warm_triton"), contextlib.suppress(Exception):  # a head start only: never fatal
-        # A process's first Triton launch hashes Triton's own library (half a gigabyte: the cache
-        # key, about a second) and loads its CUDA driver helpers; the first case paid for both.
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:  # where older Triton keeps it
-            from triton.compiler.compiler import triton_key
-        triton_key()
+        # The first launch also loads Triton's CUDA driver helpers; the first case paid for them.
         triton.runtime.driver.active.get_current_device()
     return timings
 

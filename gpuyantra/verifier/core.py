@@ -243,6 +243,7 @@ def _run(
         verdict.timings["judge_outputs_device_wait"] = round(values.wait_seconds, 3)
         verdict.timings["judge_settles"] = values.settles
         record_transport(verdict.timings, outcome)
+        verdict.timings["sandbox_child_started_by"] = outcome.started_by
         failures = sandbox_failures(outcome, sandbox.timeout, sandbox.memory_limit)
         verdict.failures.extend(failures)
         if outcome.results is None:

@@ -25,6 +25,8 @@ The order is always P, T, Q (`ORDER`), and a lock is released before any lock th
 reader never waits for anything while it holds P or T (it tries them, lets go and polls), and the
 only waits made while holding a lock are for a later one (the served check for T holding P; a timer
 for Q holding T). A holder of Q shared waits for nothing of these locks until it lets go.
+`wait_for_idle` (a spare before its CUDA warm-up) only probes Q and `gpu-warm-up.lock` without
+blocking and holds nothing while it waits; `warming_up` holds the latter shared, beside the rest.
 `hold_lock`'s wait may be bounded (the served check measures anyway once it runs out, and says so).
 
 Outside these three, for whole jobs that share the GPU's memory rather than its time (KernelBench
@@ -40,7 +42,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,11 +50,13 @@ from typing import Any
 # How often a wait that may not block tries again. Six verifications at once hand the timing lock on
 # five times; at 50 ms a poll the GPU idled 25 ms a hand-on on average. A try is one syscall.
 POLL_S = 0.005
+IDLE_POLL_S = 0.01  # `wait_for_idle`'s probes of Q
 TURN_FILE = "gpu-turn.lock"
 TIMING_FILE = "gpu-timing.lock"
 QUIET_FILE = "gpu-quiet.lock"
 MEMORY_FILE = "gpu-memory.lock"
 MEMORY_TURN_FILE = "gpu-memory-turn.lock"
+WARM_UP_FILE = "gpu-warm-up.lock"  # spares' warm-ups under way, shared (`warming_up`)
 ORDER = ("turn", "timing", "quiet")  # the only order locks are taken in (P, T, Q)
 
 
@@ -198,6 +202,46 @@ def share_gpu(timing: Path) -> Iterator[float]:
         started = time.monotonic()
         _through_turn(turn, enter)
         yield round(time.monotonic() - started, 3)
+
+
+def wait_for_idle(timing: Path, idle_s: float, max_wait_s: float, needed: Callable[[], bool] = lambda: False) -> float:
+    """Wait, holding nothing, until nobody has held Q for `idle_s` in a row (no correctness, judging,
+    warm-up or timing on the GPU), or another waiter started its warm-up (`warming_up`: it joins
+    it), or `needed()` (its job came), or `max_wait_s` passed; returns the seconds waited. For work
+    that can come later and would slow whoever it overlaps: spares' CUDA contexts, created while six
+    verifications checked correctness, made their correctness 1.1-1.9 s instead of 0.5-0.9 s (H200).
+    A timer's hand-on to the next leaves Q free a few milliseconds, far under `idle_s`."""
+    locks = GpuLocks.beside(timing)
+    with contextlib.ExitStack() as stack:
+        quiet = _open(stack, locks.quiet)
+        warm = _open(stack, locks.timing.with_name(WARM_UP_FILE))
+        started = time.monotonic()
+        idle_since: float | None = None
+        while True:
+            now = time.monotonic()
+            if _try(quiet, fcntl.LOCK_EX):  # a probe: let go at once
+                _lock(quiet, fcntl.LOCK_UN)
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since >= idle_s:
+                    break
+            elif not _try(warm, fcntl.LOCK_EX):
+                break  # a warm-up under way: others' work overlaps it already
+            else:
+                _lock(warm, fcntl.LOCK_UN)
+                idle_since = None
+            if now - started >= max_wait_s or needed():
+                break
+            time.sleep(IDLE_POLL_S)
+        return round(time.monotonic() - started, 3)
+
+
+@contextlib.contextmanager
+def warming_up(timing: Path) -> Iterator[None]:
+    """A spare's warm-up under way (`gpu-warm-up.lock` shared for the block): spares waiting for a gap
+    in the GPU's work join it instead of waiting for it too."""
+    with contextlib.ExitStack() as stack:
+        _lock(_open(stack, Path(timing).with_name(WARM_UP_FILE)), fcntl.LOCK_SH)
+        yield
 
 
 @contextlib.contextmanager

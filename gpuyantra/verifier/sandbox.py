@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import gpuyantra
+from gpuyantra.verifier import fork_server
 from gpuyantra.verifier.baselines import timing_lock
 from gpuyantra.verifier.child import chunk_name
 from gpuyantra.verifier.transport import CUDA_IPC, HOST, TRANSPORTS, nack_name, one_line, receive_cuda_ipc
@@ -99,6 +100,7 @@ class SandboxOutcome:
     transport_fallback: str | None = None  # why outputs went by the host on CUDA, the first reason
     start_wait_seconds: float | None = None  # the job waiting for the child to finish starting
     collect_seconds: float = 0.0  # from the child gone to the outcome complete
+    started_by: str = "exec"  # "fork": forked by the fork server; "exec": a new interpreter
 
 
 def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
@@ -212,7 +214,7 @@ class _ExitWatch:
     pidfd (the GIL released throughout): `Popen.wait` with a timeout wakes every few milliseconds to
     look instead, and six verifications' watchers waking took turns on the GIL with their judging."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen | fork_server.ForkedChild) -> None:
         self.proc = proc
         self.pidfd: int | None = None
         self.poller = select.poll()
@@ -256,56 +258,77 @@ class Sandbox:
         self._tmp = tempfile.TemporaryDirectory(prefix="gpuyantra-verify-")
         self.workdir = Path(self._tmp.name)
         (self.workdir / "home").mkdir()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | fork_server.ForkedChild | None = None
         self.started_at = 0.0
         self.notify_fd: int | None = None  # read end of the pipe the child writes a byte to per chunk
+        self._gpu_lock: str | None = None
 
-    def start(self, gpu_lock: str | None = None) -> None:
-        """Start the child. `gpu_lock` (a spare's): the GPU timing lock, beside which lie the locks its
-        CUDA warm-up shares the GPU through (gpu_locks), so a spare starting beside a verification
-        never touches the GPU while anything is timed."""
+    def start(self, gpu_lock: str | None = None, fork: bool = True) -> None:
+        """Start the child: forked by this process's fork server for the device where one runs
+        (`fork_server`; `keep_spare` starts it), else a new interpreter. `gpu_lock` (a spare's): the
+        GPU timing lock, beside which lie the locks its CUDA warm-up shares the GPU through
+        (gpu_locks), so a spare starting beside a verification never touches the GPU while anything
+        is timed."""
         if self.proc is not None:
             return  # a warm spare: started earlier, waiting for its job
-        cpu_seconds = self.cpu_seconds
-        # The address-space limit would break CUDA's large virtual reservations: CPU only.
-        address_space = self.memory_limit + 4 * 2**30 if self.device == "cpu" else 0
-        cmd = [
-            sys.executable,
-            "-B",
-            "-s",
-            "-m",
-            "gpuyantra.verifier.child",
-            "--device",
-            self.device,
-            "--cpu-seconds",
-            str(cpu_seconds),
-            "--address-space",
-            str(address_space),
-            "--file-size",
-            str(FILE_SIZE_LIMIT),
-        ]
-        if gpu_lock:
-            cmd += ["--gpu-lock", gpu_lock]
+        self._gpu_lock = gpu_lock
+        server = fork_server.running(self.device) if fork else None
+        args = self._child_args(gpu_lock)
         self.notify_fd, notify_write = os.pipe()
         os.set_blocking(self.notify_fd, False)
-        cmd += ["--notify-fd", str(notify_write)]
         self._stdout = open(self.workdir / "stdout.log", "wb")
         self._stderr = open(self.workdir / "stderr.log", "wb")
         self.started_at = time.monotonic()
+        env = scrubbed_env(self.device, self.workdir, self.threads)
         try:
+            if server is not None:
+                args += ["--notify-fd", str(fork_server.NOTIFY_FD)]
+                self.proc = server.spawn(args, env, self.workdir, self._stdout, self._stderr, notify_write)
+                return
             self.proc = subprocess.Popen(
-                cmd,
+                [sys.executable, "-B", "-s", "-m", "gpuyantra.verifier.child", *args, "--notify-fd", str(notify_write)],
                 stdin=subprocess.PIPE,
                 stdout=self._stdout,
                 stderr=self._stderr,
                 cwd=self.workdir,
-                env=scrubbed_env(self.device, self.workdir, self.threads),
+                env=env,
                 start_new_session=True,
                 close_fds=True,
                 pass_fds=(notify_write,),
             )
         finally:
             os.close(notify_write)  # the child's alone: the reader sees the end of the pipe when it exits
+
+    def _child_args(self, gpu_lock: str | None) -> list[str]:
+        # The address-space limit would break CUDA's large virtual reservations: CPU only.
+        address_space = self.memory_limit + 4 * 2**30 if self.device == "cpu" else 0
+        args = ["--device", self.device, "--cpu-seconds", str(self.cpu_seconds)]
+        args += ["--address-space", str(address_space), "--file-size", str(FILE_SIZE_LIMIT)]
+        return args + (["--gpu-lock", gpu_lock] if gpu_lock else [])
+
+    @property
+    def forked(self) -> bool:
+        return isinstance(self.proc, fork_server.ForkedChild)
+
+    def _ensure_started(self) -> None:
+        """Started, and (where forked) the fork done: a fork server that failed it, or went, leaves
+        the job to a child started as a new interpreter."""
+        if self.proc is None:
+            self.start()
+        if isinstance(self.proc, fork_server.ForkedChild) and not self.proc.started():
+            self._release_start()
+            self.start(self._gpu_lock, fork=False)
+
+    def _release_start(self) -> None:
+        for fh in (self._stdout, self._stderr):
+            fh.close()
+        if self.notify_fd is not None:
+            os.close(self.notify_fd)
+            self.notify_fd = None
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        self.proc = None
 
     def stage_file(self, name: str, text: str) -> Path:
         path = self.workdir / name
@@ -316,10 +339,9 @@ class Sandbox:
     def run(self, job: dict[str, Any], consume: Callable[[dict[str, Any]], None] | None = None) -> SandboxOutcome:
         """Hand the child its job and watch it to the end. Each chunk of outputs goes to `consume` as
         it arrives (in order, on a reader thread); without one they are all kept in `outcome.outputs`."""
-        if self.proc is None:
-            self.start()
+        self._ensure_started()
         assert self.proc is not None
-        outcome = SandboxOutcome()
+        outcome = SandboxOutcome(started_by="fork" if self.forked else "exec")
         results_path = self.workdir / "results.json"
         outputs_dir = self.workdir / "outputs"
         outputs_dir.mkdir(exist_ok=True)
@@ -404,7 +426,9 @@ class Sandbox:
         outcome.returncode = self.proc.wait()
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if isinstance(self.proc, fork_server.ForkedChild) and self.proc.poll() is None:
+            self._close_forked(self.proc)
+        elif self.proc is not None and self.proc.poll() is None:
             _kill_session(self.proc.pid)
             self.proc.wait()
         for fh in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
@@ -414,6 +438,16 @@ class Sandbox:
             os.close(self.notify_fd)
             self.notify_fd = None
         self._tmp.cleanup()
+
+    @staticmethod
+    def _close_forked(proc: fork_server.ForkedChild) -> None:
+        """A fork not yet done is not waited for: its stdin ends now, so it exits once it reads it."""
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        if proc.started(timeout=0):
+            _kill_session(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=fork_server.START_SECONDS)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -659,7 +693,8 @@ def set_spare_count(count: int) -> None:
 
 
 def close_spares() -> None:
-    """Stop every warm spare (tests, and a worker shutting down)."""
+    """Stop every warm spare (tests, and a worker shutting down). The fork server stays: it holds no
+    GPU and forks the next spares (`fork_server.close_all` stops it; so does this process's exit)."""
     with _SPARES_LOCK:
         spares = [spare for pool in _SPARES.values() for spare in pool]
         _SPARES.clear()
@@ -700,11 +735,20 @@ def keep_spare(
     key = _spare_key(device, timeout, memory_limit, cpu_seconds)
     with _SPARES_LOCK:
         pool = _SPARES.setdefault(key, [])
+        if len(pool) < _SPARE_COUNT:
+            _start_fork_server(device)
         while len(pool) < _SPARE_COUNT:
             spare = Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
             # It starts while a verification may be timing: its CUDA context waits until nothing is timed.
             spare.start(gpu_lock=str(timing_lock()) if device == "cuda" else None)
             pool.append(spare)
+
+
+def _start_fork_server(device: str) -> None:
+    """A process that keeps spares keeps a fork server too: its spares (and its other children) are
+    forked with the imports done, ready in about a second instead of 7-10 s (`fork_server`)."""
+    threads = max(1, min(4, os.cpu_count() or 1))
+    fork_server.ensure(device, lambda workdir: scrubbed_env(device, workdir, threads))
 
 
 SHARED_MEMORY = Path("/dev/shm")

@@ -29,6 +29,8 @@ from gpuyantra.verifier.gpu_locks import (
     problem_memory,
     share_gpu,
     time_alone,
+    wait_for_idle,
+    warming_up,
 )
 from tests.verifier.conftest import can_take
 
@@ -381,3 +383,46 @@ def test_a_timer_learns_when_the_previous_timing_ended_and_skips_the_spin_up_aft
     locks.timing.write_text("not a stamp")
     with time_alone(locks.timing) as third:
         assert third["last_timed_at"] == 0.0
+
+
+def test_a_spare_waits_for_a_gap_in_others_gpu_work_before_its_warm_up(locks, holders):
+    assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=LIMIT_S) < LIMIT_S  # idle: no wait past the gap
+    reader = Holder("correctness", lambda: share_gpu(locks.timing), [])
+    start(holders, reader)
+    until(reader.inside.is_set, "a verification checks correctness")
+    done: list[float] = []
+    spare = threading.Thread(target=lambda: done.append(wait_for_idle(locks.timing, 0.05, LIMIT_S)), daemon=True)
+    spare.start()
+    time.sleep(0.3)
+    assert not done  # still waiting: the GPU is in use
+    reader.release.set()
+    spare.join(LIMIT_S)
+    assert done and 0.3 <= done[0] < LIMIT_S
+    assert can_take(locks.quiet, fcntl.LOCK_EX)  # the probes hold nothing afterwards
+
+
+def test_a_spare_stops_waiting_for_a_gap_after_its_longest_wait(locks, holders):
+    timer = Holder("timing", lambda: time_alone(locks.timing), [])
+    start(holders, timer)
+    until(timer.inside.is_set, "a verification times")
+    assert 0.2 <= wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=0.2) < LIMIT_S
+
+
+def test_a_spare_joins_a_warm_up_under_way_or_stops_waiting_when_its_job_comes(locks, holders):
+    reader = Holder("correctness", lambda: share_gpu(locks.timing), [])
+    start(holders, reader)
+    until(reader.inside.is_set, "a verification checks correctness")
+    other_spare = Holder("warm-up", lambda: warming_up(locks.timing), [])
+    start(holders, other_spare)
+    until(other_spare.inside.is_set, "another spare warms up")
+    assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=LIMIT_S) < LIMIT_S  # joins it
+    other_spare.release.set()
+    other_spare.join(LIMIT_S)
+    asked = [0]
+
+    def job_came() -> bool:
+        asked[0] += 1
+        return asked[0] >= 3
+
+    assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=LIMIT_S, needed=job_came) < LIMIT_S
+    assert asked[0] == 3
