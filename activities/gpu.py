@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from temporalio import activity
@@ -130,7 +134,7 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
     # Linear targets share a class: their projection shape (variant) keeps their files apart.
     variant = re.sub(r"[^0-9A-Za-z]+", "_", target.variant or "")
     path = folder / f"{target.op}_{target.module_class}{'_' + variant if variant else ''}_{request.iteration}.py"
-    path.write_text(request.source)
+    write_whole(path, request.source)
     shapes = [list(s) for s in target.shapes] or None
     # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
     dtypes = [target.dtype] if target.dtype and device != "cpu" else None
@@ -181,7 +185,7 @@ def verify_file(request: VerifyFileInput) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^0-9A-Za-z_]+", "_", request.file_name.rsplit("/", 1)[-1].removesuffix(".py"))[:60] or "candidate"
     path = folder / f"{stem}_{hashlib.sha256(request.source.encode()).hexdigest()[:12]}.py"
-    path.write_text(request.source)
+    write_whole(path, request.source)
     verdict = with_heartbeat(
         lambda: run_verification(
             path,
@@ -195,6 +199,20 @@ def verify_file(request: VerifyFileInput) -> dict[str, Any]:
         )
     )
     return {**verdict.to_dict(), "device": device, "candidate_path": str(path)}
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` so no reader ever sees it half written: verifications of the same
+    bytes at once share a file named by them, and a truncate-then-write let one read it empty."""
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
 
 
 def device_name(device: str) -> str:
