@@ -307,12 +307,12 @@ def _become_child(request: dict[str, Any], fds: list[int]) -> None:
         os.environ.update(request["env"])
         tempfile.tempdir = None  # from TMPDIR again, the sandbox's
         _take_thread_count()
-        from gpuyantra.verifier import child
+        from gpuyantra.verifier.child import _exit_now, main
 
         argv = [str(arg) for arg in request["argv"]]
         sys.argv = ["gpuyantra.verifier.child", *argv]
-        code = child.main(argv)
-        child._exit_now(code)
+        code = main(argv)
+        _exit_now(code)
     except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
         with contextlib.suppress(BaseException):
             traceback.print_exc()

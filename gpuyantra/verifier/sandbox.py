@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import gpuyantra
-from gpuyantra.verifier import fork_server
+import gpuyantra.verifier.fork_server as fork_server
 from gpuyantra.verifier.baselines import timing_lock
 from gpuyantra.verifier.child import chunk_name
 from gpuyantra.verifier.transport import CUDA_IPC, HOST, TRANSPORTS, nack_name, one_line, receive_cuda_ipc
