@@ -47,6 +47,9 @@ NOTIFY_FD = 3  # where a forked child finds its notify pipe (the parent names it
 START_SECONDS = 180.0  # the longest a sandbox waits for its fork before starting a child itself
 MAX_MESSAGE = 2**20
 CUDA_ERROR_NOT_INITIALIZED = 3
+# The exit code of a forked child whose server died before reaping it: not a signal (a verdict with
+# the harness's results stands; one without is a crash, as for any nonzero code).
+STATUS_LOST = 255
 # Set to "0" to start every sandbox child as a new interpreter.
 ENV_SWITCH = "GPUYANTRA_FORK_SERVER"
 
@@ -201,7 +204,7 @@ class ForkServer:
 
     def _fail_all(self, reason: str) -> None:
         """The server is gone: children not yet forked never will be; forked ones are nobody's to
-        reap now (their exit status is lost), so they count as killed once they are gone."""
+        reap now, so they end with STATUS_LOST once they are gone."""
         with self._lock:
             unforked, forked = list(self._children.values()), dict(self._by_pid)
             self._children.clear()
@@ -227,16 +230,17 @@ class ForkServer:
 
 
 def _report_when_gone(pid: int, child: ForkedChild) -> None:
+    """A child whose server died: its exit is seen (pidfd), its status is not (init reaps it)."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
-        child._on_exit(-signal.SIGKILL)
+        child._on_exit(STATUS_LOST)
         return
     try:
         select.select([pidfd], [], [])
     finally:
         os.close(pidfd)
-    child._on_exit(-signal.SIGKILL)
+    child._on_exit(STATUS_LOST)
 
 
 _SERVERS: dict[str, ForkServer] = {}

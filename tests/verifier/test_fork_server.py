@@ -195,3 +195,14 @@ def test_the_server_forks_no_child_once_the_cuda_driver_is_started(monkeypatch):
     parent.close()  # the server leaves when its parent's end closes
     worker.join(30)
     assert not worker.is_alive()
+
+
+def test_a_spare_whose_server_died_still_gives_its_verdict(forking):
+    sandbox_module.keep_spare("cpu")
+    ((spare,),) = sandbox_module._SPARES.values()
+    assert spare.proc.started()
+    forking.proc.send_signal(signal.SIGKILL)  # the spare lives on in its own session
+    forking.proc.wait()
+    verdict = run_verification(candidate_path("honest_rowwise"), device="cpu", keep_warm=False, **QUICK)
+    assert verdict.accepted and verdict.timings["sandbox_child_started_by"] == "fork", verdict.failures
+    assert spare.proc.poll() == fork_server.STATUS_LOST  # its exit was seen, its status was nobody's
