@@ -75,6 +75,24 @@ def _import_model_code_in_background() -> threading.Thread:
     return thread
 
 
+def _measure_copy_bandwidth_in_background() -> threading.Thread:
+    """The GPU's copy bandwidth (the physical floor verdicts are judged against), measured once while
+    the worker waits for work (`baselines.measure_bandwidth_if_missing`), so no verification's child
+    waits for the GPU alone to measure it."""
+
+    def measure() -> None:
+        with contextlib.suppress(Exception):  # a head start only: a child measures what is missing
+            import torch
+
+            from gpuyantra.verifier import baselines, bench
+
+            baselines.measure_bandwidth_if_missing(torch.cuda.get_device_name(), bench.measure_copy_bandwidth)
+
+    thread = threading.Thread(target=measure, name="measure-copy-bandwidth", daemon=True)
+    thread.start()
+    return thread
+
+
 def _start_sandbox_spares(count: int) -> None:
     """One warm verifier child per GPU slot, started now: a campaign's first verifications run at once."""
     from gpuyantra.verifier.sandbox import keep_spare, set_spare_count
@@ -98,6 +116,7 @@ async def run_workers(
     slots = gpu_slots if gpu_slots is not None else default_gpu_slots(device)
     if role in ("gpu", "all") and device == "cuda":
         _start_sandbox_spares(slots)
+        _measure_copy_bandwidth_in_background()
     with concurrent.futures.ThreadPoolExecutor(max_workers=4 + slots) as executor:
         workers = build_workers(client, role, executor, slots)
         log.info("worker %s polling %s on %s (device %s)", role, [w.task_queue for w in workers], address, device)

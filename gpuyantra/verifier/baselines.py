@@ -22,11 +22,11 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuyantra.verifier.gpu_locks import TIMING_FILE
+from gpuyantra.verifier.gpu_locks import TIMING_FILE, time_alone
 
 BANDWIDTH_FILE = "copy_bandwidth.json"
 BASELINES_FILE = "baselines.json"
@@ -77,6 +77,20 @@ def store_bandwidth(device_name: str | None, gbs: float | None) -> None:
     if device_name and gbs:
         with updating_state(BANDWIDTH_FILE) as data:
             data[device_name] = float(gbs)
+
+
+def measure_bandwidth_if_missing(device_name: str, measure: Callable[[], float]) -> bool:
+    """Measure the copy bandwidth of `device_name` with the GPU alone and keep it, unless it is kept
+    already; True when it measured. A GPU worker does it at its start: otherwise each verification
+    of a cold campaign's first wave measured it in its child, waiting 13.5-16 s (H200) for the GPU
+    alone behind the others' timings for a measurement of 5 ms."""
+    if bandwidth_cache().get(device_name):
+        return False
+    with time_alone(timing_lock()):
+        if bandwidth_cache().get(device_name):  # measured meanwhile by another process
+            return False
+        store_bandwidth(device_name, measure())
+    return True
 
 
 def _versions() -> str:

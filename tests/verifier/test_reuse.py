@@ -10,7 +10,7 @@ import pytest
 from gpuyantra.verifier import baselines, run_verification
 from gpuyantra.verifier import sandbox as sandbox_module
 from gpuyantra.verifier.gpu_locks import time_alone
-from tests.verifier.conftest import candidate_path
+from tests.verifier.conftest import can_take, candidate_path
 
 QUICK = {"seeds": (0,), "dtypes": ["float32"]}
 
@@ -127,3 +127,16 @@ def test_timing_lock_is_exclusive_while_held(state):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released once the block ends
     finally:
         os.close(fd)
+
+
+def test_the_copy_bandwidth_is_measured_once_with_the_gpu_alone(state):
+    seen: list[bool] = []
+
+    def measure() -> float:
+        seen.append(can_take(baselines.timing_lock().with_name("gpu-quiet.lock"), fcntl.LOCK_SH))
+        return 4280.0
+
+    assert baselines.measure_bandwidth_if_missing("H200", measure) is True
+    assert seen == [False]  # nobody else could use the GPU meanwhile
+    assert baselines.bandwidth_cache() == {"H200": 4280.0}
+    assert baselines.measure_bandwidth_if_missing("H200", measure) is False and len(seen) == 1
