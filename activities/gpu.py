@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from temporalio import activity
@@ -15,6 +11,7 @@ from temporalio import activity
 from activities.errors import as_application_error
 from activities.heartbeat import with_heartbeat
 from gpuyantra import config
+from gpuyantra.files import write_whole
 from gpuyantra.served_speed import measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
 from workflows.types import (
@@ -199,20 +196,6 @@ def verify_file(request: VerifyFileInput) -> dict[str, Any]:
         )
     )
     return {**verdict.to_dict(), "device": device, "candidate_path": str(path)}
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` to `path` so no reader ever sees it half written: verifications of the same
-    bytes at once share a file named by them, and a truncate-then-write let one read it empty."""
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
 
 
 def device_name(device: str) -> str:

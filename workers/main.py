@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -62,35 +63,38 @@ def build_workers(client: Client, role: str, executor: concurrent.futures.Execut
 MODEL_CODE = "transformers.modeling_utils"  # what a verdict's contract layer imports first, ~12 s cold
 
 
-def _import_model_code_in_background() -> threading.Thread:
-    """Import the model library's code while the worker waits for work: the first verifications of
-    a campaign spent 12-15 s in their contract layer importing it (measured on an H200 host)."""
+def _in_background(name: str, work: Callable[[], object]) -> threading.Thread:
+    """`work` on a daemon thread while the worker waits for work; a head start only, so a failure is
+    dropped (the verification that needs it does it itself and reports what goes wrong)."""
 
-    def load() -> None:
-        with contextlib.suppress(Exception):  # absent or broken: the contract layer reports it itself
-            importlib.import_module(MODEL_CODE)
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            work()
 
-    thread = threading.Thread(target=load, name="import-model-code", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def _import_model_code_in_background() -> threading.Thread:
+    """Import the model library's code: the first verifications of a campaign spent 12-15 s in their
+    contract layer importing it (measured on an H200 host)."""
+    return _in_background("import-model-code", lambda: importlib.import_module(MODEL_CODE))
+
+
+def _measure_copy_bandwidth() -> None:
+    import torch
+
+    from gpuyantra.verifier import baselines, bench
+
+    baselines.measure_bandwidth_if_missing(torch.cuda.get_device_name(), bench.measure_copy_bandwidth)
 
 
 def _measure_copy_bandwidth_in_background() -> threading.Thread:
-    """The GPU's copy bandwidth (the physical floor verdicts are judged against), measured once while
-    the worker waits for work (`baselines.measure_bandwidth_if_missing`), so no verification's child
-    waits for the GPU alone to measure it."""
-
-    def measure() -> None:
-        with contextlib.suppress(Exception):  # a head start only: a child measures what is missing
-            import torch
-
-            from gpuyantra.verifier import baselines, bench
-
-            baselines.measure_bandwidth_if_missing(torch.cuda.get_device_name(), bench.measure_copy_bandwidth)
-
-    thread = threading.Thread(target=measure, name="measure-copy-bandwidth", daemon=True)
-    thread.start()
-    return thread
+    """The GPU's copy bandwidth (the physical floor verdicts are judged against), measured once
+    (`baselines.measure_bandwidth_if_missing`), so no verification's child waits for the GPU alone to
+    measure it."""
+    return _in_background("measure-copy-bandwidth", _measure_copy_bandwidth)
 
 
 def _start_sandbox_spares(count: int) -> None:

@@ -7,13 +7,14 @@ one is kept aside as `manifest.broken-<time>.json` and the history starts empty.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpuyantra.files import write_whole
 
 MANIFEST_VERSION = 1
 HISTORY_LIMIT = 1000
@@ -173,7 +174,5 @@ def manifest_data(history: list[SwapRecord]) -> dict[str, Any]:
 
 
 def write_manifest(path: Path, data: Mapping[str, Any]) -> None:
-    """Replace the manifest atomically (write a temporary file, then rename it)."""
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    """Replace the manifest atomically (`write_whole`)."""
+    write_whole(path, json.dumps(data, indent=1))

@@ -82,8 +82,8 @@ def store_bandwidth(device_name: str | None, gbs: float | None) -> None:
 def measure_bandwidth_if_missing(device_name: str, measure: Callable[[], float]) -> bool:
     """Measure the copy bandwidth of `device_name` with the GPU alone and keep it, unless it is kept
     already; True when it measured. A GPU worker does it at its start: otherwise each verification
-    of a cold campaign's first wave measured it in its child, waiting 13.5-16 s (H200) for the GPU
-    alone behind the others' timings for a measurement of 5 ms."""
+    of a cold campaign's first wave measured it in its child, waiting up to 16.2 s (H200) for the GPU
+    alone behind the others' timings, for a measurement of 5 ms."""
     if bandwidth_cache().get(device_name):
         return False
     with time_alone(timing_lock()):

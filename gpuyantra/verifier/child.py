@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuyantra.files import write_whole
+
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 
@@ -874,13 +876,6 @@ def _rest(timings: dict[str, float], total: float, parts: tuple[str, ...]) -> fl
     return round(max(total - sum(timings.get(p, 0.0) for p in parts), 0.0), 3)
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
-
-
 def preload(device: str) -> dict[str, float]:
     """What every child needs before any GPU work, whatever its job: the harness's imports and, on
     CUDA, torch's compiler modules and Triton's cache key. A fork server (`fork_server`) does it once
@@ -1026,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
         # When the results were complete: the parent attributes the rest (the process's exit) to
         # `child_exit`.
         results["finished_at"] = time.time()
-        _write_json(job["results_path"], results)
+        write_whole(Path(job["results_path"]), json.dumps(results))
     return 0
 
 

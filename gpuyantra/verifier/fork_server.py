@@ -125,8 +125,8 @@ class ForkServer:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._log = open(workdir / "server.log", "wb")
         self._send_lock = threading.Lock()
-        self._children: dict[int, ForkedChild] = {}  # by token, then by pid
-        self._by_pid: dict[int, ForkedChild] = {}
+        self._children: dict[int, ForkedChild] = {}  # asked for, by token, until the server answers
+        self._by_pid: dict[int, ForkedChild] = {}  # forked, by pid, until the server reports the exit
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False

@@ -103,6 +103,11 @@ class SandboxOutcome:
     started_by: str = "exec"  # "fork": forked by the fork server; "exec": a new interpreter
 
 
+def default_threads() -> int:
+    """A child's CPU threads unless told otherwise."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW and not any(m in k.upper() for m in SECRET_MARKERS)}
     env.setdefault("PATH", "/usr/bin:/bin")
@@ -252,7 +257,7 @@ class Sandbox:
         self.device = device
         self.timeout = float(timeout or DEFAULT_TIMEOUT[device])
         self.memory_limit = int(memory_limit or DEFAULT_MEMORY[device])
-        self.threads = threads or max(1, min(4, os.cpu_count() or 1))
+        self.threads = threads or default_threads()
         # CPU seconds of all the child's threads together: the wall-clock budget on every thread.
         self.cpu_seconds = int(cpu_seconds or self.timeout * self.threads + 30)
         self._tmp = tempfile.TemporaryDirectory(prefix="gpuyantra-verify-")
@@ -320,15 +325,20 @@ class Sandbox:
             self.start(self._gpu_lock, fork=False)
 
     def _release_start(self) -> None:
-        for fh in (self._stdout, self._stderr):
-            fh.close()
-        if self.notify_fd is not None:
-            os.close(self.notify_fd)
-            self.notify_fd = None
         if self.proc is not None and self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
         self.proc = None
+        self._close_files()
+
+    def _close_files(self) -> None:
+        """The child's output files and the notify pipe's read end, where open."""
+        for fh in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
+            if fh is not None and not fh.closed:
+                fh.close()
+        if self.notify_fd is not None:
+            os.close(self.notify_fd)
+            self.notify_fd = None
 
     def stage_file(self, name: str, text: str) -> Path:
         path = self.workdir / name
@@ -431,12 +441,7 @@ class Sandbox:
         elif self.proc is not None and self.proc.poll() is None:
             _kill_session(self.proc.pid)
             self.proc.wait()
-        for fh in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
-            if fh is not None and not fh.closed:
-                fh.close()
-        if self.notify_fd is not None:
-            os.close(self.notify_fd)
-            self.notify_fd = None
+        self._close_files()
         self._tmp.cleanup()
 
     @staticmethod
@@ -747,8 +752,7 @@ def keep_spare(
 def _start_fork_server(device: str) -> None:
     """A process that keeps spares keeps a fork server too: its spares (and its other children) are
     forked with the imports done, ready in about a second instead of 7-10 s (`fork_server`)."""
-    threads = max(1, min(4, os.cpu_count() or 1))
-    fork_server.ensure(device, lambda workdir: scrubbed_env(device, workdir, threads))
+    fork_server.ensure(device, lambda workdir: scrubbed_env(device, workdir, default_threads()))
 
 
 SHARED_MEMORY = Path("/dev/shm")

@@ -1,10 +1,10 @@
-"""Candidate files the GPU activities write: whole or not at all, for readers at the same moment."""
+"""Files written whole (`gpuyantra.files`): readers at the same moment see all of them or none."""
 
 from __future__ import annotations
 
 import threading
 
-from activities.gpu import write_whole
+from gpuyantra.files import write_whole
 
 
 def test_a_reader_never_sees_a_candidate_file_half_written(tmp_path):
