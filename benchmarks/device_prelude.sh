@@ -4,4 +4,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site:$PWD \
   && { [ -x /tmp/temporal ] || { xz -dc .whl/temporal.xz > /tmp/temporal.new && chmod +x /tmp/temporal.new \
        && mv /tmp/temporal.new /tmp/temporal; }; } \
-  && export PATH=/tmp:$PATH PYTHONUNBUFFERED=1 GPUYANTRA_STATE_DIR=/tmp/gy-state
+  && export PATH=/tmp:/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 GPUYANTRA_STATE_DIR=/tmp/gy-state

@@ -18,6 +18,11 @@ the script starts a Temporal dev server and `gpuyantra worker all` on one fresh 
 compiler caches are shared by all templates, so a template's first run ("cold") finds no baselines
 of its own but the worker's children warm; the worker's start is reported apart (`worker_start_s`).
 
+`--profile "gil,idle"` (with `--where worker`): py-spy samples the worker and its children (the
+sandbox children included) over the rounds, one mode per round in turn, the first round unprofiled
+as the reference: `gil` the threads holding the GIL, `idle` every thread, waiting or not. Raw
+collapsed stacks (`<out>/pyspy-<template>-<round>-<mode>.txt`, one line per stack and its count).
+
 Writes `<out>/cli_speed.json` after every run (a run cut short keeps what it measured) and prints one
 line per run.
 """
@@ -107,6 +112,28 @@ def run_round(template: str, folder: Path, device: str, count: int, timeout_s: f
     return {"wall_s": round(time.perf_counter() - started, 2), "runs": rows}
 
 
+PYSPY_MODES = {"gil": ["--gil"], "idle": ["--idle"]}
+
+
+def start_profile(pid: int, mode: str, path: Path) -> subprocess.Popen:
+    """py-spy sampling `pid` and its children without pausing them, until stopped (SIGINT)."""
+    argv = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--rate", "200"]
+    argv += [*PYSPY_MODES[mode], "--format", "raw", "--output", str(path)]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # attached before the round starts
+    return process
+
+
+def stop_profile(process: subprocess.Popen) -> str:
+    process.send_signal(2)
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+    return (err or "")[-500:]
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for template, runs in report["templates"].items():
@@ -142,7 +169,11 @@ def main() -> int:
     parser.add_argument("--between-s", type=float, default=0.0, help="idle seconds before each round")
     parser.add_argument("--where", default="here", choices=["here", "worker"], help="where `gpuyantra verify` verifies")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="limit of one run or one round")
+    parser.add_argument("--profile", default="", help="py-spy modes over the rounds after the first: gil,idle")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.profile.split(",") if m.strip()]
+    if set(modes) - set(PYSPY_MODES) or (modes and args.where != "worker"):
+        parser.error(f"--profile takes {', '.join(PYSPY_MODES)} and needs --where worker")
     names = [n.strip() for n in args.templates.split(",") if n.strip()]
     unknown = sorted(set(names) - set(TEMPLATES))
     if unknown:
@@ -168,9 +199,14 @@ def main() -> int:
             runs["warm"].append(run_one(template, work / template, args.device, args.timeout_s))
             print(template, "warm", runs["warm"][-1], flush=True)
             save()
-        for _ in range(args.parallel_rounds if template in parallel else 0):
+        for index in range(args.parallel_rounds if template in parallel else 0):
             time.sleep(args.between_s)  # the worker's spare children started for the last runs get ready
+            mode = modes[(index - 1) % len(modes)] if modes and index > 0 else None
+            path = out / f"pyspy-{template}-{index}-{mode}.txt"
+            profiler = start_profile(managed[1].process.pid, mode, path) if mode else None
             rnd = run_round(template, work / template, args.device, args.parallel, args.timeout_s)
+            if profiler is not None:
+                rnd["profile"] = {"mode": mode, "file": path.name, "py_spy": stop_profile(profiler)}
             report["rounds"].setdefault(template, []).append(rnd)
             walls = [r.get("wall_s") for r in rnd["runs"]]
             print(template, f"{args.parallel} at once", rnd["wall_s"], walls, flush=True)

@@ -278,7 +278,9 @@ class _Unsettled:
         self.nbytes += 2 * sum(t.numel() * t.element_size() for _, t in named)
 
 
-def _settle(unsettled: _Unsettled, unread: list, device: str, results: dict[str, Any]) -> bool:
+def _settle(
+    unsettled: _Unsettled, unread: list, device: str, results: dict[str, Any], part: str = "correctness"
+) -> bool:
     """Wait for the unsettled calls' device work, then queue their input comparisons into `unread`.
     False when the wait raised (a device fault of one of them): the first of them carries the error
     and the records after it are dropped, since which call faulted cannot be told."""
@@ -289,7 +291,8 @@ def _settle(unsettled: _Unsettled, unread: list, device: str, results: dict[str,
         return True
     if device == "cuda":
         try:
-            torch.cuda.synchronize()
+            with _timed(results.setdefault("timings", {}), f"{part}_sync", add=True):
+                torch.cuda.synchronize()
         except BaseException as exc:  # noqa: BLE001 - an asynchronous fault is the candidate's
             first, last = calls[0][0], calls[-1][0]
             first["error"] = (
@@ -304,7 +307,9 @@ def _settle(unsettled: _Unsettled, unread: list, device: str, results: dict[str,
     return True
 
 
-def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> bool:
+def run_cases(
+    cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: OutputSink, part: str = "correctness"
+) -> bool:
     """Calls entry on every case; False once a call raised or showed a hard finding. On CUDA the calls
     of a group run without a synchronize between them (`_settle` waits once for up to SETTLE_BYTES
     of their inputs); on the CPU each call is settled as it returns."""
@@ -315,31 +320,33 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
     family, entry, counter, recorder = ctx["family"], ctx["entry"], ctx["counter"], ctx["recorder"]
     device = ctx["device"]
     settle_bytes = SETTLE_BYTES if device == "cuda" else 0
+    parts = results.setdefault("timings", {})  # where the phase's wall time goes: `{part}_inputs`, `_calls`, `_sync`
     for _, group in itertools.groupby(cases, key=lambda c: (c.phase, c.dtype, c.shape)):
         alive: list[tuple[int, list[tuple[int, Any]]]] = []
         unread: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []  # records whose `mutated` is unread
         unsettled = _Unsettled()
         for case in group:
-            acts, params = make_case(family, case, ctx["param_specs"], device)
-            named = [
-                (f"activation {family.activations[i] if i < len(family.activations) else i}", a)
-                for i, a in enumerate(acts)
-            ]
-            named += [(f"parameter {k}", v) for k, v in params.items() if isinstance(v, torch.Tensor)]
-            snapshots = [t.clone() for _, t in named]
+            with _timed(parts, f"{part}_inputs", add=True):
+                acts, params = make_case(family, case, ctx["param_specs"], device)
+                named = [
+                    (f"activation {family.activations[i] if i < len(family.activations) else i}", a)
+                    for i, a in enumerate(acts)
+                ]
+                named += [(f"parameter {k}", v) for k, v in params.items() if isinstance(v, torch.Tensor)]
+                snapshots = [t.clone() for _, t in named]
             record: dict[str, Any] = {"id": case.id, "input_device": str(acts[0].device)}
             _poison(acts)
             counter.launches = 0
             recorder.bad = set()
             started = time.perf_counter()
             try:
-                with torch.no_grad(), recorder:
+                with torch.no_grad(), recorder, _timed(parts, f"{part}_calls", add=True):
                     out = entry(*acts, **params)
             except BaseException as exc:  # noqa: BLE001 - whatever the candidate raises is a finding
                 record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                 record["launches"] = counter.launches
                 with contextlib.suppress(BaseException):  # after a device fault nothing more can be read
-                    if _settle(unsettled, unread, device, results):
+                    if _settle(unsettled, unread, device, results, part):
                         _read_mutations(unread)
                 results["checks"].append(record)
                 return False
@@ -363,16 +370,17 @@ def run_cases(cases: list, ctx: dict[str, Any], results: dict[str, Any], sink: O
             alive.append((case.id, [(j, o) for j, o in plain if str(o.device) == record["input_device"]]))
             results["checks"].append(record)
             hard = _hard_finding(record)
-            if (hard or unsettled.nbytes > settle_bytes) and not _settle(unsettled, unread, device, results):
+            if (hard or unsettled.nbytes > settle_bytes) and not _settle(unsettled, unread, device, results, part):
                 return False
             if hard:
                 _read_mutations(unread)
                 results["stopped"] = f"stopped after call {case.id}: the parent rejects on this record alone"
                 _save(alive, sink, results)
                 return False
-        if not _settle(unsettled, unread, device, results):
+        if not _settle(unsettled, unread, device, results, part):
             return False
-        mutated = next((record for record in _read_mutations(unread) if record["mutated"]), None)
+        with _timed(parts, f"{part}_sync", add=True):
+            mutated = next((record for record in _read_mutations(unread) if record["mutated"]), None)
         if mutated is not None:
             results["stopped"] = f"stopped after call {mutated['id']}: the parent rejects on this record alone"
             _save(alive, sink, results)
@@ -657,7 +665,7 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
     lock = job.get("timing_lock") if cuda else None
     results["stage"] = "correctness"
     with _shared(lock, timings, "correctness_lock_wait"):
-        with _timed(timings, "correctness"):
+        with _timed(timings, "correctness"), _timed(timings, "correctness_cpu", time.process_time):
             passed = run_cases([c for c in cases if c.phase == "main"], ctx, results, sink)
         if cuda:
             # The parent judges on the GPU as chunks arrive: all of that ends before anything is timed,
@@ -681,13 +689,20 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
             # parent's judging of it take a few milliseconds; after the other verifications' turns,
             # all six rechecks and child exits of six at once came together at the end.
             with _timed(timings, "recheck"):
-                passed = run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink)
+                passed = run_cases([c for c in cases if c.phase == "recheck"], ctx, results, sink, "recheck")
             with _timed(timings, "recheck_drain"):
                 sink.drain()  # the parent's judging of them on the GPU
         if not passed:
             return
     results["stage"] = "done"
 
+
+# Within `correctness` and `recheck` (sums over their calls, not adding to JOB_PARTS): the CPU the
+# process used, making the cases' inputs and snapshots, the candidate's calls (launches), and waiting
+# for the device; what they leave is handing outputs over (`outputs_*`) and the records.
+PHASE_PARTS = tuple(
+    f"{phase}_{part}" for phase in ("correctness", "recheck") for part in ("inputs", "calls", "sync")
+) + ("correctness_cpu",)
 
 # The named parts of `setup`; what they leave is `setup_other`.
 SETUP_PARTS = (
@@ -863,12 +878,16 @@ def _shared(lock_path: str | None, timings: dict[str, float], wait: str):
 
 
 @contextlib.contextmanager
-def _timed(timings: dict[str, float], name: str):
-    started = time.perf_counter()
+def _timed(timings: dict[str, float], name: str, clock: Callable[[], float] = time.perf_counter, add: bool = False):
+    """`timings[name]`: the block's seconds by `clock` (wall time; `time.process_time` for the process's
+    CPU, which against the wall says what it waited), or, with `add`, added to it unrounded (a part
+    spent in many pieces, rounded with the rest when the results are written)."""
+    started = clock()
     try:
         yield
     finally:
-        timings[name] = round(time.perf_counter() - started, 3)
+        seconds = clock() - started
+        timings[name] = timings.get(name, 0.0) + seconds if add else round(seconds, 3)
 
 
 def _rest(timings: dict[str, float], total: float, parts: tuple[str, ...]) -> float:
@@ -926,27 +945,37 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
     timings = preload(device)
     if device != "cuda":
         return timings
-    import torch
     import triton
 
-    warm_up: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if gpu_lock:  # a spare: its CUDA context waits for a gap in others' GPU work (`wait_for_idle`)
+    if gpu_lock:  # a spare: one at a time, and each in a gap of others' GPU work
         from gpuyantra.verifier.gpu_locks import wait_for_idle, warming_up
 
-        wait = wait_for_idle(Path(gpu_lock), SPARE_IDLE_S, SPARE_IDLE_MAX_WAIT_S, needed=_job_waiting)
-        timings["warm_idle_wait"] = wait
-        warm_up = warming_up(Path(gpu_lock))
-    with warm_up, _shared(gpu_lock, timings, "warm_lock_wait"), _timed(timings, "warm_cuda"):
+        with warming_up(Path(gpu_lock), needed=_job_waiting) as queued:
+            timings["warm_turn_wait"] = queued
+            # In its turn, so another spare's warm-up is not the work it waits out: six spares queued
+            # behind one gap each slipped their 0.3 s between the timing turns of the next six.
+            timings["warm_idle_wait"] = wait_for_idle(
+                Path(gpu_lock), SPARE_IDLE_S, SPARE_IDLE_MAX_WAIT_S, needed=_job_waiting
+            )
+            _create_cuda_context(gpu_lock, timings)
+    else:
+        _create_cuda_context(None, timings)
+    with _timed(timings, "warm_triton"), contextlib.suppress(Exception):  # a head start only: never fatal
+        # The first launch also loads Triton's CUDA driver helpers; the first case paid for them.
+        triton.runtime.driver.active.get_current_device()
+    return timings
+
+
+def _create_cuda_context(gpu_lock: str | None, timings: dict[str, float]) -> None:
+    import torch
+
+    with _shared(gpu_lock, timings, "warm_lock_wait"), _timed(timings, "warm_cuda"):
         torch.cuda.init()
         # torch.cuda.init() creates no context: the first allocation and kernel do (and load the
         # generator's kernels every case uses).
         generator = torch.Generator(device="cuda").manual_seed(0)
         torch.randn(1024, generator=generator, device="cuda").add_(1.0)
         torch.cuda.synchronize()
-    with _timed(timings, "warm_triton"), contextlib.suppress(Exception):  # a head start only: never fatal
-        # The first launch also loads Triton's CUDA driver helpers; the first case paid for them.
-        triton.runtime.driver.active.get_current_device()
-    return timings
 
 
 # The top-level parts of a job, in order; what they leave is `other`.
@@ -1017,11 +1046,18 @@ def main(argv: list[str] | None = None) -> int:
         timings["outputs_copy"] = round(sink.copy_seconds, 3)
         timings["outputs_write"] = round(sink.write_seconds, 3)
         timings["outputs_wait"] = round(sink.wait_seconds, 3)
+        timings.update({k: round(v, 3) for k, v in timings.items() if isinstance(v, float)})  # `add`ed sums
         timings["other"] = _rest(timings, time.perf_counter() - started, JOB_PARTS)
         # When the results were complete: the parent attributes the rest (the process's exit) to
         # `child_exit`.
         results["finished_at"] = time.time()
         write_whole(Path(job["results_path"]), json.dumps(results))
+    if cuda and job.get("timing_lock"):
+        # The context's teardown as this process ends is GPU work too: never beside a timing.
+        from gpuyantra.verifier.gpu_locks import share_gpu_through_exit
+
+        with contextlib.suppress(Exception):  # the results are written: ending comes first
+            share_gpu_through_exit(Path(job["timing_lock"]))
     return 0
 
 

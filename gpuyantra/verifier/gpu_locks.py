@@ -25,8 +25,11 @@ The order is always P, T, Q (`ORDER`), and a lock is released before any lock th
 reader never waits for anything while it holds P or T (it tries them, lets go and polls), and the
 only waits made while holding a lock are for a later one (the served check for T holding P; a timer
 for Q holding T). A holder of Q shared waits for nothing of these locks until it lets go.
-`wait_for_idle` (a spare before its CUDA warm-up) only probes Q and `gpu-warm-up.lock` without
-blocking and holds nothing while it waits; `warming_up` holds the latter shared, beside the rest.
+A verifier child ends holding Q shared (`share_gpu_through_exit`), so its CUDA context's teardown
+is GPU work like any other: no timing runs beside it.
+`warming_up` (a spare's CUDA warm-up) holds `gpu-warm-up.lock` exclusive, beside the rest, taken by
+polling while holding nothing else; inside it `wait_for_idle` only probes Q without blocking, then Q
+is taken shared (`share_gpu`) for the context's creation.
 `hold_lock`'s wait may be bounded (the served check measures anyway once it runs out, and says so).
 
 Outside these three, for whole jobs that share the GPU's memory rather than its time (KernelBench
@@ -56,7 +59,7 @@ TIMING_FILE = "gpu-timing.lock"
 QUIET_FILE = "gpu-quiet.lock"
 MEMORY_FILE = "gpu-memory.lock"
 MEMORY_TURN_FILE = "gpu-memory-turn.lock"
-WARM_UP_FILE = "gpu-warm-up.lock"  # spares' warm-ups under way, shared (`warming_up`)
+WARM_UP_FILE = "gpu-warm-up.lock"  # the spares' warm-up turn, exclusive (`warming_up`)
 ORDER = ("turn", "timing", "quiet")  # the only order locks are taken in (P, T, Q)
 
 
@@ -190,31 +193,83 @@ def share_gpu(timing: Path) -> Iterator[float]:
     with contextlib.ExitStack() as stack:
         turn, timing_fd, quiet = (_open(stack, getattr(locks, name)) for name in ORDER)
 
-        def enter() -> bool:
-            if not _try(timing_fd, fcntl.LOCK_SH):
-                return False
-            try:
-                # Fails only where Q is held without T (a served check whose wait for T ran out).
-                return _try(quiet, fcntl.LOCK_SH)
-            finally:
-                _lock(timing_fd, fcntl.LOCK_UN)
-
         started = time.monotonic()
-        _through_turn(turn, enter)
+        _through_turn(turn, lambda: _enter_shared(timing_fd, quiet))
         yield round(time.monotonic() - started, 3)
 
 
+def _enter_shared(timing_fd: int, quiet: int) -> bool:
+    """Q shared, tried inside an instant of T shared (no new reader while anything times or waits to).
+    Fails also where Q is held without T (a served check whose wait for T ran out)."""
+    if not _try(timing_fd, fcntl.LOCK_SH):
+        return False
+    try:
+        return _try(quiet, fcntl.LOCK_SH)
+    finally:
+        _lock(timing_fd, fcntl.LOCK_UN)
+
+
+EXIT_WAIT_MAX_S = 30.0  # a process leaving waits at most this long for pending timers (then leaves anyway)
+
+
+def share_gpu_through_exit(timing: Path, max_wait_s: float = EXIT_WAIT_MAX_S) -> float:
+    """For a process about to end (a verifier child whose results are written): Q shared, taken as
+    `share_gpu` takes it (pending timers first), and held until the process is gone. Its CUDA context
+    is torn down as the process ends (0.1 s; 0.2-0.4 s beside five others), and that teardown
+    overlapped the next verification's timing turn: its recheck took twice as long, and a verdict of
+    six at once read a kernel 1.7 times slower than alone (H200). The lock's descriptor is moved
+    above every other one, since a process's descriptors are closed in ascending order when it
+    ends: the driver's, and the context with them, go before the lock. Waits at most `max_wait_s`
+    (then the process ends without it); returns the seconds waited. Call it last: nothing of P, T
+    or Q may be held."""
+    locks = GpuLocks.beside(timing)
+    path = locks.quiet
+    path.parent.mkdir(parents=True, exist_ok=True)
+    turn, timing_fd, quiet = (os.open(p, os.O_CREAT | os.O_RDWR, 0o666) for p in (locks.turn, locks.timing, path))
+    started = time.monotonic()
+    deadline = started + max_wait_s
+    got = False
+    while not got and time.monotonic() < deadline:
+        if _try(turn, fcntl.LOCK_SH):  # tried, not waited for: the wait stays bounded
+            try:
+                got = _enter_shared(timing_fd, quiet)
+            finally:
+                _lock(turn, fcntl.LOCK_UN)
+        if not got:
+            _pause()
+    os.close(turn)
+    os.close(timing_fd)
+    if got:
+        _close_last(quiet)
+    else:
+        os.close(quiet)
+    return round(time.monotonic() - started, 3)
+
+
+def _close_last(fd: int) -> None:
+    """Move `fd` to the highest descriptor number this process may have (the lock goes with the open
+    file description, so it is held while that copy is open)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = min(soft if soft != resource.RLIM_INFINITY else 65536, 65536) - 1
+    if highest > fd:
+        with contextlib.suppress(OSError):
+            os.dup2(fd, highest, inheritable=False)
+            os.close(fd)
+
+
 def wait_for_idle(timing: Path, idle_s: float, max_wait_s: float, needed: Callable[[], bool] = lambda: False) -> float:
-    """Wait, holding nothing, until nobody has held Q for `idle_s` in a row (no correctness, judging,
-    warm-up or timing on the GPU), or another waiter started its warm-up (`warming_up`: it joins
-    it), or `needed()` (its job came), or `max_wait_s` passed; returns the seconds waited. For work
-    that can come later and would slow whoever it overlaps: spares' CUDA contexts, created while six
-    verifications checked correctness, made their correctness 1.1-1.9 s instead of 0.5-0.9 s (H200).
-    A timer's hand-on to the next leaves Q free a few milliseconds, far under `idle_s`."""
+    """Wait, holding nothing of P, T and Q, until nobody has held Q for `idle_s` in a row (no
+    correctness, judging, warm-up or timing on the GPU), or `needed()` (its job came), or
+    `max_wait_s` passed; returns the seconds waited. For work that can come later and would slow
+    whoever it overlaps: spares' CUDA contexts, created while six verifications checked correctness,
+    made their correctness 1.1-1.9 s instead of 0.5-0.9 s (H200). A spare waits in its warm-up turn
+    (`warming_up`), so other spares' warm-ups are not among what it waits out. A timer's hand-on to
+    the next leaves Q free a few milliseconds, far under `idle_s`."""
     locks = GpuLocks.beside(timing)
     with contextlib.ExitStack() as stack:
         quiet = _open(stack, locks.quiet)
-        warm = _open(stack, locks.timing.with_name(WARM_UP_FILE))
         started = time.monotonic()
         idle_since: float | None = None
         while True:
@@ -224,10 +279,7 @@ def wait_for_idle(timing: Path, idle_s: float, max_wait_s: float, needed: Callab
                 idle_since = now if idle_since is None else idle_since
                 if now - idle_since >= idle_s:
                     break
-            elif not _try(warm, fcntl.LOCK_EX):
-                break  # a warm-up under way: others' work overlaps it already
             else:
-                _lock(warm, fcntl.LOCK_UN)
                 idle_since = None
             if now - started >= max_wait_s or needed():
                 break
@@ -236,12 +288,20 @@ def wait_for_idle(timing: Path, idle_s: float, max_wait_s: float, needed: Callab
 
 
 @contextlib.contextmanager
-def warming_up(timing: Path) -> Iterator[None]:
-    """A spare's warm-up under way (`gpu-warm-up.lock` shared for the block): spares waiting for a gap
-    in the GPU's work join it instead of waiting for it too."""
+def warming_up(timing: Path, needed: Callable[[], bool] = lambda: False) -> Iterator[float]:
+    """A spare's warm-up turn: `gpu-warm-up.lock` exclusive for the block, so spares create their CUDA
+    contexts one at a time, each after its own gap in others' GPU work (`wait_for_idle`, inside the
+    turn). Six created at once took 1.2-2.0 s each against 0.3 s alone (the driver takes them in
+    turn anyway) and held Q shared all along: a timer waited for all six (up to 1.1 s), and others'
+    correctness shared the driver with six context creations (correctness 2.0-3.7 s in six at once
+    against 0.65-1.55 s with the turn, H200). A spare whose job has come (`needed()`) stops queueing
+    and warms up at once. Yields the seconds queued."""
     with contextlib.ExitStack() as stack:
-        _lock(_open(stack, Path(timing).with_name(WARM_UP_FILE)), fcntl.LOCK_SH)
-        yield
+        warm = _open(stack, Path(timing).with_name(WARM_UP_FILE))
+        started = time.monotonic()
+        while not _try(warm, fcntl.LOCK_EX) and not needed():
+            _pause()
+        yield round(time.monotonic() - started, 3)
 
 
 @contextlib.contextmanager

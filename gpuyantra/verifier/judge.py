@@ -224,8 +224,17 @@ _CACHES_LOCK = threading.Lock()
 def _reference_cache(device_type: str) -> ReferenceCache[CaseReference]:
     with _CACHES_LOCK:
         if device_type not in _CACHES:
-            _CACHES[device_type] = ReferenceCache(budget_bytes(device_type))
+            _CACHES[device_type] = ReferenceCache(budget_bytes(device_type, _device_memory(device_type)))
         return _CACHES[device_type]
+
+
+def _device_memory(device_type: str) -> int | None:
+    """The judging GPU's total memory (it is in use already: references are computed on it)."""
+    if device_type != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 @dataclass

@@ -6,6 +6,7 @@ to those), or a process. Tests assert the order things happen in, never how long
 from __future__ import annotations
 
 import fcntl
+import select
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpuyantra.verifier import child, gpu_locks
-from gpuyantra.verifier.child import JOB_PARTS, SETUP_PARTS
+from gpuyantra.verifier.child import JOB_PARTS, PHASE_PARTS, SETUP_PARTS
 from gpuyantra.verifier.core import SANDBOX_PARTS
 from gpuyantra.verifier.gpu_locks import (
     MEMORY_FILE,
@@ -28,6 +29,7 @@ from gpuyantra.verifier.gpu_locks import (
     hold_lock,
     problem_memory,
     share_gpu,
+    share_gpu_through_exit,
     time_alone,
     wait_for_idle,
     warming_up,
@@ -287,7 +289,7 @@ def _run_child(monkeypatch, locks: GpuLocks, device: str) -> tuple[list[tuple[st
     ctx["param_specs"] = []
     monkeypatch.setattr(child, "_setup", lambda job, results: ctx)
 
-    def run_cases(chosen: list, ctx: dict, results: dict, sink: Any) -> bool:
+    def run_cases(chosen: list, ctx: dict, results: dict, sink: Any, part: str = "correctness") -> bool:
         seen.append((chosen[0].phase, *gpu_state(locks)))
         return True
 
@@ -326,7 +328,7 @@ def test_a_cuda_child_checks_correctness_sharing_the_gpu_and_times_alone(locks, 
         "timing_lock_wait",
         "quiet_lock_wait",
     }
-    assert waits <= set(timings) <= {*JOB_PARTS, *SETUP_PARTS, "setup_other"}  # every wait has its name
+    assert waits <= set(timings) <= {*JOB_PARTS, *SETUP_PARTS, *PHASE_PARTS, "setup_other"}  # every wait has its name
     assert {f"child_{part}" for part in JOB_PARTS} <= set(SANDBOX_PARTS)
 
 
@@ -408,16 +410,10 @@ def test_a_spare_stops_waiting_for_a_gap_after_its_longest_wait(locks, holders):
     assert 0.2 <= wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=0.2) < LIMIT_S
 
 
-def test_a_spare_joins_a_warm_up_under_way_or_stops_waiting_when_its_job_comes(locks, holders):
+def test_a_spare_stops_waiting_for_a_gap_when_its_job_comes(locks, holders):
     reader = Holder("correctness", lambda: share_gpu(locks.timing), [])
     start(holders, reader)
     until(reader.inside.is_set, "a verification checks correctness")
-    other_spare = Holder("warm-up", lambda: warming_up(locks.timing), [])
-    start(holders, other_spare)
-    until(other_spare.inside.is_set, "another spare warms up")
-    assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=LIMIT_S) < LIMIT_S  # joins it
-    other_spare.release.set()
-    other_spare.join(LIMIT_S)
     asked = [0]
 
     def job_came() -> bool:
@@ -426,3 +422,86 @@ def test_a_spare_joins_a_warm_up_under_way_or_stops_waiting_when_its_job_comes(l
 
     assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=LIMIT_S, needed=job_came) < LIMIT_S
     assert asked[0] == 3
+
+
+def test_a_spare_in_its_warm_up_turn_waits_for_others_work_not_for_the_turn_it_holds(locks, holders):
+    with warming_up(locks.timing) as queued:
+        assert queued < LIMIT_S
+        assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=LIMIT_S) < 1.0  # idle: its own turn is no work
+        reader = Holder("correctness", lambda: share_gpu(locks.timing), [])
+        start(holders, reader)
+        until(reader.inside.is_set, "a verification checks correctness")
+        assert wait_for_idle(locks.timing, idle_s=0.05, max_wait_s=0.2) >= 0.2  # others' work: waits it out
+
+
+def test_spares_create_their_contexts_one_at_a_time_unless_their_job_has_come(locks, holders):
+    first = Holder("first spare", lambda: warming_up(locks.timing), [])
+    start(holders, first)
+    until(first.inside.is_set, "a spare warms up")
+    second = Holder("second spare", lambda: warming_up(locks.timing), [])
+    start(holders, second)
+    time.sleep(0.2)
+    assert not second.inside.is_set()  # queued behind the first one's context
+    came = threading.Event()
+    third = Holder("spare with a job", lambda: warming_up(locks.timing, needed=came.is_set), [])
+    start(holders, third)
+    time.sleep(0.1)
+    assert not third.inside.is_set()
+    came.set()  # its job arrived: it warms up at once, beside the first
+    until(third.inside.is_set, "the spare whose job came warms up")
+    assert not second.inside.is_set()
+    first.release.set()
+    until(second.inside.is_set, "the queued spare warms up after the first")
+    assert second.got >= 0.2  # the seconds it queued
+    second.release.set()
+    third.release.set()
+
+
+LEAVER = """
+import sys, time
+from pathlib import Path
+from gpuyantra.verifier.gpu_locks import share_gpu_through_exit
+print("leaving", flush=True)
+print(share_gpu_through_exit(Path(sys.argv[1])), flush=True)
+sys.stdin.read()  # until the test lets it end
+"""
+
+
+def _lock_descriptors(pid: int, path: Path) -> list[int]:
+    fds = Path(f"/proc/{pid}/fd")
+    return [int(fd.name) for fd in fds.iterdir() if fd.is_symlink() and Path(fd.readlink()) == path]
+
+
+def test_a_leaving_child_holds_the_gpu_shared_until_it_is_gone_after_any_pending_timer(locks, holders):
+    # Its CUDA context is torn down as the process ends: that must not overlap anyone's timing.
+    timer = Holder("timing", lambda: time_alone(locks.timing), [])
+    start(holders, timer)
+    until(timer.inside.is_set, "a verification times")
+    leaver = subprocess.Popen(
+        [sys.executable, "-c", LEAVER, str(locks.timing)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert leaver.stdout is not None and leaver.stdout.readline() == "leaving\n"
+        assert not select.select([leaver.stdout], [], [], 0.3)[0]  # still waiting: a timing runs
+        timer.release.set()
+        timer.join(LIMIT_S)
+        assert float(leaver.stdout.readline()) >= 0.3  # the seconds it waited for the timer
+        (fd,) = _lock_descriptors(leaver.pid, locks.quiet)
+        assert fd == max(int(p.name) for p in Path(f"/proc/{leaver.pid}/fd").iterdir())  # closed last
+        assert not can_take(locks.quiet, fcntl.LOCK_EX)  # the next timer waits for it
+        leaver.communicate("", timeout=LIMIT_S)
+    finally:
+        if leaver.poll() is None:
+            leaver.kill()
+            leaver.wait()
+    assert can_take(locks.quiet, fcntl.LOCK_EX)  # released with the process
+
+
+def test_a_leaving_child_leaves_without_the_lock_after_its_longest_wait(locks, holders):
+    timer = Holder("timing", lambda: time_alone(locks.timing), [])
+    start(holders, timer)
+    until(timer.inside.is_set, "a verification times")
+    assert 0.2 <= share_gpu_through_exit(locks.timing, max_wait_s=0.2) < LIMIT_S
+    timer.release.set()
+    timer.join(LIMIT_S)
+    assert can_take(locks.quiet, fcntl.LOCK_EX)  # nothing of it held in this process

@@ -88,6 +88,32 @@ def test_faster_than_the_physical_floor_is_implausible():
     assert [(f.layer, f.rule) for f in j.failures] == [("benchmark", "implausible-speed")]
 
 
+def test_a_floor_from_a_low_bandwidth_reading_is_measured_again_before_it_rejects(monkeypatch, state):
+    import copy
+
+    from gpuyantra.verifier import bench, core
+
+    results = bench_results(kernel_us=2.0, bandwidth=2500.0)  # 8 MiB: floor 3.4 us at 2.5 TB/s
+    results["device_name"] = "H200"
+    rows = copy.deepcopy(results["bench"])
+    first = Judgement()
+    _judge_bench(results, first)
+    assert [f.rule for f in first.failures] == ["implausible-speed"]
+    monkeypatch.setattr(bench, "measure_copy_bandwidth", lambda: 4280.0)  # the GPU alone, clocks up
+    assert core._floor_in_doubt(first, results, rows)
+    assert results["copy_bandwidth_gbs"] == 4280.0 and results["bench"] == rows  # judged again from scratch
+    again = Judgement()
+    _judge_bench(results, again)
+    assert again.failures == [] and again.floor_us == pytest.approx(8 * 2**20 / 4280e9 * 1e6)
+    # A kernel under the floor of the better reading too stays rejected: nothing to judge again.
+    cheat = bench_results(kernel_us=0.1, bandwidth=4280.0)
+    cheat["device_name"] = "H200"
+    rejected = Judgement()
+    _judge_bench(cheat, rejected)
+    assert not core._floor_in_doubt(rejected, cheat, copy.deepcopy(cheat["bench"]))
+    assert [f.rule for f in rejected.failures] == ["implausible-speed"]
+
+
 def test_kernel_that_fails_under_timing():
     j = Judgement()
     results = bench_results(kernel_us=None)

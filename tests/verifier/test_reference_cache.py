@@ -140,6 +140,18 @@ def test_zero_budget_turns_the_cache_off_and_a_malformed_one_is_a_clear_error(mo
         budget_bytes("cpu")
 
 
+def test_the_cuda_default_grows_with_the_gpu_between_its_floor_and_its_cap(monkeypatch):
+    monkeypatch.delenv(BUDGET_ENV, raising=False)
+    gib = 2**30
+    assert budget_bytes("cuda") == 4 * gib  # memory unknown: the floor
+    assert budget_bytes("cuda", 16 * gib) == 4 * gib  # a small GPU keeps the floor
+    assert budget_bytes("cuda", 80 * gib) == 10 * gib  # an eighth
+    assert budget_bytes("cuda", 141 * gib) == 16 * gib  # capped
+    assert budget_bytes("cpu", 141 * gib) == 1 * gib  # the host's budget does not follow a GPU
+    monkeypatch.setenv(BUDGET_ENV, "2048")
+    assert budget_bytes("cuda", 141 * gib) == 2 * gib  # a setting wins
+
+
 def _one_element_off(out: torch.Tensor) -> None:
     out.view(-1)[3] += 0.5  # a kernel that is wrong in one place
 

@@ -31,6 +31,10 @@ def _assert_sandbox_is_named(timings: dict[str, float]) -> None:
     assert timings["child_setup_other"] <= 0.1 and timings["child_other"] <= 0.1, timings
     # Every top-level part of the child's job is one of the sandbox's parts.
     assert {f"child_{part}" for part in JOB_PARTS} <= set(SANDBOX_PARTS)
+    # The correctness phase's own parts lie inside its wall time (the CPU too: one thread's calls).
+    inside = sum(timings.get(f"child_correctness_{part}", 0.0) for part in ("inputs", "calls", "sync"))
+    assert 0 < inside <= timings["child_correctness"] + 0.005, timings
+    assert 0 < timings["child_correctness_cpu"], timings
 
 
 def test_every_second_of_the_sandbox_is_named(state):
