@@ -210,23 +210,29 @@ def _enter_shared(timing_fd: int, quiet: int) -> bool:
 
 
 EXIT_WAIT_MAX_S = 30.0  # a process leaving waits at most this long for pending timers (then leaves anyway)
+EXIT_IDLE_S = 0.02  # a leaving process first waits for a gap this long in all GPU work...
+EXIT_DEFER_S = 1.0  # ...for at most this long, then takes the next hand-on between two timers
 
 
-def share_gpu_through_exit(timing: Path, max_wait_s: float = EXIT_WAIT_MAX_S) -> float:
+def share_gpu_through_exit(timing: Path, max_wait_s: float = EXIT_WAIT_MAX_S, defer_s: float = EXIT_DEFER_S) -> float:
     """For a process about to end (a verifier child whose results are written): Q shared, taken as
     `share_gpu` takes it (pending timers first), and held until the process is gone. Its CUDA context
     is torn down as the process ends (0.1 s; 0.2-0.4 s beside five others), and that teardown
     overlapped the next verification's timing turn: its recheck took twice as long, and a verdict of
     six at once read a kernel 1.7 times slower than alone (H200). The lock's descriptor is moved
     above every other one, since a process's descriptors are closed in ascending order when it
-    ends: the driver's, and the context with them, go before the lock. Waits at most `max_wait_s`
-    (then the process ends without it); returns the seconds waited. Call it last: nothing of P, T
-    or Q may be held."""
+    ends: the driver's, and the context with them, go before the lock.
+
+    Taken between two timers' turns it would add its teardown to the next one's wait, so it first
+    waits up to `defer_s` for the GPU to go quiet (six at once: the end of the timing turns, where
+    the six teardowns run side by side). Waits at most `max_wait_s` in all (then the process ends
+    without it); returns the seconds waited. Call it last: nothing of P, T or Q may be held."""
+    started = time.monotonic()
+    wait_for_idle(timing, EXIT_IDLE_S, min(defer_s, max_wait_s))
     locks = GpuLocks.beside(timing)
     path = locks.quiet
     path.parent.mkdir(parents=True, exist_ok=True)
     turn, timing_fd, quiet = (os.open(p, os.O_CREAT | os.O_RDWR, 0o666) for p in (locks.turn, locks.timing, path))
-    started = time.monotonic()
     deadline = started + max_wait_s
     got = False
     while not got and time.monotonic() < deadline:

@@ -5,13 +5,14 @@ to those), or a process. Tests assert the order things happen in, never how long
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import select
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import SimpleNamespace
@@ -457,14 +458,39 @@ def test_spares_create_their_contexts_one_at_a_time_unless_their_job_has_come(lo
     third.release.set()
 
 
+# A verifier child leaving: `share_gpu_through_exit`, then it stays until the test lets it end (the
+# module is loaded from its file, as READER's).
 LEAVER = """
-import sys, time
+import importlib.util, sys
 from pathlib import Path
-from gpuyantra.verifier.gpu_locks import share_gpu_through_exit
+spec = importlib.util.spec_from_file_location("gpu_locks", sys.argv[1])
+gpu_locks = importlib.util.module_from_spec(spec)
+sys.modules["gpu_locks"] = gpu_locks
+spec.loader.exec_module(gpu_locks)
 print("leaving", flush=True)
-print(share_gpu_through_exit(Path(sys.argv[1])), flush=True)
-sys.stdin.read()  # until the test lets it end
+print(gpu_locks.share_gpu_through_exit(Path(sys.argv[2]), defer_s=float(sys.argv[3])), flush=True)
+sys.stdin.read()
 """
+
+
+@contextlib.contextmanager
+def _leaving(locks: GpuLocks, defer_s: float) -> Iterator[subprocess.Popen]:
+    """A child on its way out; it ends when the block does (killed if the block failed first)."""
+    argv = [sys.executable, "-c", LEAVER, gpu_locks.__file__, str(locks.timing), str(defer_s)]
+    leaver = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert leaver.stdout is not None and leaver.stdout.readline() == "leaving\n"
+        yield leaver
+        leaver.communicate("", timeout=LIMIT_S)
+    finally:
+        if leaver.poll() is None:
+            leaver.kill()
+            leaver.wait()
+
+
+def _waited(leaver: subprocess.Popen) -> float:
+    assert leaver.stdout is not None
+    return float(leaver.stdout.readline())
 
 
 def _lock_descriptors(pid: int, path: Path) -> list[int]:
@@ -477,31 +503,40 @@ def test_a_leaving_child_holds_the_gpu_shared_until_it_is_gone_after_any_pending
     timer = Holder("timing", lambda: time_alone(locks.timing), [])
     start(holders, timer)
     until(timer.inside.is_set, "a verification times")
-    leaver = subprocess.Popen(
-        [sys.executable, "-c", LEAVER, str(locks.timing)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert leaver.stdout is not None and leaver.stdout.readline() == "leaving\n"
+    with _leaving(locks, defer_s=0.05) as leaver:
         assert not select.select([leaver.stdout], [], [], 0.3)[0]  # still waiting: a timing runs
         timer.release.set()
         timer.join(LIMIT_S)
-        assert float(leaver.stdout.readline()) >= 0.3  # the seconds it waited for the timer
+        assert _waited(leaver) >= 0.3
         (fd,) = _lock_descriptors(leaver.pid, locks.quiet)
         assert fd == max(int(p.name) for p in Path(f"/proc/{leaver.pid}/fd").iterdir())  # closed last
         assert not can_take(locks.quiet, fcntl.LOCK_EX)  # the next timer waits for it
-        leaver.communicate("", timeout=LIMIT_S)
-    finally:
-        if leaver.poll() is None:
-            leaver.kill()
-            leaver.wait()
     assert can_take(locks.quiet, fcntl.LOCK_EX)  # released with the process
+
+
+def test_a_leaving_child_waits_for_a_quiet_gpu_first_then_shares_it(locks, holders):
+    # Between two timers' turns its teardown would delay the next one: it first waits for the end of
+    # all GPU work (here a correctness phase it could share), up to its deferral.
+    reader = Holder("correctness", lambda: share_gpu(locks.timing), [])
+    start(holders, reader)
+    until(reader.inside.is_set, "a verification checks correctness")
+    with _leaving(locks, defer_s=LIMIT_S) as leaver:
+        assert not select.select([leaver.stdout], [], [], 0.3)[0]  # waits for the quiet GPU
+        reader.release.set()
+        assert _waited(leaver) >= 0.3
+    reader = Holder("correctness again", lambda: share_gpu(locks.timing), [])
+    start(holders, reader)
+    until(reader.inside.is_set, "a verification checks correctness")
+    with _leaving(locks, defer_s=0.2) as leaver:  # deferral over: it shares the GPU with the correctness phase
+        assert 0.2 <= _waited(leaver) < LIMIT_S
+    reader.release.set()
 
 
 def test_a_leaving_child_leaves_without_the_lock_after_its_longest_wait(locks, holders):
     timer = Holder("timing", lambda: time_alone(locks.timing), [])
     start(holders, timer)
     until(timer.inside.is_set, "a verification times")
-    assert 0.2 <= share_gpu_through_exit(locks.timing, max_wait_s=0.2) < LIMIT_S
+    assert 0.2 <= share_gpu_through_exit(locks.timing, max_wait_s=0.2) < LIMIT_S  # in this process: not held
     timer.release.set()
     timer.join(LIMIT_S)
     assert can_take(locks.quiet, fcntl.LOCK_EX)  # nothing of it held in this process
