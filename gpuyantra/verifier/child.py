@@ -953,9 +953,11 @@ def _warm_up(device: str, gpu_lock: str | None = None) -> dict[str, float]:
         with warming_up(Path(gpu_lock), needed=_job_waiting) as queued:
             timings["warm_turn_wait"] = queued
             # In its turn, so another spare's warm-up is not the work it waits out: six spares queued
-            # behind one gap each slipped their 0.3 s between the timing turns of the next six.
+            # behind one gap each slipped their 0.3 s between the timing turns of the next six. The
+            # longest wait counts from the spare's start, queueing included: on a GPU that is never
+            # quiet, eight spares would otherwise take 5 s each, one after another.
             timings["warm_idle_wait"] = wait_for_idle(
-                Path(gpu_lock), SPARE_IDLE_S, SPARE_IDLE_MAX_WAIT_S, needed=_job_waiting
+                Path(gpu_lock), SPARE_IDLE_S, max(SPARE_IDLE_MAX_WAIT_S - queued, 0.0), needed=_job_waiting
             )
             _create_cuda_context(gpu_lock, timings)
     else:
