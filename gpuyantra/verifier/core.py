@@ -288,7 +288,7 @@ def _floor_in_doubt(judgement: Judgement, results: dict[str, Any], bench_rows: A
     rows as the child wrote them)."""
     if not any(f.rule == "implausible-speed" for f in judgement.failures):
         return False
-    from gpuyantra.verifier import bench
+    import gpuyantra.verifier.bench as bench
 
     kept = results.get("copy_bandwidth_gbs") or 0.0
     device_name = results.get("device_name") or _device_name("cuda")
