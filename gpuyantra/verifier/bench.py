@@ -65,16 +65,13 @@ BANDWIDTH_RUNS = 20
 
 
 def measure_copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in GB/s (bytes read + written), best of several runs, after
-    SPIN_UP_MS of copies: measured on an idle GPU (a worker's start) at the clocks it idles at, it read
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), best of several runs, after a
+    spin-up (`spin_up`): measured on an idle GPU (a worker's start) at the clocks it idles at, it read
     low enough that honest kernels looked faster than the floor (`implausible-speed`)."""
     n = 512 * 2**20
     src = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    spin_until = time.perf_counter() + SPIN_UP_MS / 1e3
-    while time.perf_counter() < spin_until:
-        dst.copy_(src)
-        torch.cuda.synchronize()
+    spin_up(dst)
     best = float("inf")
     for _ in range(BANDWIDTH_RUNS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -115,17 +115,22 @@ def _wait(fd: int, operation: int, deadline: float | None) -> bool:
     return True
 
 
-def _through_turn(turn: int, attempt: Any) -> None:
+def _through_turn(turn: int, attempt: Any, deadline: float | None = None) -> bool:
     """Poll `attempt` (non-blocking tries) inside instants of P shared until it succeeds. P shared
-    blocks while a served check is pending; nothing else is held while waiting, so it never stalls."""
+    blocks while a served check is pending; nothing else is held while waiting, so it never stalls.
+    With a `deadline` (monotonic seconds) P is tried rather than waited for, and False says the
+    deadline passed first."""
     while True:
-        _lock(turn, fcntl.LOCK_SH)
-        try:
-            done = attempt()
-        finally:
-            _lock(turn, fcntl.LOCK_UN)
-        if done:
-            return
+        if deadline is None:
+            _lock(turn, fcntl.LOCK_SH)
+        if deadline is None or _try(turn, fcntl.LOCK_SH):
+            try:
+                if attempt():
+                    return True
+            finally:
+                _lock(turn, fcntl.LOCK_UN)
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
         _pause()
 
 
@@ -230,25 +235,13 @@ def share_gpu_through_exit(timing: Path, max_wait_s: float = EXIT_WAIT_MAX_S, de
     started = time.monotonic()
     wait_for_idle(timing, EXIT_IDLE_S, min(defer_s, max_wait_s))
     locks = GpuLocks.beside(timing)
-    path = locks.quiet
-    path.parent.mkdir(parents=True, exist_ok=True)
-    turn, timing_fd, quiet = (os.open(p, os.O_CREAT | os.O_RDWR, 0o666) for p in (locks.turn, locks.timing, path))
-    deadline = started + max_wait_s
-    got = False
-    while not got and time.monotonic() < deadline:
-        if _try(turn, fcntl.LOCK_SH):  # tried, not waited for: the wait stays bounded
-            try:
-                got = _enter_shared(timing_fd, quiet)
-            finally:
-                _lock(turn, fcntl.LOCK_UN)
-        if not got:
-            _pause()
-    os.close(turn)
-    os.close(timing_fd)
-    if got:
-        _close_last(quiet)
-    else:
-        os.close(quiet)
+    with contextlib.ExitStack() as stack:
+        turn, timing_fd = _open(stack, locks.turn), _open(stack, locks.timing)
+        quiet = os.open(locks.quiet, os.O_CREAT | os.O_RDWR, 0o666)  # outlives the block when taken
+        if _through_turn(turn, lambda: _enter_shared(timing_fd, quiet), deadline=started + max_wait_s):
+            _close_last(quiet)
+        else:
+            os.close(quiet)
     return round(time.monotonic() - started, 3)
 
 
