@@ -39,8 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuyantra.campaign_client import TemporalUnreachable
-    from workers.main import run_workers
+    from workers.main import run_workers, switch_interval_s
 
+    try:
+        switch_interval_s()  # a bad setting stops the worker before it connects, in one line
+    except ValueError as exc:
+        print(f"gpuyantra worker: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     address = args.temporal or config.temporal_address()
     try:

@@ -85,7 +85,7 @@ def run_verification(
     live_params = {k: None if v is None else [int(d) for d in v] for k, v in (param_shapes or {}).items()}
     if any(v is not None and (not v or min(v) < 1) for v in live_params.values()):
         raise ValueError(f"param_shapes must map names to positive sizes or None, got {live_params}")
-    started = time.monotonic()
+    started, started_cpu = time.monotonic(), time.thread_time()
     verdict = Verdict(op=None, accepted=False, reward=-1, device=device, dtypes=dtypes)
     try:
         _run(
@@ -108,6 +108,10 @@ def run_verification(
     if keep_warm:  # a no-op when the sandbox layer already started it
         keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
     verdict.seconds = round(time.monotonic() - started, 3)
+    # What this verification's own thread cost the process's interpreter (a worker's verifications
+    # and its Temporal event loop share one): with `load_outputs_cpu` and `judge_outputs_cpu`, the
+    # reading thread's, all it cost here.
+    verdict.timings["parent_cpu"] = round(time.thread_time() - started_cpu, 3)
     verdict.reward = compute_reward(verdict.failures, device, verdict.speedup_vs_eager, verdict.speedup_vs_compile)
     verdict.accepted = verdict.reward >= 1
     if verdict.accepted and verdict.source_sha256 and verdict.op:

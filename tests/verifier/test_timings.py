@@ -47,6 +47,8 @@ def test_every_second_of_the_sandbox_is_named(state):
     assert 0 < verdict.timings["judge_outputs_cpu"] <= verdict.timings["judge_outputs"] + 0.01, verdict.timings
     assert 0 < verdict.timings["load_outputs_cpu"] <= verdict.timings["load_outputs"] + 0.01, verdict.timings
     assert verdict.timings["judge_settles"] >= 1 and verdict.timings["judge_outputs_device_wait"] == 0
+    # The verifying thread's own CPU: some (the static layer parses), never more than its wall time.
+    assert 0 < verdict.timings["parent_cpu"] <= verdict.seconds + 0.01, verdict.timings
 
 
 def test_a_warm_spare_is_ready_before_the_next_job(state):

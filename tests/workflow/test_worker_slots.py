@@ -41,3 +41,27 @@ def test_a_gpu_worker_imports_the_model_code_while_it_waits(monkeypatch, tmp_pat
     main._import_model_code_in_background().join(timeout=60)
     assert sys.modules["gy_model_code_probe"].LOADED
     monkeypatch.delitem(sys.modules, "gy_model_code_probe")
+
+
+def test_the_switch_interval_comes_from_the_environment(monkeypatch) -> None:
+    from workers.main import DEFAULT_SWITCH_INTERVAL_MS, SWITCH_INTERVAL_ENV, switch_interval_s
+
+    monkeypatch.delenv(SWITCH_INTERVAL_ENV, raising=False)
+    assert switch_interval_s() == DEFAULT_SWITCH_INTERVAL_MS / 1000 < 0.005  # below Python's own 5 ms
+    monkeypatch.setenv(SWITCH_INTERVAL_ENV, " 2.5 ")
+    assert switch_interval_s() == 0.0025
+    for bad in ("fast", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv(SWITCH_INTERVAL_ENV, bad)
+        with pytest.raises(ValueError, match=SWITCH_INTERVAL_ENV):
+            switch_interval_s()
+
+
+def test_a_bad_switch_interval_stops_the_worker_before_it_connects(monkeypatch, capsys) -> None:
+    from gpuyantra.cli import main
+    from workers.main import SWITCH_INTERVAL_ENV
+
+    monkeypatch.setenv(SWITCH_INTERVAL_ENV, "fast")
+    # Port 1 on loopback: were the setting not checked first, the worker would try to connect there.
+    assert main(["worker", "all", "--temporal", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and SWITCH_INTERVAL_ENV in err and "'fast'" in err
