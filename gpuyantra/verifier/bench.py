@@ -216,12 +216,20 @@ def spin_up(flush: torch.Tensor) -> None:
 COMPILE_MODES = (("compile_us", "default"), ("compile_ro_us", "reduce-overhead"))
 
 
+def uncompiled_modes(cached: dict[str, dict[str, float]] | None, shape: Sequence[int]) -> list[str]:
+    """The torch.compile modes whose time at `shape` is not among an earlier verification's `cached`
+    baselines (by shape, "4x1536"): those a verification compiles."""
+    done = (cached or {}).get("x".join(str(d) for d in shape)) or {}
+    return [mode for key, mode in COMPILE_MODES if not isinstance(done.get(key), (int, float))]
+
+
 def precompile_baselines(
     family: Any,
     shapes: Sequence[Sequence[int]],
     dtype: str,
     param_specs: Sequence[dict[str, Any]],
     cached: dict[str, dict[str, float]] | None = None,
+    device: str = "cuda",
 ) -> None:
     """Compile every torch.compile baseline not in `cached` once, before the timing lock is taken.
 
@@ -230,11 +238,10 @@ def precompile_baselines(
     under the lock finds the compilers' on-disk caches (FX graph, Triton) warm. Nothing here is
     timed or kept; a baseline that fails to compile fails again under the lock and is left out there."""
     for shape in shapes:
-        done = (cached or {}).get("x".join(str(d) for d in shape)) or {}
-        modes = [mode for key, mode in COMPILE_MODES if not isinstance(done.get(key), (int, float))]
+        modes = uncompiled_modes(cached, shape)
         if not modes:
             continue
-        acts, params = make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000, 1.0), param_specs, "cuda")
+        acts, params = make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000, 1.0), param_specs, device)
         with torch.no_grad():
             for mode in modes:
                 try:
@@ -246,8 +253,9 @@ def precompile_baselines(
                 finally:
                     torch._dynamo.reset()
         del acts, params
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 EAGER_KEYS = ("eager_us", "eager_launch_us")

@@ -443,6 +443,8 @@ CHUNKS_PER_BUDGET = 4  # chunk size = budget / 4: the parent judges one chunk wh
 # live shapes), most of them groups of a few KiB (one row, the recheck's); this makes them 8.
 GROUP_CHUNK_BYTES = 32 * 2**20
 WAIT_POLL_SECONDS = 0.005
+# How often a child waiting for the baselines compiled beside it looks for the parent's word.
+BESIDE_POLL_SECONDS = 0.02
 
 
 def chunk_name(sequence: int) -> str:
@@ -654,6 +656,9 @@ class OutputSink:
 
 def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> None:
     timings = results["timings"]
+    if job.get("precompile_only"):
+        _precompile_only(job, results)
+        return
     with _timed(timings, "setup"):  # job read to first case
         ctx = _setup(job, results)
     timings["setup_other"] = _rest(timings, timings["setup"], SETUP_PARTS)
@@ -679,7 +684,8 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
         # No GPU lock: compiling is CPU work but for one call per baseline, too little to move another
         # verdict's timing; under the shared lock the first wave of a campaign waited up to 22 s here.
         with _timed(timings, "precompile"):
-            _precompile(job, ctx)
+            if not _compiled_beside(job, timings):
+                _precompile(job, ctx)
         results["stage"] = "benchmark"
         with _alone(lock, timings, "timing_lock_wait", "quiet_lock_wait"):
             if not _benchmark(job, ctx, results):
@@ -717,13 +723,10 @@ SETUP_PARTS = (
 
 def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
     """Family, candidate import, runtime checks and instrumentation; None when the candidate cannot run."""
-    import importlib
-
     import torch
 
     import gpuyantra.verifier.bench as bench
     from gpuyantra.candidate import CandidateError, load_candidate
-    from gpuyantra.ops import get_op
     from gpuyantra.verifier.cases import Case
 
     timings = results["timings"]
@@ -743,15 +746,7 @@ def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | Non
             results["bandwidth_measured"] = True
         results["copy_bandwidth_gbs"] = bandwidth
     with _timed(timings, "setup_family"):
-        for module_name in job.get("family_modules", []):
-            importlib.import_module(module_name)
-        if job.get("open_target"):
-            from pathlib import Path
-
-            from gpuyantra.ops.open import load_open_target, register_open
-
-            register_open(load_open_target(Path(job["open_target"])), save=False)
-        family = get_op(job["op"])
+        family = _family(job)
     results["stage"] = "import"
     try:
         with _timed(timings, "setup_import"):
@@ -778,6 +773,21 @@ def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | Non
             "param_specs": job["param_specs"],
             "cases": [Case.from_json(c) for c in job["cases"]],
         }
+
+
+def _family(job: dict[str, Any]) -> Any:
+    """The job's op family, its modules imported and (an open target) registered from its folder."""
+    import importlib
+
+    from gpuyantra.ops import get_op
+
+    for module_name in job.get("family_modules", []):
+        importlib.import_module(module_name)
+    if job.get("open_target"):
+        from gpuyantra.ops.open import load_open_target, register_open
+
+        register_open(load_open_target(Path(job["open_target"])), save=False)
+    return get_op(job["op"])
 
 
 def _runtime_mismatches(candidate: Any, job: dict[str, Any]) -> list[str]:
@@ -812,6 +822,52 @@ def _precompile(job: dict[str, Any], ctx: dict[str, Any]) -> None:
         )
     finally:
         counter.rewrap()
+
+
+def _precompile_only(job: dict[str, Any], results: dict[str, Any]) -> None:
+    """A job of its own (`precompile_beside`): the torch.compile baselines compiled while another
+    child runs the candidate's correctness cases. No candidate is loaded here."""
+    import torch
+
+    import gpuyantra.verifier.bench as bench
+
+    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    if job["device"] == "cuda":
+        bench.float32_as_float32()  # as in the candidate's child: the compilers' caches key on it
+    results["stage"] = "precompile"
+    with _timed(results["timings"], "precompile"):
+        bench.precompile_baselines(
+            _family(job),
+            job["bench_shapes"],
+            job["bench_dtype"],
+            job["param_specs"],
+            job.get("cached_baselines"),
+            device=job["device"],
+        )
+    results["stage"] = "done"
+    if job.get("marker"):  # the word, now: not after this process's teardown (its CUDA context's)
+        write_whole(Path(job["marker"]), "ok")
+
+
+def _compiled_beside(job: dict[str, Any], timings: dict[str, float]) -> bool:
+    """Whether another child compiled the baselines (`precompile_beside`), waiting for the parent's
+    word at most `max_wait_s` (`child_precompile_wait`). False, so this child compiles them itself,
+    when none was asked to, when it failed, or when no word came in time."""
+    beside = job.get("precompile_beside")
+    if not beside:
+        return False
+    marker = Path(beside["marker"])
+    deadline = time.perf_counter() + float(beside["max_wait_s"])
+    with _timed(timings, "precompile_wait"):
+        while time.perf_counter() < deadline:
+            try:
+                word = marker.read_text().strip()
+            except OSError:
+                word = ""
+            if word:
+                return word == "ok"
+            time.sleep(BESIDE_POLL_SECONDS)
+    return False
 
 
 def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]) -> bool:

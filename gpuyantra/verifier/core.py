@@ -18,12 +18,13 @@ from typing import Any
 
 import gpuyantra.verifier.baselines as baselines
 import gpuyantra.verifier.cases as case_plan
+import gpuyantra.verifier.precompile_beside as precompile_beside
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
 from gpuyantra.ops.open import targets_dir as open_targets_dir
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import Judgement, OutputValues, References, judge, sandbox_failures
-from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, take_sandbox
+from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, take_sandbox, take_spare
 from gpuyantra.verifier.static import check_source
 from gpuyantra.verifier.transport import TRANSPORTS
 from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
@@ -184,6 +185,7 @@ def _run(
             return
     timeout, memory_limit, cpu_seconds = limits
     sandbox = take_sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
+    beside: precompile_beside.Beside | None = None
     try:
         if not verdict.failures:
             sandbox.start()  # imports torch and triton while the contract layer runs here
@@ -239,6 +241,13 @@ def _run(
             # On CUDA the child's GPU work takes the GPU's locks (named by the timing lock's path).
             "timing_lock": str(baselines.timing_lock()) if device == "cuda" else None,
         }
+        # The baselines compile in a second child meanwhile, a warm spare: one that had to start first
+        # (7-10 s of imports) would make the candidate's child wait longer than compiling them itself.
+        compiler = take_spare(device, timeout, memory_limit, cpu_seconds) if precompile_beside.needed(job) else None
+        if compiler is not None:
+            beside = precompile_beside.start(job, sandbox.workdir, compiler)
+            if keep_warm:
+                keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
         # Layer 3: the sandbox; outputs are judged (layer 4's values) as they arrive.
         references = References(family, contract.param_specs, device)
         values = OutputValues(family, plan, references)
@@ -282,6 +291,9 @@ def _run(
             verdict.speedup_vs_eager = verdict.speedup_vs_compile = None
     finally:
         sandbox.close()
+        if beside is not None:
+            beside.stop()
+            verdict.timings.update(beside.timings())
 
 
 def _floor_in_doubt(judgement: Judgement, results: dict[str, Any], bench_rows: Any) -> bool:

@@ -435,6 +435,11 @@ class Sandbox:
             watch.close()
         outcome.returncode = self.proc.wait()
 
+    def kill(self) -> None:
+        """End the child's session now, from any thread: `run`, watching it in another, returns."""
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_session(self.proc.pid)
+
     def close(self) -> None:
         if isinstance(self.proc, fork_server.ForkedChild) and self.proc.poll() is None:
             self._close_forked(self.proc)
@@ -719,10 +724,10 @@ def _alive(sandbox: Sandbox) -> bool:
     return sandbox.proc is not None and sandbox.proc.poll() is None
 
 
-def take_sandbox(
+def take_spare(
     device: str, timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None
-) -> Sandbox:
-    """A warm spare with these limits if one is alive, else a new (not yet started) sandbox."""
+) -> Sandbox | None:
+    """A warm spare with these limits if one is alive (`keep_spare` started it), else None."""
     with _SPARES_LOCK:
         pool = _SPARES.get(_spare_key(device, timeout, memory_limit, cpu_seconds), [])
         dead = [spare for spare in pool if not _alive(spare)]
@@ -730,6 +735,14 @@ def take_sandbox(
         spare = pool.pop(0) if pool else None
     for sandbox in dead:
         sandbox.close()
+    return spare
+
+
+def take_sandbox(
+    device: str, timeout: float | None = None, memory_limit: int | None = None, cpu_seconds: int | None = None
+) -> Sandbox:
+    """A warm spare with these limits if one is alive, else a new (not yet started) sandbox."""
+    spare = take_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
     return spare or Sandbox(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
 
 
