@@ -78,7 +78,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 from gpuyantra.config import search_attribute_args  # noqa: E402
-from gpuyantra.processes import Managed, free_port, port_open, temporal_binary  # noqa: E402
+from gpuyantra.processes import SQLITE_WAL_PRAGMAS, Managed, free_port, port_open, temporal_binary  # noqa: E402
 
 PHASES = ("before", "cold", "warm", "after", "reports", "bisect", "compile")
 STACK_PHASES = {"before", "cold", "warm", "after", "reports", "bisect"}
@@ -560,7 +560,7 @@ class CampaignBench:
         t0 = time.monotonic()
         argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(self.state / "temporal.db")]
         argv += ["--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(ui_port), "--log-level", "warn"]
-        argv += ["--ui-disable-news-fetch", *search_attribute_args()]
+        argv += ["--ui-disable-news-fetch", *search_attribute_args(), *SQLITE_WAL_PRAGMAS]
         temporal = self.launch("temporal", argv)
         self.wait_ready({"temporal": (temporal, lambda: port_open("127.0.0.1", port))}, deadline, record, t0)
         record.update(temporal=self.address, web_ui=f"http://127.0.0.1:{ui_port}")

@@ -153,8 +153,27 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                 round_over_one=[round(w / statistics.median(warm), 2) for w in walls],
                 round_speedups=[[r.get("speedup_vs_eager") for r in rnd["runs"]] for rnd in rounds],
                 round_all_accepted=all(r.get("rc") == 0 for rnd in rounds for r in rnd["runs"]),
+                # The verifications' CPU in the process that judged them (a worker's interpreter lock)
+                # and each command's time around its verdict, per round.
+                round_parent_cpu_s=[round(sum(_parent_cpu(r) for r in rnd["runs"]), 3) for rnd in rounds],
+                round_path_s=[[_path_s(r) for r in rnd["runs"]] for rnd in rounds],
             )
+        summary[template]["single_path_s"] = [_path_s(r) for r in [cold, *runs.get("warm", [])]]
     return summary
+
+
+PARENT_CPU_KEYS = ("parent_cpu", "load_outputs_cpu", "judge_outputs_cpu")
+
+
+def _parent_cpu(run: dict[str, Any]) -> float:
+    timings = run.get("timings") or {}
+    return sum(float(timings.get(key) or 0.0) for key in PARENT_CPU_KEYS)
+
+
+def _path_s(run: dict[str, Any]) -> float | None:
+    """The command's wall time beyond its verdict's: process start, Temporal's round trips, exit."""
+    wall, verdict = run.get("wall_s"), run.get("verdict_s")
+    return round(wall - verdict, 2) if isinstance(wall, (int, float)) and isinstance(verdict, (int, float)) else None
 
 
 def main() -> int:

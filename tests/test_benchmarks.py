@@ -301,12 +301,13 @@ def test_mixed_rows_sweep_smoke(tmp_path):
         assert row["extra_measured_ms"] is None  # measured only where graphs are captured
 
 
-def test_gil_round_trips_smoke():
-    """benchmarks/gil_round_trips.py: a dev server, a worker process with a lock-holding thread and a
-    client process; one round of six workflows per switch interval, each at least its 1 s activity."""
+def test_temporal_round_trips_smoke():
+    """benchmarks/temporal_round_trips.py: a dev server per SQLite journal, a worker process with a
+    lock-holding thread and a client process; one round of six workflows per setting, each at least
+    its 1 s activity."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gil_round_trips.py")]
-        + ["--threads", "1", "--rounds", "1", "--repeats", "1", "--switch-ms", "5,1"],
+        [sys.executable, str(REPO / "benchmarks" / "temporal_round_trips.py")]
+        + ["--threads", "1", "--rounds", "1", "--repeats", "1", "--switch-ms", "5,1", "--sqlite", "default,wal"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -314,5 +315,10 @@ def test_gil_round_trips_smoke():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [run["switch_ms"] for run in runs] == [5.0, 1.0]
+    assert [(run["sqlite"], run["switch_ms"]) for run in runs] == [
+        ("default", 5.0),
+        ("default", 1.0),
+        ("wal", 5.0),
+        ("wal", 1.0),
+    ]
     assert all(len(run["beyond_activity_s"]) == 1 and run["beyond_activity_s"][0] >= 0 for run in runs)

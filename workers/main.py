@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from temporalio.client import Client
@@ -28,8 +29,8 @@ CUDA_GPU_SLOTS = 8
 # verifications (static layer, job preparation, reading and judging outputs) and its Temporal event
 # loop share one lock; at Python's 5 ms, threads whose demand fills the lock hold the loop off for
 # tens of milliseconds per wake-up. Six workflows of a 1 s activity, six threads filling the lock in
-# the worker, client apart (2-core machine, docs/perf/2026-12-04-cpu-switch-interval.md): 0.75-1.16 s
-# of round trips beyond the activity at 5 ms, 0.25-0.42 s at 1 ms; alike when the lock is idle part
+# the worker, client apart (2-core machine, docs/perf/2026-12-04-cpu-round-trips.md): 0.58-1.01 s
+# of round trips beyond the activity at 5 ms, 0.18-0.31 s at 1 ms; alike when the lock is idle part
 # of the time.
 SWITCH_INTERVAL_ENV = "GPUYANTRA_SWITCH_INTERVAL_MS"
 DEFAULT_SWITCH_INTERVAL_MS = 1.0
@@ -105,8 +106,15 @@ def _in_background(name: str, work: Callable[[], object]) -> threading.Thread:
 
 def _import_model_code_in_background() -> threading.Thread:
     """Import the model library's code: the first verifications of a campaign spent 12-15 s in their
-    contract layer importing it (measured on an H200 host)."""
-    return _in_background("import-model-code", lambda: importlib.import_module(MODEL_CODE))
+    contract layer importing it (measured on an H200 host). Logged when done: a verification started
+    before then waits for it."""
+
+    def import_model_code() -> None:
+        started = time.monotonic()
+        importlib.import_module(MODEL_CODE)
+        log.info("model code (%s) imported in %.1f s", MODEL_CODE, time.monotonic() - started)
+
+    return _in_background("import-model-code", import_model_code)
 
 
 def _measure_copy_bandwidth() -> None:

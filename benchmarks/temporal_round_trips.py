@@ -1,15 +1,17 @@
-"""What busy threads in a worker cost its Temporal round trips, by interpreter switch interval.
+"""What a worker's Temporal round trips cost: by interpreter switch interval under busy threads, and
+by the dev server's SQLite journal.
 
-    python3 benchmarks/gil_round_trips.py [--threads 6] [--burst-ms 3] [--duty 0.3]
-        [--switch-ms 5,1] [--rounds 6] [--repeats 2]
+    python3 benchmarks/temporal_round_trips.py [--threads 6] [--burst-ms 3] [--duty 0.3]
+        [--switch-ms 5,1] [--sqlite wal] [--rounds 6] [--repeats 2]
 
-A Temporal dev server on loopback; in this process a workflow worker and an activity worker (as
-`gpuyantra worker all` runs them) and `--threads` threads that each hold the interpreter lock for
+A Temporal dev server on loopback (`--sqlite`: `wal`, as `gpuyantra up` starts it, and/or
+`default`, SQLite's own journal); in a process of its own a workflow worker and an activity worker
+(as `gpuyantra worker all` runs them) and `--threads` threads that each hold the interpreter lock for
 `--burst-ms` at a time, `--duty` of their time (a stand-in for verifications reading and judging
-outputs in the worker); in a process of its own, a client starting six workflows at once, each one
+outputs in the worker); in another process a client starting six workflows at once, each one
 activity that sleeps 1 s, `--rounds` times. Reported per round: the round's wall time beyond the 1 s
-activity (the Temporal round trips). The switch intervals of `--switch-ms` take turns, `--repeats`
-times, each in a new worker process. Prints one JSON line per run.
+activity (the Temporal round trips). Server settings and switch intervals take turns, `--repeats`
+times, a new server per setting and a new worker process per run. Prints one JSON line per run.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def one_run(args: argparse.Namespace, switch_ms: float) -> dict:
     argv += ["--rounds", str(args.rounds)]
     beyond = json.loads(subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True, timeout=600).stdout)
     return {
+        "sqlite": args.sqlite_mode,
         "switch_ms": switch_ms,
         "threads": args.threads,
         "burst_ms": args.burst_ms,
@@ -124,6 +127,7 @@ def main() -> int:
     parser.add_argument("--burst-ms", type=float, default=3.0)
     parser.add_argument("--duty", type=float, default=0.3)
     parser.add_argument("--switch-ms", default="5,1")
+    parser.add_argument("--sqlite", default="wal", help="comma-separated: wal, default")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
@@ -143,15 +147,19 @@ def main() -> int:
     from gpuyantra.processes import free_port, start_temporal
 
     intervals = [float(v) for v in args.switch_ms.split(",")]
-    with tempfile.TemporaryDirectory(prefix="gy-gil-") as folder:
-        temporal = start_temporal(Path(folder), port=free_port(), headless=True)
-        try:
-            args.address = temporal.info["address"]
-            for _ in range(args.repeats):
-                for switch_ms in intervals:
-                    print(json.dumps(one_run(args, switch_ms)), flush=True)
-        finally:
-            temporal.stop()
+    modes = args.sqlite.split(",")
+    if not set(modes) <= {"wal", "default"}:
+        parser.error("--sqlite takes wal and/or default")
+    for _ in range(args.repeats):
+        for mode in modes:
+            with tempfile.TemporaryDirectory(prefix="gy-round-trips-") as folder:
+                temporal = start_temporal(Path(folder), port=free_port(), headless=True, sqlite_wal=mode == "wal")
+                try:
+                    args.address, args.sqlite_mode = temporal.info["address"], mode
+                    for switch_ms in intervals:
+                        print(json.dumps(one_run(args, switch_ms)), flush=True)
+                finally:
+                    temporal.stop()
     return 0
 
 
