@@ -100,6 +100,11 @@ class Beside:
                 if not self.marker.exists():
                     write_whole(self.marker, "ok" if compiled else "failed")
 
+    @property
+    def running(self) -> bool:
+        """Its thread has not ended: the child starts, compiles, or is being collected."""
+        return self._thread.is_alive()
+
     def timings(self) -> dict[str, float]:
         """`beside_child_start` (the job waiting for the compiling child) and `beside_precompile` (its
         compile), where it got that far."""
@@ -117,7 +122,7 @@ class Beside:
         again until the thread ends: the child may be starting (no process to kill yet) at first."""
         self._stopping.set()
         deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
+        while self.running and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 self.sandbox.kill()
             self._thread.join(STOP_POLL_S)

@@ -116,7 +116,7 @@ def test_a_second_child_never_outlives_its_verification(state, tmp_path, at_once
     while not at_once and sandbox.proc is None and time.monotonic() < deadline:
         time.sleep(0.05)
     beside.stop()
-    assert not beside._thread.is_alive()
+    assert not beside.running
     if sandbox.proc is not None:
         assert sandbox.proc.poll() is not None and not _session_members(sandbox.proc.pid)
     assert (tmp_path / "baselines-compiled").read_text() == "failed"
