@@ -216,11 +216,22 @@ def spin_up(flush: torch.Tensor) -> None:
 COMPILE_MODES = (("compile_us", "default"), ("compile_ro_us", "reduce-overhead"))
 
 
+def graphs_irrelevant(mode: str, eager_us: Any) -> bool:
+    """Whether the reduce-overhead (CUDA graphs) baseline is skipped at this eager time: graphs only
+    take launch overhead (microseconds) away, nothing at milliseconds per call."""
+    return mode == "reduce-overhead" and isinstance(eager_us, (int, float)) and eager_us >= GRAPHS_IRRELEVANT_US
+
+
 def uncompiled_modes(cached: dict[str, dict[str, float]] | None, shape: Sequence[int]) -> list[str]:
     """The torch.compile modes whose time at `shape` is not among an earlier verification's `cached`
-    baselines (by shape, "4x1536"): those a verification compiles."""
+    baselines (by shape, "4x1536") and not skipped at its kept eager time: those a verification
+    compiles. (A skipped mode keeps no time: it was compiled again by every verification.)"""
     done = (cached or {}).get("x".join(str(d) for d in shape)) or {}
-    return [mode for key, mode in COMPILE_MODES if not isinstance(done.get(key), (int, float))]
+    return [
+        mode
+        for key, mode in COMPILE_MODES
+        if not isinstance(done.get(key), (int, float)) and not graphs_irrelevant(mode, done.get("eager_us"))
+    ]
 
 
 def precompile_baselines(
@@ -349,13 +360,16 @@ def bench_shape(
         if not eager_cached:
             row["eager_launch_us"] = launch_us(lambda i: eager(*sets[i][0], **sets[i][1]))
         seconds["kernel_and_eager"] = round(time.perf_counter() - started, 3)
-        compiling = not all(isinstance((cached or {}).get(key), (int, float)) for key, _ in COMPILE_MODES)
+        compiling = any(
+            not isinstance((cached or {}).get(key), (int, float)) and not graphs_irrelevant(mode, row.get("eager_us"))
+            for key, mode in COMPILE_MODES
+        )
         if compiling:  # dynamo's first reset in a process costs seconds (measured 2.5 s): only when used
             torch._dynamo.reset()
         for key, mode in COMPILE_MODES:
             if _reuse_cached(row, cached, (key,)):
                 continue
-            if mode == "reduce-overhead" and (row.get("eager_us") or 0.0) >= GRAPHS_IRRELEVANT_US:
+            if graphs_irrelevant(mode, row.get("eager_us")):
                 # CUDA graphs only take launch overhead (microseconds) away: at milliseconds per call
                 # they cannot move the baseline, and recording them copies multi-GB inputs.
                 row.setdefault("skipped", {})[key] = f"eager takes {row['eager_us']:.0f} us: launch overhead negligible"

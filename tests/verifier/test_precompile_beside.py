@@ -47,6 +47,11 @@ def test_a_second_child_compiles_only_what_is_not_kept():
     assert not precompile_beside.needed(_job(benchmark=False))
     # Every timed shape counts: one kept is not all kept.
     assert precompile_beside.needed(_job(bench_shapes=[[2, 64], [4, 64]], cached_baselines={"2x64": COMPILED}))
+    # At milliseconds of eager per call the CUDA-graph baseline is skipped (it keeps no time): not to
+    # be compiled again by every verification.
+    slow = {"compile_us": 1500.0, "eager_us": 1500.0}
+    assert not precompile_beside.needed(_job(cached_baselines={"2x64": slow}))
+    assert precompile_beside.needed(_job(cached_baselines={"2x64": {**slow, "eager_us": 900.0}}))
     # Inputs of gigabytes (KernelBench's): not twice on the GPU at once; the candidate's child compiles.
     huge = [[16, precompile_beside.MAX_INPUT_BYTES // 16 // 4 + 1]]
     assert not precompile_beside.needed(_job(bench_shapes=huge))
