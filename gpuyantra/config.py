@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -104,3 +105,29 @@ def _kept_admin_token() -> str | None:
         return (kept.read_text().strip() or None) if kept.is_file() else None
     except OSError:
         return None
+
+
+# How long a thread may hold the interpreter lock while another waits for it. A worker's
+# verifications (static layer, job preparation, reading and judging outputs) and its Temporal event
+# loop share one lock; at Python's 5 ms, threads whose demand fills the lock hold the loop off for
+# tens of milliseconds per wake-up. Six workflows of a 1 s activity, six threads filling the lock in
+# the worker, client apart (2-core machine, docs/perf/2026-12-04-cpu-round-trips.md): 0.58-1.01 s
+# of round trips beyond the activity at 5 ms, 0.18-0.31 s at 1 ms; alike when the lock is idle part
+# of the time.
+SWITCH_INTERVAL_ENV = "GPUYANTRA_SWITCH_INTERVAL_MS"
+DEFAULT_SWITCH_INTERVAL_MS = 1.0
+
+
+def switch_interval_s() -> float:
+    """A worker's interpreter switch interval in seconds (`GPUYANTRA_SWITCH_INTERVAL_MS`); a
+    ValueError naming the variable when it is not a positive number."""
+    raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_SWITCH_INTERVAL_MS / 1000
+    try:
+        milliseconds = float(raw)
+    except ValueError:
+        raise ValueError(f"{SWITCH_INTERVAL_ENV}={raw!r} is not a number of milliseconds") from None
+    if not (math.isfinite(milliseconds) and milliseconds > 0):
+        raise ValueError(f"{SWITCH_INTERVAL_ENV}={raw!r} must be a positive number of milliseconds")
+    return milliseconds / 1000

@@ -7,8 +7,6 @@ import concurrent.futures
 import contextlib
 import importlib
 import logging
-import math
-import os
 import sys
 import threading
 import time
@@ -25,31 +23,7 @@ ROLES = ("gpu", "cpu", "all")
 # GPU-wide timing lock), so no verdict is measured under another's load. Enough slots that a
 # deployment or a served-speed check never queues behind a campaign's verifications.
 CUDA_GPU_SLOTS = 8
-# How long a thread may hold the interpreter lock while another waits for it. A worker's
-# verifications (static layer, job preparation, reading and judging outputs) and its Temporal event
-# loop share one lock; at Python's 5 ms, threads whose demand fills the lock hold the loop off for
-# tens of milliseconds per wake-up. Six workflows of a 1 s activity, six threads filling the lock in
-# the worker, client apart (2-core machine, docs/perf/2026-12-04-cpu-round-trips.md): 0.58-1.01 s
-# of round trips beyond the activity at 5 ms, 0.18-0.31 s at 1 ms; alike when the lock is idle part
-# of the time.
-SWITCH_INTERVAL_ENV = "GPUYANTRA_SWITCH_INTERVAL_MS"
-DEFAULT_SWITCH_INTERVAL_MS = 1.0
 log = logging.getLogger("gpuyantra.worker")
-
-
-def switch_interval_s() -> float:
-    """The worker's interpreter switch interval in seconds (`GPUYANTRA_SWITCH_INTERVAL_MS`); a
-    ValueError naming the variable when it is not a positive number."""
-    raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_SWITCH_INTERVAL_MS / 1000
-    try:
-        milliseconds = float(raw)
-    except ValueError:
-        raise ValueError(f"{SWITCH_INTERVAL_ENV}={raw!r} is not a number of milliseconds") from None
-    if not (math.isfinite(milliseconds) and milliseconds > 0):
-        raise ValueError(f"{SWITCH_INTERVAL_ENV}={raw!r} must be a positive number of milliseconds")
-    return milliseconds / 1000
 
 
 def default_gpu_slots(device: str) -> int:
@@ -145,7 +119,7 @@ async def run_workers(
 ) -> None:
     if role not in ROLES:
         raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(ROLES)}")
-    sys.setswitchinterval(switch_interval_s())
+    sys.setswitchinterval(config.switch_interval_s())
     from gpuyantra.campaign_client import connect
     from gpuyantra.triton_env import prepare
 

@@ -39,10 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuyantra.campaign_client import TemporalUnreachable
-    from workers.main import run_workers, switch_interval_s
+    from workers.main import run_workers
 
     try:
-        switch_interval_s()  # a bad setting stops the worker before it connects, in one line
+        config.switch_interval_s()  # a bad setting stops the worker before it connects, in one line
     except ValueError as exc:
         print(f"gpuyantra worker: {exc}", file=sys.stderr)
         return 2

@@ -127,11 +127,15 @@ def params_digest(param_specs: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def shape_key(shape: Sequence[int]) -> str:
+    """A shape as baselines are kept by it: "4x1536"."""
+    return "x".join(str(d) for d in shape)
+
+
 def baseline_key(
     op: str, module_class: str | None, shape: Sequence[int], dtype: str, device_name: str, params: str = ""
 ) -> str:
-    shape_text = "x".join(str(d) for d in shape)
-    return f"{op}|{module_class}|{params}|{shape_text}|{dtype}|{device_name}|{_versions()}|v{BASELINE_FORMAT}"
+    return f"{op}|{module_class}|{params}|{shape_key(shape)}|{dtype}|{device_name}|{_versions()}|v{BASELINE_FORMAT}"
 
 
 def cached_baselines(
@@ -151,7 +155,7 @@ def cached_baselines(
         if isinstance(entry, dict):
             values = {k: float(entry[k]) for k in CACHED_KEYS if isinstance(entry.get(k), (int, float))}
             if values:
-                out["x".join(str(d) for d in shape)] = values
+                out[shape_key(shape)] = values
     return out
 
 

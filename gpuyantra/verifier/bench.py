@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gpuyantra.verifier.baselines import shape_key
 from gpuyantra.verifier.cases import Case, make_case
 
 N_INPUT_SETS = 4
@@ -222,11 +223,12 @@ def graphs_irrelevant(mode: str, eager_us: Any) -> bool:
     return mode == "reduce-overhead" and isinstance(eager_us, (int, float)) and eager_us >= GRAPHS_IRRELEVANT_US
 
 
-def uncompiled_modes(cached: dict[str, dict[str, float]] | None, shape: Sequence[int]) -> list[str]:
-    """The torch.compile modes whose time at `shape` is not among an earlier verification's `cached`
-    baselines (by shape, "4x1536") and not skipped at its kept eager time: those a verification
-    compiles. (A skipped mode keeps no time: it was compiled again by every verification.)"""
-    done = (cached or {}).get("x".join(str(d) for d in shape)) or {}
+def uncompiled_modes(kept: dict[str, Any] | None) -> list[str]:
+    """The torch.compile modes a verification compiles at a shape whose kept baselines are `kept`
+    (an earlier verification's, with the eager time this one has where it timed eager): those with no
+    time kept and not skipped at that eager time. (A skipped mode keeps no time: it was compiled
+    again by every verification.)"""
+    done = kept or {}
     return [
         mode
         for key, mode in COMPILE_MODES
@@ -249,7 +251,7 @@ def precompile_baselines(
     under the lock finds the compilers' on-disk caches (FX graph, Triton) warm. Nothing here is
     timed or kept; a baseline that fails to compile fails again under the lock and is left out there."""
     for shape in shapes:
-        modes = uncompiled_modes(cached, shape)
+        modes = uncompiled_modes((cached or {}).get(shape_key(shape)))
         if not modes:
             continue
         acts, params = make_case(family, Case(-1, "bench", dtype, tuple(shape), 1000, 1.0), param_specs, device)
@@ -360,10 +362,7 @@ def bench_shape(
         if not eager_cached:
             row["eager_launch_us"] = launch_us(lambda i: eager(*sets[i][0], **sets[i][1]))
         seconds["kernel_and_eager"] = round(time.perf_counter() - started, 3)
-        compiling = any(
-            not isinstance((cached or {}).get(key), (int, float)) and not graphs_irrelevant(mode, row.get("eager_us"))
-            for key, mode in COMPILE_MODES
-        )
+        compiling = bool(uncompiled_modes({**(cached or {}), "eager_us": row.get("eager_us")}))
         if compiling:  # dynamo's first reset in a process costs seconds (measured 2.5 s): only when used
             torch._dynamo.reset()
         for key, mode in COMPILE_MODES:

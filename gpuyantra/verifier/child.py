@@ -874,6 +874,7 @@ def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]
     """Time every bench shape (the caller holds the GPU alone: timing and quiet locks); False when the
     candidate's kernel failed."""
     import gpuyantra.verifier.bench as bench
+    from gpuyantra.verifier.baselines import shape_key
 
     timings = results["timings"]
     counter = ctx["counter"]
@@ -881,7 +882,7 @@ def _benchmark(job: dict[str, Any], ctx: dict[str, Any], results: dict[str, Any]
     try:
         with _timed(timings, "benchmark"):
             for shape in job["bench_shapes"]:
-                cached = (job.get("cached_baselines") or {}).get("x".join(str(d) for d in shape))
+                cached = (job.get("cached_baselines") or {}).get(shape_key(shape))
                 started = time.perf_counter()
                 row = bench.bench_shape(
                     ctx["family"], ctx["entry"], shape, job["bench_dtype"], job["param_specs"], cached

@@ -25,11 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import gpuyantra.verifier.bench as bench
 import gpuyantra.verifier.cases as case_plan
 from gpuyantra.files import write_whole
+from gpuyantra.verifier.baselines import shape_key
 from gpuyantra.verifier.sandbox import Sandbox
 
 # The file, in the candidate's work folder, that says "ok" (compiled) or "failed".
@@ -59,16 +58,17 @@ SHARED_KEYS = (
 def needed(job: dict[str, Any]) -> bool:
     """Whether the job's benchmark would compile a torch.compile baseline, of inputs small enough to
     sit in GPU memory twice at once."""
+    cached = job.get("cached_baselines") or {}
     return (
         bool(job.get("benchmark"))
-        and any(bench.uncompiled_modes(job.get("cached_baselines"), shape) for shape in job["bench_shapes"])
+        and any(bench.uncompiled_modes(cached.get(shape_key(shape))) for shape in job["bench_shapes"])
         and _largest_input_bytes(job) <= MAX_INPUT_BYTES
     )
 
 
 def _largest_input_bytes(job: dict[str, Any]) -> int:
     """The largest timed shape's first input, in bytes of the timed dtype."""
-    itemsize = torch.empty((), dtype=case_plan.dtype_of(job["bench_dtype"])).element_size()
+    itemsize = case_plan.dtype_of(job["bench_dtype"]).itemsize
     return max((math.prod(int(d) for d in shape) * itemsize for shape in job["bench_shapes"]), default=0)
 
 
@@ -87,10 +87,10 @@ class Beside:
     def _run(self, job: dict[str, Any]) -> None:
         compiled = False
         try:
-            if not self._stopping.is_set():
+            if not self._stopping.is_set():  # stopped before it started: nothing to run
                 self.outcome = self.sandbox.run(job)
-            results = self.outcome.results or {}
-            compiled = results.get("stage") == "done" and not results.get("harness_error")
+                results = self.outcome.results or {}
+                compiled = results.get("stage") == "done" and not results.get("harness_error")
         except Exception:  # noqa: BLE001, S110 - a head start only: the candidate's child compiles instead
             pass
         finally:

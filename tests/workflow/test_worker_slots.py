@@ -44,7 +44,7 @@ def test_a_gpu_worker_imports_the_model_code_while_it_waits(monkeypatch, tmp_pat
 
 
 def test_the_switch_interval_comes_from_the_environment(monkeypatch) -> None:
-    from workers.main import DEFAULT_SWITCH_INTERVAL_MS, SWITCH_INTERVAL_ENV, switch_interval_s
+    from gpuyantra.config import DEFAULT_SWITCH_INTERVAL_MS, SWITCH_INTERVAL_ENV, switch_interval_s
 
     monkeypatch.delenv(SWITCH_INTERVAL_ENV, raising=False)
     assert switch_interval_s() == DEFAULT_SWITCH_INTERVAL_MS / 1000 < 0.005  # below Python's own 5 ms
@@ -58,7 +58,7 @@ def test_the_switch_interval_comes_from_the_environment(monkeypatch) -> None:
 
 def test_a_bad_switch_interval_stops_the_worker_before_it_connects(monkeypatch, capsys) -> None:
     from gpuyantra.cli import main
-    from workers.main import SWITCH_INTERVAL_ENV
+    from gpuyantra.config import SWITCH_INTERVAL_ENV
 
     monkeypatch.setenv(SWITCH_INTERVAL_ENV, "fast")
     # Port 1 on loopback: were the setting not checked first, the worker would try to connect there.
