@@ -684,8 +684,11 @@ def execute(job: dict[str, Any], results: dict[str, Any], sink: OutputSink) -> N
         # No GPU lock: compiling is CPU work but for one call per baseline, too little to move another
         # verdict's timing; under the shared lock the first wave of a campaign waited up to 22 s here.
         with _timed(timings, "precompile"):
-            if not _compiled_beside(job, timings):
-                _precompile(job, ctx)
+            _compiled_beside(job, timings)
+            # Then here too, from the caches that child filled: a process's first compile costs seconds
+            # beyond the caches' hits (H200: the timed compile took 4.8-5.3 s after a compile beside
+            # alone, 2.1 s after one here), and here it holds no lock.
+            _precompile(job, ctx)
         results["stage"] = "benchmark"
         with _alone(lock, timings, "timing_lock_wait", "quiet_lock_wait"):
             if not _benchmark(job, ctx, results):

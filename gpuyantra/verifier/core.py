@@ -331,8 +331,9 @@ SANDBOX_PARTS = (
     "child_recheck_drain",
     "child_save_outputs",
     "child_other",
-    "child_exit",  # results written to the child's process gone
-    "sandbox_collect",  # the child gone to the outcome complete (stragglers, last outputs, results)
+    "child_exit",  # results written to the child's process gone, where that was waited for
+    "child_results_seen",  # results written to them seen, the child left to end by itself
+    "sandbox_collect",  # the child gone, or finished, to the outcome complete (stragglers, last outputs)
 )
 
 
@@ -347,6 +348,8 @@ def sandbox_timings(outcome: SandboxOutcome, seconds: float) -> dict[str, float]
         timings["sandbox_child_start"] = outcome.start_wait_seconds
     if outcome.exit_seconds is not None:
         timings["child_exit"] = outcome.exit_seconds
+    if outcome.results_seen_seconds is not None:
+        timings["child_results_seen"] = outcome.results_seen_seconds
     timings["sandbox_collect"] = outcome.collect_seconds
     timings["load_outputs"] = outcome.load_seconds
     timings["load_outputs_cpu"] = outcome.load_cpu_seconds

@@ -16,6 +16,7 @@ them into the parent's GPU memory before anything is judged.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -90,6 +91,7 @@ class SandboxOutcome:
     peak_rss: int = 0
     leftover: list[int] = field(default_factory=list)
     exit_seconds: float | None = None  # from the child's results written to its process gone
+    results_seen_seconds: float | None = None  # ...to them seen, where its exit was not waited for
     stderr_tail: str = ""
     seconds: float = 0.0
     load_seconds: float = 0.0  # reading the saved outputs back (parent side, while the child runs)
@@ -243,6 +245,67 @@ class _ExitWatch:
             self.pidfd = None
 
 
+def _finished_alone(sid: int) -> bool:
+    """The child has written its results and nothing else lives in its session: the verdict needs
+    nothing more of it. The harness runs no candidate code after its results (it only waits for the
+    GPU to end the context, `gpu_locks.share_gpu_through_exit`, and leaves), so its exit (0.1 s
+    alone, 0.2-1.4 s beside five other verifications on an H200: mostly that wait) is left to a
+    reaper (`_reap_later`). Anything else alive in the session is the candidate's: the caller then
+    waits for the exit, and judges what outlived it, as for a child that ended on its own."""
+    return _session_members(sid) == [sid]
+
+
+# Children that finished their job and are ending on their own, each watched by a thread of its own.
+_REAPERS: set[threading.Thread] = set()
+_REAPERS_LOCK = threading.Lock()
+# A finished child waits for pending timers at most gpu_locks.EXIT_WAIT_MAX_S before it leaves.
+REAP_WAIT_SECONDS = 60.0
+
+
+def _reap_later(sandbox: Sandbox) -> None:
+    """`sandbox.close()` for a child that finished its job, in a thread: its exit is watched (the
+    memory limit, then a kill past `sandbox.reap_wait_s`), anything of its session that outlives it is
+    killed, its shared memory and folder removed."""
+    thread = threading.Thread(target=_reap, args=(sandbox,), name="gpuyantra-sandbox-reaper", daemon=True)
+    with _REAPERS_LOCK:
+        _REAPERS.add(thread)
+    thread.start()
+
+
+def _reap(sandbox: Sandbox) -> None:
+    try:
+        sandbox._finished = False
+        assert sandbox.proc is not None
+        pid = sandbox.proc.pid
+        sandbox._watch(SandboxOutcome(), time.monotonic() + sandbox.reap_wait_s)
+        time.sleep(LEFTOVER_GRACE_SECONDS)
+        if _session_members(pid):
+            _kill_session(pid)
+        remove_shared_memory(pid)
+        sandbox.close()
+    finally:
+        with _REAPERS_LOCK:
+            _REAPERS.discard(threading.current_thread())
+
+
+def wait_for_reapers(timeout: float = REAP_WAIT_SECONDS + 5) -> bool:
+    """Wait until every finished child is gone and cleaned up (at most `timeout`); True if all are.
+    Called as this process exits, so no child's folder or shared memory outlives it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _REAPERS_LOCK:
+            pending = list(_REAPERS)
+        if not pending:
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        pending[0].join(remaining)
+
+
+atexit.register(wait_for_reapers)
+
+
 class Sandbox:
     """One child process. `start()` early (it imports torch meanwhile), then `run(job)` once."""
 
@@ -266,6 +329,8 @@ class Sandbox:
         self.proc: subprocess.Popen | fork_server.ForkedChild | None = None
         self.started_at = 0.0
         self.notify_fd: int | None = None  # read end of the pipe the child writes a byte to per chunk
+        self._finished = False  # `run` returned once the child's results were written, before its exit
+        self.reap_wait_s = REAP_WAIT_SECONDS  # a finished child's exit, at most (then it is killed)
         self._gpu_lock: str | None = None
 
     def start(self, gpu_lock: str | None = None, fork: bool = True) -> None:
@@ -291,7 +356,7 @@ class Sandbox:
                 self.proc = server.spawn(args, env, self.workdir, self._stdout, self._stderr, notify_write)
                 return
             self.proc = subprocess.Popen(
-                [sys.executable, "-B", "-s", "-m", "gpuyantra.verifier.child", *args, "--notify-fd", str(notify_write)],
+                [*self._interpreter_command(args), "--notify-fd", str(notify_write)],
                 stdin=subprocess.PIPE,
                 stdout=self._stdout,
                 stderr=self._stderr,
@@ -303,6 +368,10 @@ class Sandbox:
             )
         finally:
             os.close(notify_write)  # the child's alone: the reader sees the end of the pipe when it exits
+
+    def _interpreter_command(self, args: list[str]) -> list[str]:
+        """The child started as a new interpreter (not forked)."""
+        return [sys.executable, "-B", "-s", "-m", "gpuyantra.verifier.child", *args]
 
     def _child_args(self, gpu_lock: str | None) -> list[str]:
         # The address-space limit would break CUDA's large virtual reservations: CPU only.
@@ -373,15 +442,17 @@ class Sandbox:
             self.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
-        self._watch(outcome)
+        deadline = time.monotonic() + self.timeout  # from the job on: a spare may have waited long for one
+        self._finished = self._watch(outcome, deadline, results_path)
         collecting = time.monotonic()
-        exited_at = time.time()
+        ended_at = time.time()  # the child gone, or its results written with nothing else in its session
         outcome.seconds = time.monotonic() - self.started_at
-        # Anything of the session still alive now was started by the candidate and outlived it.
-        time.sleep(LEFTOVER_GRACE_SECONDS)
-        outcome.leftover = _session_members(self.proc.pid)
-        if outcome.leftover:
-            _kill_session(self.proc.pid)
+        if not self._finished:
+            # Anything of the session still alive now was started by the candidate and outlived it.
+            time.sleep(LEFTOVER_GRACE_SECONDS)
+            outcome.leftover = _session_members(self.proc.pid)
+            if outcome.leftover:
+                _kill_session(self.proc.pid)
         self._stdout.close()
         self._stderr.close()
         outcome.stderr_tail = _tail(self.workdir / "stderr.log")
@@ -399,7 +470,11 @@ class Sandbox:
             results = outcome.results or {}
             finished_at, job_read_at = results.get("finished_at"), results.get("job_read_at")
             if isinstance(finished_at, (int, float)):
-                outcome.exit_seconds = round(max(exited_at - finished_at, 0.0), 3)
+                since_finished = round(max(ended_at - finished_at, 0.0), 3)
+                if self._finished:
+                    outcome.results_seen_seconds = since_finished
+                else:
+                    outcome.exit_seconds = since_finished
             if isinstance(job_read_at, (int, float)):
                 outcome.start_wait_seconds = round(max(job_read_at - job_sent_at, 0.0), 3)
             if outcome.results is not None and reader.error:
@@ -408,16 +483,19 @@ class Sandbox:
         outcome.collect_seconds = round(time.monotonic() - collecting, 3)
         return outcome
 
-    def _watch(self, outcome: SandboxOutcome) -> None:
-        """Wait for the child to exit; kill its session past the wall-clock or memory limit."""
+    def _watch(self, outcome: SandboxOutcome, deadline: float, results_path: Path | None = None) -> bool:
+        """Wait for the child to exit; kill its session past `deadline` or the memory limit. With
+        `results_path`, stop waiting once the child has finished its job (`_finished_alone`): True."""
         assert self.proc is not None
         sid = self.proc.pid
-        # From the job on: a warm spare may have waited long before it got one.
-        deadline = time.monotonic() + self.timeout
         members, scanned = [sid], time.monotonic()
         watch = _ExitWatch(self.proc)
         try:
             while not watch.exited(POLL_SECONDS):
+                if results_path is not None and results_path.exists():
+                    if _finished_alone(sid):
+                        return True
+                    results_path = None  # others in its session: wait for the exit and judge them then
                 now = time.monotonic()
                 if now > deadline:
                     outcome.timed_out = True
@@ -434,6 +512,7 @@ class Sandbox:
         finally:
             watch.close()
         outcome.returncode = self.proc.wait()
+        return False
 
     def kill(self) -> None:
         """End the child's session now, from any thread: `run`, watching it in another, returns."""
@@ -441,6 +520,9 @@ class Sandbox:
             _kill_session(self.proc.pid)
 
     def close(self) -> None:
+        if self._finished and self.proc is not None and self.proc.poll() is None:
+            _reap_later(self)  # its exit (the CUDA context's teardown) is no part of the verdict
+            return
         if isinstance(self.proc, fork_server.ForkedChild) and self.proc.poll() is None:
             self._close_forked(self.proc)
         elif self.proc is not None and self.proc.poll() is None:
