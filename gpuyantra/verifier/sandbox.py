@@ -629,6 +629,9 @@ class OutputReader(threading.Thread):
         self.consume_seconds = 0.0
         self.consume_cpu_seconds = 0.0  # this thread's CPU time in `consume` (with any spin of a device wait)
         self._done = threading.Event()
+        # Wakes a wait on the child's pipe when reading ends with the child alive (finished: its exit
+        # is not waited for), where otherwise the pipe's end would (0.1 s later at most).
+        self._wake_read, self._wake_write = os.pipe()
         self._read_rest = True
 
     def run(self) -> None:
@@ -651,7 +654,8 @@ class OutputReader(threading.Thread):
             self._done.wait(READ_POLL_SECONDS - since)
         poller = select.poll()
         poller.register(self.notify_fd, select.POLLIN)
-        if poller.poll(round(READ_IDLE_SECONDS * 1000)):
+        poller.register(self._wake_read, select.POLLIN)  # `finish`, with the child still there
+        if poller.poll(round(READ_IDLE_SECONDS * 1000)) and not self._done.is_set():
             try:
                 if not os.read(self.notify_fd, 65536):
                     self.notify_fd = None  # every write end is closed: nothing will say so again
@@ -665,7 +669,12 @@ class OutputReader(threading.Thread):
         """Read what is left (unless the child was killed: nothing of it is judged), then stop."""
         self._read_rest = read_rest
         self._done.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"x")
         self.join()
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def read_ready(self) -> bool:
         """Read every chunk that is there, in order; False when the next one is not there yet."""

@@ -79,6 +79,25 @@ def test_the_reader_sleeps_until_the_child_writes_a_chunk(tmp_path, monkeypatch)
     assert polls <= 2  # no poll every READ_POLL_SECONDS while it waited for the chunk
 
 
+def test_reading_ends_at_once_when_the_child_is_still_there(tmp_path, monkeypatch):
+    # A finished child is not waited for (its exit is reaped later): its pipe is still open, and the
+    # reader, asleep on it, is woken by `finish` instead of its end.
+    monkeypatch.setattr(sandbox_module, "READ_IDLE_SECONDS", 60.0)
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    reader, _, _ = _reader(tmp_path, read_end)
+    reader.start()
+    try:
+        reader._woken_at = 0.0
+        finisher = threading.Thread(target=reader.finish)
+        finisher.start()
+        finisher.join(30)  # far below the reader's 60 s sleep
+        assert not finisher.is_alive() and not reader.is_alive()
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+
+
 def test_a_stream_of_bytes_in_the_pipe_wakes_the_reader_no_more_often_than_polling(tmp_path, monkeypatch):
     # The candidate runs in the child and may write to the pipe as fast as it can: each wake after the
     # first waits out the rest of READ_POLL_SECONDS since the previous one.
