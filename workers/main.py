@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import importlib
 import logging
 import sys
 import threading
@@ -83,12 +82,14 @@ def _import_model_code_in_background() -> threading.Thread:
     contract layer importing it (measured on an H200 host). Logged when done: a verification started
     before then waits for it."""
 
-    def import_model_code() -> None:
+    from gpuyantra.ops.base import import_model_code
+
+    def import_the_model_code() -> None:
         started = time.monotonic()
-        importlib.import_module(MODEL_CODE)
+        import_model_code(MODEL_CODE)  # a verdict's contract importing a model's module waits for it
         log.info("model code (%s) imported in %.1f s", MODEL_CODE, time.monotonic() - started)
 
-    return _in_background("import-model-code", import_model_code)
+    return _in_background("import-model-code", import_the_model_code)
 
 
 def _measure_copy_bandwidth() -> None:

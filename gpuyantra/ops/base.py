@@ -8,6 +8,7 @@ interface, so adding a family touches one file (plus its template kernel and its
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,12 +242,26 @@ def has_attr_path(obj: Any, dotted: str) -> bool:
     return True
 
 
+# Model code is imported by one thread at a time. Two threads importing parts of one library with
+# import cycles (transformers' modeling modules) can each hold a module the other needs: Python then
+# hands one of them the module half initialized, and a class it needs is missing. A GPU worker's
+# first verdict rejected an honest kernel as `module-class` this way (H200), its contract importing
+# the model's module while the worker imported the library's core in the background.
+MODEL_CODE_IMPORT = threading.RLock()
+
+
+def import_model_code(module_name: str) -> Any:
+    """`importlib.import_module`, one thread at a time (MODEL_CODE_IMPORT)."""
+    with MODEL_CODE_IMPORT:
+        return importlib.import_module(module_name)
+
+
 def import_class(dotted: str) -> type:
     module_name, _, class_name = dotted.rpartition(".")
     if not module_name:
         raise ValueError(f"{dotted!r} is not a dotted class path like package.module.Class")
     try:
-        return getattr(importlib.import_module(module_name), class_name)
+        return getattr(import_model_code(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import module class {dotted!r}: {exc}") from exc
 

@@ -14,7 +14,7 @@ import torch
 
 from gpuyantra.candidate import CandidateError, validate_adapter
 from gpuyantra.ops import UnknownOpError, get_op
-from gpuyantra.ops.base import OpFamily, import_class
+from gpuyantra.ops.base import MODEL_CODE_IMPORT, OpFamily, import_class
 from gpuyantra.verifier.module_contracts import contract_key, keep_param_specs, kept_param_specs
 from gpuyantra.verifier.static import StaticReport
 from gpuyantra.verifier.verdict import Failure
@@ -100,7 +100,8 @@ def check_contract(report: StaticReport, module_class: str | None = None) -> Con
         if kept is not None:
             result.param_specs = kept
             return result
-    _check_module_class(family, dotted, adapter, result)
+    with MODEL_CODE_IMPORT:  # building it may import more of the library (its config classes, lazily)
+        _check_module_class(family, dotted, adapter, result)
     if not result.failures:
         keep_param_specs(key, dotted, result.param_specs)
     return result

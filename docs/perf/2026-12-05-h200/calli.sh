@@ -15,10 +15,8 @@ print('$1 cold', s.get('cold_s'), 'contract', c.get('contract'), 'corr', c.get('
 print('$1 warm', s.get('warm_median_s'), 'rounds', s.get('round_walls_s'), 'over', s.get('round_over_one'))"
   gzip -f $R/$1/cli_speed.json
 }
-run new_b0 new 0 4
 run new_b3 new 3 5
 run old_b3 old 3 5
-run old_b0 old 0 4
-run new2_b3 new 3 5
+run new_b0 new 0 4
 cp -r .ab/new/. .
 tar czf $OUT/calli.tgz -C /tmp calli
