@@ -854,8 +854,9 @@ def _precompile_only(job: dict[str, Any], results: dict[str, Any]) -> None:
 
 def _compiled_beside(job: dict[str, Any], timings: dict[str, float]) -> bool:
     """Whether another child compiled the baselines (`precompile_beside`), waiting for the parent's
-    word at most `max_wait_s` (`child_precompile_wait`). False, so this child compiles them itself,
-    when none was asked to, when it failed, or when no word came in time."""
+    word at most `max_wait_s` (`child_precompile_wait`); False when none was asked to, when it
+    failed, or when no word came in time. Either way this child compiles them next, from the caches
+    that child filled where it did."""
     beside = job.get("precompile_beside")
     if not beside:
         return False

@@ -5,14 +5,14 @@ device) compiled them in the candidate's child after its correctness cases and b
 turn: on an H200 the correctness of a cold verdict took 4.2 s (most of it Triton compiling the
 candidate for each dtype) and the compile 7.3 s, one after the other. Neither needs the other, so a
 second child (a warm spare; one that had to start first would take longer than compiling in the
-first) compiles the baselines while the first runs the cases; the first waits for it before its
-timing turn, and its compile there finds the compilers' on-disk caches (FX graph, Triton, shared by
-the state folder's children) warm, as it did after its own precompile (which ended with
-`torch._dynamo.reset()`).
+first) compiles the baselines while the first runs the cases; the first waits for it, then compiles them
+itself before its timing turn, finding the compilers' on-disk caches (FX graph, Triton, shared by
+the state folder's children) warm: a process's first compile still costs seconds beyond the caches'
+hits (H200: 2.8-3.1 s), better paid there than under the timing lock.
 
-What the second child does is a head start only. Nothing of it is timed or judged, and the
-candidate's child compiles the baselines itself whenever the word that they are compiled does not
-come: the second child failed, was not started, or took longer than `MAX_WAIT_S`. It never outlives
+What the second child does is a head start only. Nothing of it is timed or judged; where the word
+that the baselines are compiled does not come (the second child failed, was not started, or took
+longer than `MAX_WAIT_S`), the candidate's child compiles them from cold caches. It never outlives
 the verification (`Beside.stop`).
 """
 
@@ -33,7 +33,7 @@ from gpuyantra.verifier.sandbox import Sandbox
 
 # The file, in the candidate's work folder, that says "ok" (compiled) or "failed".
 MARKER = "baselines-compiled"
-# The longest the candidate's child waits before compiling the baselines itself.
+# The longest the candidate's child waits for the second child before compiling the baselines.
 MAX_WAIT_S = 120.0
 # How often `Beside.stop` kills the compiling child again while its thread has not ended.
 STOP_POLL_S = 0.1

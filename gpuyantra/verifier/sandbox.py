@@ -266,26 +266,28 @@ def _reap_later(sandbox: Sandbox) -> None:
     """`sandbox.close()` for a child that finished its job, in a thread: its exit is watched (the
     memory limit, then a kill past `sandbox.reap_wait_s`), anything of its session that outlives it is
     killed, its shared memory and folder removed."""
-    thread = threading.Thread(target=_reap, args=(sandbox,), name="gpuyantra-sandbox-reaper", daemon=True)
+
+    def reap() -> None:
+        try:
+            sandbox._reap()
+        finally:
+            with _REAPERS_LOCK:
+                _REAPERS.discard(threading.current_thread())
+
+    thread = threading.Thread(target=reap, name="gpuyantra-sandbox-reaper", daemon=True)
     with _REAPERS_LOCK:
         _REAPERS.add(thread)
     thread.start()
 
 
-def _reap(sandbox: Sandbox) -> None:
-    try:
-        sandbox._finished = False
-        assert sandbox.proc is not None
-        pid = sandbox.proc.pid
-        sandbox._watch(SandboxOutcome(), time.monotonic() + sandbox.reap_wait_s)
-        time.sleep(LEFTOVER_GRACE_SECONDS)
-        if _session_members(pid):
-            _kill_session(pid)
-        remove_shared_memory(pid)
-        sandbox.close()
-    finally:
-        with _REAPERS_LOCK:
-            _REAPERS.discard(threading.current_thread())
+def _kill_leftovers(sid: int) -> list[int]:
+    """What of a gone child's session is still alive (after a grace for stragglers to show up): the
+    candidate started it and it outlived the child. Killed; their pids returned."""
+    time.sleep(LEFTOVER_GRACE_SECONDS)
+    leftover = _session_members(sid)
+    if leftover:
+        _kill_session(sid)
+    return leftover
 
 
 def wait_for_reapers(timeout: float = REAP_WAIT_SECONDS + 5) -> bool:
@@ -448,11 +450,7 @@ class Sandbox:
         ended_at = time.time()  # the child gone, or its results written with nothing else in its session
         outcome.seconds = time.monotonic() - self.started_at
         if not self._finished:
-            # Anything of the session still alive now was started by the candidate and outlived it.
-            time.sleep(LEFTOVER_GRACE_SECONDS)
-            outcome.leftover = _session_members(self.proc.pid)
-            if outcome.leftover:
-                _kill_session(self.proc.pid)
+            outcome.leftover = _kill_leftovers(self.proc.pid)
         self._stdout.close()
         self._stderr.close()
         outcome.stderr_tail = _tail(self.workdir / "stderr.log")
@@ -513,6 +511,15 @@ class Sandbox:
             watch.close()
         outcome.returncode = self.proc.wait()
         return False
+
+    def _reap(self) -> None:
+        """`close` for a child that finished its job, once it is gone (`_reap_later`'s thread)."""
+        assert self.proc is not None
+        self._watch(SandboxOutcome(), time.monotonic() + self.reap_wait_s)
+        _kill_leftovers(self.proc.pid)
+        remove_shared_memory(self.proc.pid)
+        self._finished = False
+        self.close()
 
     def kill(self) -> None:
         """End the child's session now, from any thread: `run`, watching it in another, returns."""
