@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from gpuyantra import __version__
+
 COMMANDS = [
     "verify",
     "serve",
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (also accepted after the command)"
     )
+    parser.add_argument("--version", action="version", version=f"gpuyantra {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         try:
@@ -72,11 +75,32 @@ def _add_state_dir(parser: argparse.ArgumentParser) -> None:
         )
 
 
+# The exit status of a command whose reader went away (`gpuyantra ... | head -1`): what a shell
+# reports for a process ended by SIGPIPE, 128 + 13.
+BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    code = run(sys.argv[1:] if argv is None else argv)
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _quiet_after_broken_pipe()
     if argv is None:  # the process's entry point (console script, `python -m`), not a caller in-process
         _exit_past_temporal_threads(code)
     return code
+
+
+def _quiet_after_broken_pipe() -> int:
+    """The reader of stdout closed it: nothing more can be shown, and no traceback either. Stdout
+    points at /dev/null from here on, so the interpreter's own flush at exit finds nothing to fail on."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test's capture)
+        pass
+    return BROKEN_PIPE_EXIT
 
 
 def _exit_past_temporal_threads(code: int) -> None:
@@ -101,6 +125,8 @@ def run(argv: list[str]) -> int:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: main() leaves quietly
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback, unless --debug
         if getattr(args, "debug", False):
             raise
