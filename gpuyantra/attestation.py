@@ -106,3 +106,36 @@ def check(source: bytes, attested: Mapping[str, Any], device: str, key: bytes | 
 def _same(a: str, b: str) -> bool:
     # Bytes, so a non-ASCII string from a client is a mismatch rather than a TypeError.
     return hmac.compare_digest(str(a).encode(), str(b).encode())
+
+
+# ------------------------------------------------------------------------------- key check
+# Before a campaign spends time verifying, its preflight asks the server whether it would accept this
+# worker's attestations: it signs a fresh nonce with its key, and `POST /admin/attestation-check`
+# answers 200 when the server's key gives the same signature, 403 otherwise. Both sides name their
+# key by its fingerprint, never by the key itself.
+NONCE_CONTEXT = b"gpuyantra attestation-check:"
+
+
+def fingerprint(key: bytes) -> str:
+    """16 hex digits naming a key (a SHA-256 of it, so the key cannot be read back from it)."""
+    return hashlib.sha256(b"gpuyantra key fingerprint:" + key).hexdigest()[:16]
+
+
+def key_source(state: Path | None = None) -> str:
+    """Where `load_key` takes the key from: the environment variable, or the state folder's file."""
+    if os.environ.get(KEY_ENV):
+        return f"${KEY_ENV}"
+    if state is None:
+        from gpuyantra.config import state_dir
+
+        state = state_dir()
+    return str(Path(state) / KEY_FILE)
+
+
+def sign_nonce(nonce: str, key: bytes) -> str:
+    """HMAC-SHA256 (hex) of a check's nonce, apart from attestations' payloads by its context."""
+    return hmac.new(key, NONCE_CONTEXT + nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def nonce_signed_with(nonce: str, signature: str, key: bytes) -> bool:
+    return _same(sign_nonce(nonce, key), signature)

@@ -33,6 +33,34 @@ class Attestation(BaseModel):
     )
 
 
+class AttestationCheckBody(BaseModel):
+    """A signed nonce: would this server accept attestations signed with the sender's key?"""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    nonce: str = Field(..., pattern="^[0-9a-f]{32,128}$", description="a fresh random value (hex)")
+    signature: str = Field(
+        ...,
+        pattern="^[0-9a-f]{64}$",
+        description="HMAC-SHA256 (hex) of the nonce under the sender's attestation key (gpuyantra/attestation.py)",
+    )
+    key: str | None = Field(
+        None, pattern="^[0-9a-f]{16}$", description="the fingerprint of the sender's key, named in a 403's detail"
+    )
+
+
+class AttestationCheckAnswer(BaseModel):
+    """200: the signature is the server's own; 403 (`detail` one line): the sender's key is not the server's."""
+
+    detail: str | None = None
+    accepted: bool = Field(..., description="whether the server would accept attestations signed with that key")
+    key: str = Field(..., description="the fingerprint of the key the server checks attestations with")
+    key_source: str = Field(
+        ..., description="where the server's key comes from: $GPUYANTRA_ATTESTATION_KEY or its state folder's file"
+    )
+    unverified_swaps_allowed: bool = Field(..., description="the server runs with --allow-unverified-swaps")
+
+
 class RowsGate(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

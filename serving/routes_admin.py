@@ -1,5 +1,6 @@
 """The admin API (bearer token; docs/CONTRACTS.md section 5): `GET /admin/kernels`, `POST /admin/swap`,
-`/admin/rollback`, `/admin/profile`, `/admin/logits`, `/admin/benchmark` and `/admin/compare`.
+`/admin/rollback`, `/admin/profile`, `/admin/logits`, `/admin/benchmark`, `/admin/compare` and
+`/admin/attestation-check`.
 
 `add_routes` puts every route here behind `serving.auth.require_admin`; the token itself is checked by
 `serving.auth.AdminAuthMiddleware` before the body is read. Work on the model runs on the engine's thread
@@ -23,6 +24,8 @@ from gpuyantra.swap.records import SwapError, SwapRecord
 from serving.admin_schema import (
     INVALID_BODY,
     UNPROCESSABLE,
+    AttestationCheckAnswer,
+    AttestationCheckBody,
     BenchmarkBody,
     CompareBody,
     KernelsAnswer,
@@ -174,6 +177,34 @@ async def rollback(body: RollbackBody, state: State):
     return {"rolled_back": [r.to_dict() for r in records], "active": engine.swaps.active()}
 
 
+ATTESTATION_CHECK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": AttestationCheckAnswer},
+    403: {"model": AttestationCheckAnswer, "description": "the signature is not this server's key's: swaps would fail"},
+    **INVALID_BODY,
+}
+
+
+async def attestation_check(body: AttestationCheckBody, state: State):
+    """Whether a swap attested with the sender's key would pass this server's check: the nonce's
+    signature under the server's key. Needs no model, so it answers while the model loads."""
+    key = state.attestation_key
+    source = attestation.key_source(state.config.resolved_state_dir())
+    answer = {
+        "accepted": attestation.nonce_signed_with(body.nonce, body.signature, key),
+        "key": attestation.fingerprint(key),
+        "key_source": source,
+        "unverified_swaps_allowed": state.config.allow_unverified_swaps,
+    }
+    if answer["accepted"] or state.config.allow_unverified_swaps:  # the swap would go through either way
+        return answer
+    sender = f"key {body.key}" if body.key else "a different key"
+    detail = (
+        f"attestation signature invalid: this server checks attestations with key {answer['key']} "
+        f"({source}); the nonce was signed with {sender}"
+    )
+    return JSONResponse(status_code=403, content={"detail": detail, **answer})
+
+
 # ---------------------------------------------------------------------- measurements
 async def profile(state: State, body: ProfileBody | None = None):
     engine = state.require_engine()
@@ -269,3 +300,4 @@ def add_routes(app: FastAPI) -> None:
     admin("POST", "/logits", logits, {200: {"model": LogitsAnswer}, **UNPROCESSABLE})
     admin("POST", "/benchmark", benchmark, BENCHMARK_RESPONSES)
     admin("POST", "/compare", compare, COMPARE_RESPONSES)
+    admin("POST", "/attestation-check", attestation_check, ATTESTATION_CHECK_RESPONSES)

@@ -14,6 +14,8 @@ from gpuyantra.rewards import REWARD_ACCEPTED, REWARD_MAX
 from gpuyantra.server_client import ServerError, check_reachable
 
 if TYPE_CHECKING:
+    from temporalio.client import WorkflowHandle
+
     from workflows.types import CampaignInput
 
 
@@ -23,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="start an optimization campaign against a running server",
         description="Start the OptimizeCampaign workflow on Temporal against a running `gpuyantra serve` process.",
     )
-    parser.add_argument("--server", required=True, help="the serving process, e.g. http://127.0.0.1:8000")
+    parser.add_argument(
+        "--server", required=True, type=server_url, help="the serving process, e.g. http://127.0.0.1:8000"
+    )
     parser.add_argument("--ops", type=comma_list, default=None, help="op families to optimize, comma separated")
     parser.add_argument(
         "--min-reward",
@@ -59,10 +63,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def server_url(text: str) -> str:
+    """An http:// or https:// URL with a host; `127.0.0.1:8000` alone is a usage error naming the fix."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text.strip())
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return text.strip()
+    if "://" not in text and text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} has no scheme: give http://{text.strip()}")
+    raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host")
+
+
 def comma_list(text: str) -> list[str]:
     from gpuyantra.campaign_client import unknown_ops
 
     names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(
+            "no op names given: name at least one (--ops rms_norm,silu_mul), or leave --ops out "
+            "for the profile's top targets"
+        )
     unknown = unknown_ops(names)
     if unknown:
         raise argparse.ArgumentTypeError(unknown)
@@ -98,6 +119,12 @@ def run(args: argparse.Namespace) -> int:
         check_reachable(args.server)
     except ServerError as exc:
         print(f"gpuyantra optimize: {exc}; start it with `gpuyantra serve` or fix --server", file=sys.stderr)
+        return 1
+    from gpuyantra.preflight import reward_problem, served_device
+
+    problem = reward_problem(served_device(args.server), args.device, args.min_reward)
+    if problem:
+        print(f"gpuyantra optimize: {problem}", file=sys.stderr)
         return 1
     params = CampaignInput(
         server_url=args.server,
@@ -166,15 +193,47 @@ async def _campaign(
     ):
         say(line)
     if not wait:
+        await past_preflight(handle)
         return started_answer(workflow_id, params)
     return await follow(handle, say)
 
 
+PREFLIGHT_WITHIN_S = 60.0  # the preflight answers in seconds; a campaign without a CPU worker never does
+
+
+async def past_preflight(handle: WorkflowHandle, within_s: float = PREFLIGHT_WITHIN_S) -> None:
+    """Return once the campaign is past its preflight (or still in it after `within_s`: no worker has
+    taken it yet); raise the campaign's failure when the preflight refused it."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            await handle.result()  # raises the failure; a campaign that completed is past it
+            return
+        try:
+            stage = (await handle.query("progress")).get("stage")
+        except Exception:  # noqa: BLE001 - no workflow task has run yet
+            stage = None
+        if stage not in (None, "starting", "preflight"):
+            return
+        await asyncio.sleep(0.5)
+
+
+REFUSALS = ("InvalidInput", "CampaignConflict", "PreflightFailed", "UntrustedServer")  # said in one line
+
+
 def failure_line(exc: BaseException) -> str:
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
     from gpuyantra.campaign_client import CampaignRefused, TemporalUnreachable
 
     if isinstance(exc, (TemporalUnreachable, CampaignRefused)):
         return str(exc)
+    cause = exc.cause if isinstance(exc, WorkflowFailureError) else None
+    if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
+        return cause.message.removeprefix("preflight_campaign failed: ")
     return f"campaign failed: {describe_failure(exc)}"
 
 

@@ -1,0 +1,186 @@
+"""Preflight: a campaign that would deploy nothing is refused in a second, in one line naming the fix.
+
+The server's `POST /admin/attestation-check` is called on the admin routes alone, no model loaded:
+the check needs only the server's key."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from gpuyantra import attestation, preflight
+from gpuyantra.cli import main
+from gpuyantra.commands.optimize import failure_line
+from gpuyantra.processes import free_port
+from serving import routes_admin
+from serving.auth import AdminAuth, AdminAuthMiddleware
+from serving.metrics import Metrics
+from serving.state import ServeConfig, ServerState
+
+TOKEN = "preflight-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def server_with_key(state: Path, **config: Any) -> TestClient:
+    """The admin routes of a server whose key is in `state`, behind its token; no model is loaded
+    (the check needs none)."""
+    settings = ServeConfig(device="cpu", admin_token=TOKEN, state_dir=str(state), **config)
+    app = FastAPI()
+    app.state.server = ServerState(config=settings, metrics=Metrics(), attestation_key=attestation.load_key(state))
+    app.state.admin_auth = AdminAuth(TOKEN)
+    app.add_middleware(AdminAuthMiddleware, auth=app.state.admin_auth)
+    routes_admin.add_routes(app)
+    return TestClient(app)
+
+
+def signed(key: bytes) -> dict[str, str]:
+    nonce = "ab" * 16
+    return {"nonce": nonce, "signature": attestation.sign_nonce(nonce, key), "key": attestation.fingerprint(key)}
+
+
+@pytest.fixture
+def server_key_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv(attestation.KEY_ENV, raising=False)
+    return tmp_path / "server-state"
+
+
+def test_the_same_key_is_accepted(server_key_dir: Path) -> None:
+    client = server_with_key(server_key_dir)
+    key = attestation.load_key(server_key_dir)
+    answer = client.post("/admin/attestation-check", json=signed(key), headers=AUTH)
+    assert answer.status_code == 200
+    assert answer.json()["accepted"] is True and answer.json()["key"] == attestation.fingerprint(key)
+
+
+def test_another_key_is_a_403_naming_the_servers_key(server_key_dir: Path, tmp_path: Path) -> None:
+    client = server_with_key(server_key_dir)
+    other = attestation.load_key(tmp_path / "worker-state")
+    answer = client.post("/admin/attestation-check", json=signed(other), headers=AUTH)
+    server_key = attestation.fingerprint(attestation.load_key(server_key_dir))
+    assert answer.status_code == 403
+    assert answer.json()["key"] == server_key and answer.json()["key_source"].endswith("attestation.key")
+    assert server_key in answer.json()["detail"] and attestation.fingerprint(other) in answer.json()["detail"]
+
+
+def test_the_check_needs_the_admin_token(server_key_dir: Path) -> None:
+    client = server_with_key(server_key_dir)
+    answer = client.post("/admin/attestation-check", json=signed(b"k"))
+    assert answer.status_code == 401
+
+
+def test_a_server_allowing_unverified_swaps_accepts_any_key(server_key_dir: Path) -> None:
+    client = server_with_key(server_key_dir, allow_unverified_swaps=True)
+    answer = client.post("/admin/attestation-check", json=signed(b"another key"), headers=AUTH)
+    assert answer.status_code == 200 and answer.json()["unverified_swaps_allowed"] is True
+
+
+def route_to(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preflight's HTTP calls go to the app in `client` (any host)."""
+
+    def post(url: str, **kwargs: Any) -> Any:
+        return client.post(url.split("://", 1)[1].partition("/")[2].join(["/", ""]), **kwargs)
+
+    monkeypatch.setattr(
+        preflight.httpx, "post", lambda url, json, headers, timeout: post(url, json=json, headers=headers)
+    )
+
+
+def test_mismatched_state_folders_are_one_line_naming_both_keys(
+    server_key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    route_to(server_with_key(server_key_dir), monkeypatch)
+    worker_state = tmp_path / "worker-state"
+    worker_key = attestation.load_key(worker_state)
+    line = preflight.attestation_problem("http://server", TOKEN, worker_key, str(worker_state / "attestation.key"))
+    assert line is not None and "\n" not in line
+    assert attestation.fingerprint(worker_key) in line
+    assert attestation.fingerprint(attestation.load_key(server_key_dir)) in line
+    assert "same --state-dir" in line and attestation.KEY_ENV in line
+    same = preflight.attestation_problem("http://server", TOKEN, attestation.load_key(server_key_dir), "here")
+    assert same is None
+
+
+def test_a_wrong_token_is_named(server_key_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    route_to(server_with_key(server_key_dir), monkeypatch)
+    line = preflight.attestation_problem("http://server", "wrong", b"k", "here")
+    assert line is not None and "GPUYANTRA_ADMIN_TOKEN" in line
+
+
+def test_an_unreachable_server_is_left_to_the_reachability_check() -> None:
+    assert preflight.attestation_problem(f"http://127.0.0.1:{free_port()}", TOKEN, b"k", "here") is None
+
+
+def test_a_cpu_cannot_score_min_reward_3() -> None:
+    line = preflight.reward_problem("cpu", None, 3)
+    assert line is not None and "--min-reward 1" in line and "GPU" in line
+    assert preflight.reward_problem("cpu", None, 1) is None
+    assert preflight.reward_problem("cuda", None, 3) is None
+    assert preflight.reward_problem("cuda", "cpu", 2) is not None  # verified on the CPU: +1 at most
+    assert preflight.reward_problem(None, None, 3) is None  # unknown: the campaign's verdicts will tell
+
+
+def test_preflight_refusals_are_one_line() -> None:
+    cause = ApplicationError("preflight_campaign failed: x would refuse every swap; fix", type="PreflightFailed")
+    failure = WorkflowFailureError(cause=cause)
+    assert failure_line(failure) == "x would refuse every swap; fix"
+
+
+# ------------------------------------------------------------------------------- optimize, in-process
+
+
+class CpuServer(http.server.BaseHTTPRequestHandler):
+    """A ready server on the CPU: /healthz 200, /readyz with its device."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = json.dumps({"status": "ready", "device": "cpu", "model": "tiny"}).encode()
+        self.send_response(200 if self.path in ("/healthz", "/readyz") else 404)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def cpu_server() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), CpuServer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_optimize_on_a_cpu_server_with_min_reward_3_says_what_to_use(
+    cpu_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["optimize", "--server", cpu_server, "--ops", "rms_norm"]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("gpuyantra optimize: min_reward 3 deploys nothing here: the server runs on the CPU")
+    assert "use --min-reward 1 or serve on a GPU" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--server", "127.0.0.1:8000"],
+            "argument --server: '127.0.0.1:8000' has no scheme: give http://127.0.0.1:8000",
+        ),
+        (["--server", "http://127.0.0.1:1", "--ops", ""], "argument --ops: no op names given"),
+        (["--server", "http://127.0.0.1:1", "--ops", " , "], "argument --ops: no op names given"),
+    ],
+)
+def test_optimize_usage_errors_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["optimize", *argv])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
