@@ -159,10 +159,14 @@ async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
     Answers which of gpuyantra's search attributes the namespace has registered: the workflow sets
     only those (setting an unregistered one would fail every workflow task of the campaign)."""
     from gpuyantra.campaign_client import refusal, running_campaign, unknown_ops
+    from gpuyantra.preflight import campaign_problems
 
     unknown = await asyncio.to_thread(unknown_ops, params.ops or [])  # the registry imports torch
     if unknown:
         raise ApplicationError(f"invalid campaign input: {unknown}", type="InvalidInput", non_retryable=True)
+    problems = await asyncio.to_thread(campaign_problems, params.server_url, params.min_reward, params.device)
+    if problems:  # a key the server does not share, a reward the device cannot score: one line each
+        raise ApplicationError("; ".join(problems), type="PreflightFailed", non_retryable=True)
     info = activity.info()
     assert info.workflow_id is not None  # an activity of the campaign workflow
     running = await running_campaign(
