@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 import gpuyantra.ops.rms_norm as _rms
+from gpuyantra.ops._error_model import add_rms_norm_error_bound
 from gpuyantra.ops._rows import call_module, forward_with_entry, has_vector_weight, norm_bytes, per_element_flops
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, randn
 from gpuyantra.ops.registry import register
@@ -75,6 +76,7 @@ FAMILY = register(
         flops=per_element_flops(5),
         known_modules=(),
         module_filter=has_vector_weight,
+        error_bound=add_rms_norm_error_bound,
         n_outputs=2,
     )
 )

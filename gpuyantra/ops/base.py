@@ -112,6 +112,9 @@ class OpFamily:
     # output cannot change) is then judged with the allowance of that computation too. Not for
     # families with reductions: eager's 16-bit accumulation is the device's choice.
     rounds_in_dtype: bool = False
+    # True where the first activation is logits (softmax): the verifier's plan then also draws rows
+    # partly -inf (masked) and a late element leading the row by more than exp's range.
+    logits_input: bool = False
 
     def cost(
         self, shape: Sequence[int], dtype: torch.dtype, param_shapes: dict[str, list[int] | None] | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from gpuyantra.ops._error_model import gemma_rms_norm_error_bound
 from gpuyantra.ops._rows import (
     call_module,
     compute_dtype,
@@ -59,5 +60,6 @@ FAMILY = register(
         ),
         module_filter=has_vector_weight,
         param_factory=make_params,
+        error_bound=gemma_rms_norm_error_bound,
     )
 )

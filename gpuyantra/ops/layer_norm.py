@@ -12,6 +12,7 @@ from typing import cast
 
 import torch
 
+from gpuyantra.ops._error_model import layer_norm_error_bound
 from gpuyantra.ops._rows import (
     call_module,
     compute_dtype,
@@ -77,6 +78,7 @@ FAMILY = register(
         hidden_of=hidden_of,
         module_filter=_is_layer_norm_like,
         param_factory=make_params,
+        error_bound=layer_norm_error_bound,
         tolerances={
             torch.float32: (1e-4, 1e-4),
             torch.float16: (4e-3, 2e-3),

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gpuyantra.ops._error_model import rms_norm_error_bound
 from gpuyantra.ops._rows import has_vector_weight
 from gpuyantra.ops.base import OpFamily, ParamSpec, Tensor, adapter_kwargs, randn
 from gpuyantra.ops.registry import register
@@ -89,5 +90,6 @@ FAMILY = register(
             "transformers.models.olmo2.modeling_olmo2.Olmo2RMSNorm",
         ),
         module_filter=has_vector_weight,
+        error_bound=rms_norm_error_bound,
     )
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from gpuyantra.ops._error_model import softmax_error_bound
 from gpuyantra.ops._rows import (
     call_module,
     compute_dtype,
@@ -52,5 +53,7 @@ FAMILY = register(
         known_modules=("gpuyantra.ops.softmax.LastDimSoftmax", "torch.nn.Softmax"),
         hidden_of=lambda module: 64,
         module_filter=is_parameterless_leaf,
+        logits_input=True,
+        error_bound=softmax_error_bound,
     )
 )

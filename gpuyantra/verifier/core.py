@@ -207,10 +207,22 @@ def _run(
         contract.param_specs = case_plan.live_param_specs(contract.param_specs, live_params, live)
         shapes = case_plan.correctness_shapes(device, live, family)
         run_bench = benchmark and device == "cuda"
+        extras = (
+            case_plan.class_cases(device, family, shapes, dtypes, contract.param_specs, live_params)
+            if case_plan.classes_enabled()
+            else []
+        )
         plan = case_plan.plan(
-            device, shapes, dtypes, seeds, recheck=run_bench, stress=case_plan.stress_shapes(device, family)
+            device,
+            shapes,
+            dtypes,
+            seeds,
+            recheck=run_bench,
+            stress=case_plan.stress_shapes(device, family),
+            extras=extras,
         )
         verdict.shapes = shapes
+        verdict.plan_classes = case_plan.plan_classes(device, plan, family)
         staged = sandbox.stage_file(f"candidate_{source_digest(source)}.py", source)
         open_target = family.open_target
         default_bench = (

@@ -126,7 +126,17 @@ class References:
         depend on the op, the case and the parameters' specs alone, never on the candidate."""
         device = torch.device(self.device)
         plan = (_Identity(self.family), str(device), self._specs_key)
-        key = (case.dtype, case.shape, case.seed, case.scale, case.dist, case.draw_scalars, case.stress)
+        key = (
+            case.dtype,
+            case.shape,
+            case.seed,
+            case.scale,
+            case.dist,
+            case.draw_scalars,
+            case.stress,
+            case.layout,
+            case.variant,
+        )
         return _reference_cache(device.type).get(plan, key, lambda: self._compute_judged(case))
 
     def _compute_judged(self, case: Case) -> CaseReference:
@@ -669,12 +679,18 @@ def _value_rules(case: Case, scalars: bool = True) -> tuple[str, str]:
     """(rule for NaN/Inf, rule for wrong values) on this case: the class of inputs that exposed it.
     The plan runs each group's plain cases first, so a kernel wrong on them gets the generic rules.
     Without bound scalars (linear) a drawn-scalar seed is just another seed."""
-    if case.stress:
+    if case.stress or case.klass == "large_tensor":
         return "shape-cap", "shape-cap"
+    if case.layout != "contiguous":
+        return "input-layout", "input-layout"
+    if case.variant:
+        return "optional-parameter", "optional-parameter"
     if case.dist != "normal":
         return "unstable-numerics", "unstable-numerics"
     if case.draw_scalars and scalars:
         return "hardcoded-constant", "hardcoded-constant"
+    if case.klass:  # a width, row count or rank the grid's shapes never drew
+        return "unseen-shape", "unseen-shape"
     return "nan-output", "wrong-values"
 
 

@@ -213,6 +213,24 @@ RULES: dict[str, Rule] = {
         "shapes past common caps (CUDA: 70001 rows, 20011 columns; CPU: 1031 rows, "
         "16411 columns): every element written and correct",
     ),
+    "unseen-shape": Rule(
+        "correctness",
+        "kernels right on the shapes tried and wrong at the widths, row counts and ranks a served model "
+        "runs: a wide-row or prefill path of its own, K not a multiple of the tile, a rank-4 input collapsed",
+        "the plan classes (docs/verifier.md): non-power-of-two widths between tile sizes in every dtype, "
+        "prefill row counts, rank-4 inputs: every element correct",
+    ),
+    "input-layout": Rule(
+        "correctness",
+        "kernels that assume fresh contiguous inputs where live modules pass strided views "
+        "(x.chunk(2, -1), h[:, -1:, :])",
+        "activations as slices of a wider buffer at an offset: outputs correct (copying to contiguous is fine)",
+    ),
+    "optional-parameter": Rule(
+        "correctness",
+        "kernels right with one state of an optional input only: bias=None projections, partial rotary",
+        "optional tensors as None where the live state is unknown; rope with a rotary dim below the head dim",
+    ),
     "output-type": Rule(
         "correctness",
         "tensor subclasses, lazy objects, wrong arity",

@@ -42,6 +42,9 @@ class Verdict:
     checks: int = 0
     seconds: float = 0.0
     shapes: list[list[int]] = field(default_factory=list)
+    # Per plan class beyond the seeds x scales grid (cases.class_cases): "full", "reduced" (a smaller
+    # instance: the CPU interpreter's budget) or why it did not run.
+    plan_classes: dict[str, str] = field(default_factory=dict)
     dtypes: list[str] = field(default_factory=list)
     device: str = "cpu"
     module_class: str | None = None
