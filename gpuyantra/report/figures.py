@@ -19,6 +19,7 @@ from gpuyantra.report.result import (
     device_roofs,
     figure,
     fmt,
+    fmt_rate,
     fmt_share,
     speed_not_judged,
     target_name,
@@ -173,7 +174,7 @@ def _matmul_note(matmul: float | None) -> str:
             "rows carry bytes but no FLOP counts."
         )
     return (
-        f"Matmul rate {matmul / 1e12:,.0f} TFLOP/s (see Device): not drawn here, since the benchmark rows "
+        f"Matmul rate {fmt_rate(matmul, 'FLOP/s')} (see Device): not drawn here, since the benchmark rows "
         "carry bytes but no FLOP counts to place a kernel against it."
     )
 
@@ -194,17 +195,12 @@ def profile_figure(result: dict[str, Any]) -> str:
             "(time per module class and function, and the regime of each) but does not return it.",
         )
     parts = [_profile_summary(profile)]
-    rows = [
-        (
-            f"{t.get('op')} · {t.get('module_class')} · {t.get('regime')}",
-            [_number(t.get("cost_us")), _number(t.get("est_cost_after_us"))],
-        )
-        for t in profile.get("targets") or []
-    ]
+    rows = _profile_target_rows(result, profile)
     if rows:
         parts.append(
             charts.hbar_chart(
-                "Profile targets: µs per step on the critical path, measured before and estimated after a swap",
+                "Profile targets: µs per step on the critical path, measured before and, for the targets "
+                "this campaign searched, estimated after a swap",
                 ["measured before", "estimated after"],
                 rows,
                 "µs per step",
@@ -225,6 +221,20 @@ def profile_figure(result: dict[str, Any]) -> str:
             )
         )
     return "".join(parts)
+
+
+def _profile_target_rows(result: dict[str, Any], profile: dict[str, Any]) -> list[tuple[str, list[float | None]]]:
+    """Per profile target its measured cost and, only where the campaign searched it and speed is
+    judged, the profile's estimate after a swap: a target not searched has no "after"."""
+    searched = {(e.get("op"), e.get("module_class")) for e in targets(result)}
+    estimates = not speed_not_judged(result)
+    rows = []
+    for t in profile.get("targets") or []:
+        mine = (t.get("op"), t.get("module_class")) in searched
+        label = f"{t.get('op')} · {t.get('module_class')} · {t.get('regime')}" + ("" if mine else " · not searched")
+        after = _number(t.get("est_cost_after_us")) if mine and estimates else None
+        rows.append((label, [_number(t.get("cost_us")), after]))
+    return rows
 
 
 def _classes_before_after(profile: dict[str, Any], before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:

@@ -17,6 +17,7 @@ from gpuyantra.report.result import (
     device_roofs,
     figure,
     fmt,
+    fmt_rate,
     fmt_share,
     hardware_spec,
     pct,
@@ -109,9 +110,9 @@ def _device_section(result: dict[str, Any]) -> str:
     copy, matmul, ridge = roofs.copy_bytes_per_s, roofs.matmul_flops_per_s, roofs.ridge
     rows = [
         ["hardware", result.get("hardware") or "unknown", spec.get("device_name") or ""],
-        ["copy bandwidth", f"{copy / 1e9:,.0f} GB/s" if copy else "–", roofs.copy_source],
-        ["matmul rate", f"{matmul / 1e12:,.0f} TFLOP/s" if matmul else "–", _matmul_source(roofs.matmul_source)],
-        ["ridge point", f"{ridge:,.0f} FLOP/byte" if ridge else "–", "matmul rate / copy bandwidth"],
+        ["copy bandwidth", fmt_rate(copy, "B/s") if copy else "–", roofs.copy_source],
+        ["matmul rate", fmt_rate(matmul, "FLOP/s") if matmul else "–", _matmul_source(roofs.matmul_source)],
+        ["ridge point", f"{ridge:,.3g} FLOP/byte" if ridge else "–", "matmul rate / copy bandwidth"],
     ]
     return "<h2>Device</h2>" + _table(["", "value", "source"], rows)
 
@@ -213,16 +214,37 @@ def _served_around(entry: dict[str, Any]) -> str:
     if not served:
         return ""
     batches = _served_batches(served)
+    kept = entry.get("status") == "deployed"
     parts = (
         [
-            _around(f"batch {b}", figures) + f" ({html.escape(str(figures.get('decision') or '–'))})"
+            _around(f"batch {b}", figures) + f" ({html.escape(batch_outcome(figures, served, kept))})"
             for b, figures in batches
         ]
         if batches
         else [_around("Served decode around this swap", served)]
     )
     prefix = "Served decode around this swap, " if batches else ""
-    return f"<p>{prefix}{'; '.join(parts)}; judged: {html.escape(str(served.get('judged')))}.</p>"
+    return f"<p>{prefix}{'; '.join(parts)}; {html.escape(judged_text(served, entry))}.</p>"
+
+
+def batch_outcome(figures: dict[str, Any], served: dict[str, Any], kept: bool) -> str:
+    """What happened at one batch, as the result says it: a drop beyond the noise of a swap that was
+    kept reads as kept, with why (speed not judged there, or the paired check did not confirm it)."""
+    decision = figures.get("decision")
+    if decision != "rollback":
+        return str(decision or "–")
+    if not kept:
+        return "rolled back"
+    if not served.get("judged"):
+        return "kept: speed is not judged on this device"
+    return "kept: the paired on/off check did not confirm the drop"
+
+
+def judged_text(served: dict[str, Any], entry: dict[str, Any]) -> str:
+    if served.get("judged"):
+        return "served speed judged: a confirmed drop rolls the swap back"
+    device = (entry.get("verdict") or {}).get("device") or "this device"
+    return f"served speed not judged: a {device} verdict is judged on correctness only"
 
 
 def _verdict(verdict: dict[str, Any]) -> str:

@@ -62,6 +62,14 @@ def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     return f"{value}{unit}"
 
 
+def fmt_rate(value: float, unit: str) -> str:
+    """A rate with the prefix that keeps three significant digits: 50 GFLOP/s, not 0 TFLOP/s."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.3g} {prefix}{unit}"
+    return f"{value:,.3g} {unit}"
+
+
 def pct(share: float | None) -> float | None:
     return None if share is None else 100.0 * share
 
@@ -119,7 +127,9 @@ def device_roofs(result: dict[str, Any]) -> Roofs:
     bandwidth the verifier measured, read back from its floors (floor_us = bytes / copy bandwidth)."""
     spec = hardware_spec(result)
     copy, matmul = _rate(spec.get("copy_bytes_per_s")), _rate(spec.get("matmul_flops_per_s"))
-    copy_source = "measured (hardware spec)"
+    # A spec that says it was not measured (the CPU's) holds nominal figures: the page must not call them measured.
+    spec_source = "nominal (hardware spec, not measured on this device)" if spec.get("measured") is False else None
+    copy_source = spec_source or "measured (hardware spec)"
     if copy is None:
         derived = [
             r["bytes"] / r["floor_us"] * 1e6
@@ -133,7 +143,7 @@ def device_roofs(result: dict[str, Any]) -> Roofs:
         copy_bytes_per_s=copy,
         copy_source=copy_source,
         matmul_flops_per_s=matmul,
-        matmul_source="measured (hardware spec)" if matmul is not None else "absent",
+        matmul_source=(spec_source or "measured (hardware spec)") if matmul is not None else "absent",
     )
 
 
@@ -180,36 +190,55 @@ def _benchmark_outcome(verdict: dict[str, Any]) -> str:
 
 
 def text_summary(result: dict[str, Any]) -> list[str]:
-    """The human summary `optimize --wait` prints at the end."""
+    """The human summary `optimize --wait` and `demo` print at the end: what was deployed into which
+    server, served decode speed before and after at each batch, what was rejected and why."""
     deployed, rejected = result.get("deployed") or [], result.get("rejected") or []
     lines = [
-        f"Campaign {result.get('workflow_id')} finished: {len(deployed)} deployed, {len(rejected)} rejected "
+        f"Campaign {result.get('workflow_id')} finished: {len(deployed)} deployed into "
+        f"{result.get('server') or 'the server'}, {len(rejected)} rejected "
         f"(model {result.get('model') or 'unknown'}, hardware {result.get('hardware') or 'unknown'})"
     ]
-    for entry in targets(result):
-        if entry["status"] == "deployed":
-            lines.append(
-                f"  {target_name(entry)}: deployed, reward {entry.get('reward'):+d}, "
-                f"{entry.get('iterations')} iteration(s), {entry.get('modules')} module(s), "
-                f"x{fmt(figure(entry, 'speedup_vs_eager'))} vs eager, "
-                f"x{fmt(figure(entry, 'speedup_vs_compile'))} vs torch.compile"
-            )
-        else:
-            lines.append(f"  {target_name(entry)}: not deployed: {entry.get('reason')}")
+    lines += [f"  deployed {target_name(entry)}: {deployed_text(entry)}" for entry in deployed]
+    lines += [f"  rejected {target_name(entry)}: {entry.get('reason')}" for entry in rejected]
+    lines += speed_lines(result)
+    if not deployed and not rejected:
+        lines.append("  no target was searched")
+    return lines
+
+
+def deployed_text(entry: dict[str, Any]) -> str:
+    """Reward, modules and, where speed was judged, the verdict's speedups."""
+    text = f"reward {entry.get('reward'):+d}, {entry.get('modules')} module(s), swap {entry.get('swap_id')}"
+    eager, compiled = figure(entry, "speedup_vs_eager"), figure(entry, "speedup_vs_compile")
+    if eager is None:
+        device = (entry.get("verdict") or {}).get("device") or "this device"
+        return f"{text}; speed not judged on {device}"
+    return f"{text}; kernel x{fmt(eager)} vs eager, x{fmt(compiled)} vs torch.compile"
+
+
+def speed_lines(result: dict[str, Any]) -> list[str]:
+    """Served decode tokens/s before the campaign and after it, one line per batch."""
     served = result.get("served_speed") or {}
     measured_apart = served.get("batches")
     batches: dict[str, Any] = measured_apart if isinstance(measured_apart, dict) else {"": served}
+    lines = []
     for batch, figures in sorted(batches.items(), key=lambda bf: int(bf[0] or 0)):
         before, after = (figures or {}).get("before") or {}, (figures or {}).get("after") or {}
         if before.get("tokens_per_s") is None or after.get("tokens_per_s") is None:
             continue
+        change = after["tokens_per_s"] / before["tokens_per_s"] - 1 if before["tokens_per_s"] else 0.0
         lines.append(
             f"  served decode{f' at batch {batch}' if batch else ''}: {before['tokens_per_s']:.1f} -> "
-            f"{after['tokens_per_s']:.1f} tokens/s "
-            f"(spread {before.get('relative_spread', 0):.1%} / {after.get('relative_spread', 0):.1%})"
-            + ("; on CPU speed is not judged" if speed_not_judged(result) else "")
+            f"{after['tokens_per_s']:.1f} tokens/s ({change:+.1%}; spread "
+            f"{before.get('relative_spread', 0):.1%} / {after.get('relative_spread', 0):.1%})"
         )
-    lines += [f"  warning: {warning}" for warning in result.get("warnings") or []]
+    if lines and speed_not_judged(result):
+        lines.append(
+            "  on the CPU kernels run in Triton's interpreter: slower served speed is expected, and only "
+            "correctness is judged (reward +1)"
+        )
+    elif lines:
+        lines += [f"  warning: {warning}" for warning in result.get("warnings") or []]
     return lines
 
 

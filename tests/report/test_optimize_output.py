@@ -114,8 +114,8 @@ def test_wait_prints_where_to_look_then_progress_then_summary_and_report(fake, c
         "stage done",
     ]
     assert lines[11] == "rms_norm:Qwen2RMSNorm: deployed (iteration 2)"
-    assert lines[12].startswith(f"Campaign {workflow_id} finished: 1 deployed, 2 rejected")
-    assert any("rms_norm (Qwen2RMSNorm): deployed, reward +3" in line for line in lines[13:])
+    assert lines[12].startswith(f"Campaign {workflow_id} finished: 1 deployed into http://127.0.0.1:8000, 2 rejected")
+    assert any("deployed rms_norm (Qwen2RMSNorm): reward +3" in line for line in lines[13:])
     assert any(line.startswith("  served decode: 250.0 -> 262.0 tokens/s") for line in lines[13:])
     report = tmp_path / "reports" / f"{workflow_id}.html"
     assert lines[-1] == f"Report: {report}" and "<svg" in report.read_text()
