@@ -62,7 +62,8 @@ def test_on_a_cpu_no_target_is_estimated_after() -> None:
 
 def test_the_summary_says_where_and_how_fast_at_each_batch() -> None:
     summary = text_summary(kept_cpu_swap_with_batches())
-    assert summary[0].startswith("Campaign campaign-tiny-qwen2") and "1 deployed into http://127.0.0.1:9000" in summary[0]
+    assert summary[0].startswith("Campaign campaign-tiny-qwen2")
+    assert "1 deployed into http://127.0.0.1:9000" in summary[0]
     assert any(line.startswith("  deployed rms_norm (Qwen2RMSNorm): reward +1") for line in summary)
     assert any("speed not judged on cpu" in line for line in summary)
     assert any(line.startswith("  served decode: 40.0 -> 3.0 tokens/s (-92.5%") for line in summary)
