@@ -111,7 +111,10 @@ class SwapCore:
             raise CandidateLoadError("give exactly one of a candidate path or its source")
         kept = self.swaps_dir / f"{swap_id}.py"
         if source is not None:
-            kept.write_text(source)
+            try:
+                kept.write_bytes(source.encode())  # the client's text as UTF-8, whatever the locale
+            except UnicodeEncodeError as exc:
+                raise CandidateLoadError(f"the source is not valid text: {exc}") from exc
             return kept, "source", None
         assert path is not None  # exactly one of path and source (checked above)
         src = Path(path).expanduser()

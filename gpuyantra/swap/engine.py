@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuyantra.candidate import CandidateError, load_candidate
+from gpuyantra.candidate import CandidateError, load_candidate, source_digest
 from gpuyantra.function_sites import site_matches
 from gpuyantra.ops import UnknownOpError, get_op
 from gpuyantra.swap.functions import FunctionSwaps
@@ -28,6 +28,14 @@ from gpuyantra.swap.records import (
     gate_dict,
     shapes_dict,
 )
+
+
+def source_digest_of(data: bytes) -> str:
+    """The record's digest of a kept file's bytes (None-safe: bytes that are not UTF-8 match nothing)."""
+    try:
+        return source_digest(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return ""
 
 
 class SwapEngine(ModuleSwaps, FunctionSwaps):
@@ -82,15 +90,19 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
                 if not kept.exists():
                     raise CandidateLoadError(f"kept candidate file {kept} is missing")
                 origin, source_path = "manifest", _reapply_record.source_path
+                data = kept.read_bytes()
+                if source_digest_of(data) != _reapply_record.digest:
+                    raise SwapForbidden(f"kept candidate file {kept} changed since it was swapped in")
             else:
                 swap_id = swap_id or self._new_id()
                 kept, origin, source_path = self._keep_file(swap_id, path, source)
-                refused = admit(kept.read_bytes()) if admit is not None else None
+                data = kept.read_bytes()  # read once: these bytes are admitted, then compiled
+                refused = admit(data) if admit is not None else None
                 if refused:
                     kept.unlink(missing_ok=True)
                     raise SwapForbidden(refused)
             try:
-                candidate = load_candidate(kept)
+                candidate = load_candidate(kept, data)
             except CandidateError as exc:
                 if _reapply_record is None:
                     kept.unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuyantra.files import write_whole
+from gpuyantra.verifier import isolation
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -849,7 +850,10 @@ def _precompile_only(job: dict[str, Any], results: dict[str, Any]) -> None:
         )
     results["stage"] = "done"
     if job.get("marker"):  # the word, now: not after this process's teardown (its CUDA context's)
-        write_whole(Path(job["marker"]), "ok")
+        # Best effort: the marker lies in the candidate's sandbox folder, which this child's own
+        # isolation may not let it write; the parent writes it once this child's results are in.
+        with contextlib.suppress(OSError):
+            write_whole(Path(job["marker"]), "ok")
 
 
 def _compiled_beside(job: dict[str, Any], timings: dict[str, float]) -> bool:
@@ -1065,9 +1069,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-size", type=int, default=0)
     parser.add_argument("--gpu-lock", default=None)
     parser.add_argument("--notify-fd", type=int, default=-1, help="a pipe to write a byte to after each chunk")
+    parser.add_argument("--isolation", default=None, help="the parent's isolation policy (isolation.policy), JSON")
     args = parser.parse_args(argv)
     _apply_limits(args.cpu_seconds, args.address_space, args.file_size)
     network_isolated = _isolate_network(args.device)
+    # Before any candidate code can exist here, and before the warm-up starts threads of its own.
+    held = isolation.apply(json.loads(args.isolation)) if args.isolation else {}
     warm = _warm_up(args.device, args.gpu_lock)
     ready_at = time.time()
     raw = sys.stdin.read()
@@ -1078,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(raw)
     results: dict[str, Any] = {
         "network_isolated": network_isolated,
+        "isolation": {**held, "network": network_isolated},
         "checks": [],
         "bench": [],
         "stage": "start",

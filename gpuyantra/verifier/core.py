@@ -24,7 +24,7 @@ from gpuyantra.candidate import CandidateError, read_op, read_source, source_dig
 from gpuyantra.ops.open import targets_dir as open_targets_dir
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import Judgement, OutputValues, References, judge, sandbox_failures
-from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, take_sandbox, take_spare
+from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, protect_parent, take_sandbox, take_spare
 from gpuyantra.verifier.static import check_source
 from gpuyantra.verifier.transport import TRANSPORTS
 from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
@@ -275,6 +275,7 @@ def _run(
         if outcome.results is None:
             return
         verdict.network_isolated = outcome.results.get("network_isolated")
+        verdict.isolation = isolation_held(outcome.results)
         if outcome.results.get("bandwidth_measured"):
             baselines.store_bandwidth(outcome.results.get("device_name"), outcome.results.get("copy_bandwidth_gbs"))
         # Layers 4 and 5, judged here.
@@ -306,6 +307,15 @@ def _run(
         if beside is not None:
             beside.stop()
             verdict.timings.update(beside.timings())
+
+
+def isolation_held(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The layers that held around the candidate's process (the child's word, `isolation`), with this
+    process's own: `parent_non_dumpable`."""
+    held = results.get("isolation")
+    if not isinstance(held, dict):
+        return None
+    return {**held, "parent_non_dumpable": protect_parent()}
 
 
 def _floor_in_doubt(judgement: Judgement, results: dict[str, Any], bench_rows: Any) -> bool:

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuyantra.verifier import isolation
+
 NOTIFY_FD = 3  # where a forked child finds its notify pipe (the parent names it in the argv it sends)
 START_SECONDS = 180.0  # the longest a sandbox waits for its fork before starting a child itself
 MAX_MESSAGE = 2**20
@@ -299,6 +301,7 @@ def _become_child(request: dict[str, Any], fds: list[int]) -> None:
     code = 70
     try:
         os.setsid()
+        isolation.undo_protect_parent()  # as a child started as a new interpreter: its own isolation follows
         stdin, stdout, stderr, notify = fds
         for source, target in ((stdin, 0), (stdout, 1), (stderr, 2), (notify, NOTIFY_FD)):
             os.dup2(source, target)
@@ -419,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     timings = preload(args.device)
     print(f"preloaded in {time.perf_counter() - started:.2f} s: {timings}", flush=True)
+    isolation.protect_parent()  # an ancestor of every forked child: its /proc files out of their reach
     return serve(sock, args.device)
 
 

@@ -20,6 +20,12 @@ RULES: dict[str, Rule] = {
     # --- static: the AST, before anything runs ---------------------------------------------------
     "unreadable": Rule("static", "unreadable or non-UTF-8 candidate file", "the file can be read and decoded"),
     "syntax-error": Rule("static", "a file that does not parse", "the file parses as Python"),
+    "source-encoding": Rule(
+        "static",
+        "code hidden from the checker by bytes Python reads differently: a coding declaration "
+        "(raw_unicode_escape turns \\u000a into a line break), a byte-order mark, NUL, form feed, lone CR",
+        "the file is plain UTF-8: no other coding declaration, no BOM, no control characters but tab and line ends",
+    ),
     "import-not-allowed": Rule(
         "static",
         "escaping the sandbox through os, sys, ctypes, subprocess, "

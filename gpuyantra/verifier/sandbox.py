@@ -35,8 +35,10 @@ from typing import Any
 
 import gpuyantra
 import gpuyantra.verifier.fork_server as fork_server
+from gpuyantra.verifier import isolation
 from gpuyantra.verifier.baselines import timing_lock
 from gpuyantra.verifier.child import chunk_name
+from gpuyantra.verifier.gpu_locks import WARM_UP_FILE, GpuLocks
 from gpuyantra.verifier.transport import CUDA_IPC, HOST, TRANSPORTS, nack_name, one_line, receive_cuda_ipc
 
 ENV_ALLOW = (
@@ -103,6 +105,17 @@ class SandboxOutcome:
     start_wait_seconds: float | None = None  # the job waiting for the child to finish starting
     collect_seconds: float = 0.0  # from the child gone to the outcome complete
     started_by: str = "exec"  # "fork": forked by the fork server; "exec": a new interpreter
+
+
+_PARENT_PROTECTED: list[bool] = []
+
+
+def protect_parent() -> bool:
+    """This process non-dumpable (once): its children, their capabilities dropped, cannot read its
+    environment (the attestation key, the admin token) or memory (`isolation`). True where it held."""
+    if not _PARENT_PROTECTED:
+        _PARENT_PROTECTED.append(isolation.protect_parent())
+    return _PARENT_PROTECTED[0]
 
 
 def default_threads() -> int:
@@ -345,13 +358,14 @@ class Sandbox:
             return  # a warm spare: started earlier, waiting for its job
         self._gpu_lock = gpu_lock
         server = fork_server.running(self.device) if fork else None
-        args = self._child_args(gpu_lock)
+        env = scrubbed_env(self.device, self.workdir, self.threads)
+        protect_parent()
+        args = self._child_args(gpu_lock) + ["--isolation", json.dumps(self._isolation_policy(env))]
         self.notify_fd, notify_write = os.pipe()
         os.set_blocking(self.notify_fd, False)
         self._stdout = open(self.workdir / "stdout.log", "wb")
         self._stderr = open(self.workdir / "stderr.log", "wb")
         self.started_at = time.monotonic()
-        env = scrubbed_env(self.device, self.workdir, self.threads)
         try:
             if server is not None:
                 args += ["--notify-fd", str(fork_server.NOTIFY_FD)]
@@ -374,6 +388,18 @@ class Sandbox:
     def _interpreter_command(self, args: list[str]) -> list[str]:
         """The child started as a new interpreter (not forked)."""
         return [sys.executable, "-B", "-s", "-m", "gpuyantra.verifier.child", *args]
+
+    def _isolation_policy(self, env: dict[str, str]) -> dict[str, Any]:
+        """What the child may read and write (`isolation`): never the state folder, but the GPU's lock
+        files and the shared compiler caches in it on CUDA."""
+        from gpuyantra.config import state_dir
+
+        locks: list[str] = []
+        if self.device == "cuda":
+            timing = timing_lock()
+            beside = GpuLocks.beside(timing)
+            locks = [str(beside.turn), str(beside.timing), str(beside.quiet), str(timing.with_name(WARM_UP_FILE))]
+        return isolation.policy(self.device, self.workdir, env, locks, [state_dir()])
 
     def _child_args(self, gpu_lock: str | None) -> list[str]:
         # The address-space limit would break CUDA's large virtual reservations: CPU only.
@@ -413,7 +439,7 @@ class Sandbox:
 
     def stage_file(self, name: str, text: str) -> Path:
         path = self.workdir / name
-        path.write_text(text)
+        path.write_bytes(text.encode())  # exactly the checked bytes: no locale encoding, no newline translation
         path.chmod(0o444)
         return path
 

@@ -49,6 +49,8 @@ class Verdict:
     device: str = "cpu"
     module_class: str | None = None
     network_isolated: bool | None = None
+    # The layers that held around the candidate's process (landlock ABI, seccomp, ...; docs/verifier.md).
+    isolation: dict[str, Any] | None = None
     bench: list[dict[str, Any]] = field(default_factory=list)
     # SHA-256 of the exact bytes the static layer read, and, for an accepted verdict only, the signed
     # record the server checks before it swaps those bytes in (gpuyantra/attestation.py).

@@ -30,6 +30,7 @@ EXTRA_KEYS = [
     "device",
     "module_class",
     "network_isolated",
+    "isolation",
     "bench",
     "source_sha256",
     "attestation",

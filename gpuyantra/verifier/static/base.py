@@ -10,6 +10,8 @@ The rule mixins (module_level, nodes, taint, launches) subclass it.
 from __future__ import annotations
 
 import ast
+import importlib
+import types
 from collections.abc import Iterable
 from typing import Any, TypeGuard, cast
 
@@ -25,6 +27,32 @@ from gpuyantra.verifier.static.tables import (
     TENSOR_SAFE_METHODS,
 )
 from gpuyantra.verifier.verdict import Failure
+
+REACH_ROOTS = ("triton", "typing", "math")  # allowed imports whose attributes the checker walks
+# Functions of those modules that evaluate text as code.
+EVALUATING = frozenset({"typing.get_type_hints", "typing.ForwardRef"})
+
+
+def foreign_module(path: str) -> str | None:
+    """The first module outside the allowed imports that a dotted path through typing, math or triton
+    reaches (`typing.sys`, `triton.runtime.jit.os`, `tl.core.builtins`: the interpreter, the harness's
+    modules, the environment), else None. Walked on the real modules: the verifier's own trusted
+    imports, so the answer is what the candidate would get."""
+    parts = path.split(".")
+    if parts[0] not in REACH_ROOTS:
+        return None
+    try:
+        current: Any = importlib.import_module(parts[0])
+    except ImportError:
+        return None
+    for name in parts[1:]:
+        try:
+            current = getattr(current, name)
+        except Exception:  # noqa: BLE001 - no such attribute: nothing is reached (it fails when run)
+            return None
+        if isinstance(current, types.ModuleType) and not _CheckerBase._module_allowed(current.__name__):
+            return current.__name__
+    return None
 
 
 def _path_match(path: str, prefixes: Iterable[str]) -> bool:
@@ -192,9 +220,25 @@ class _CheckerBase:
                     f"{path}: host-side torch computation; only allocation "
                     "(torch.empty*, torch.zeros*) and metadata are allowed outside the kernel",
                 )
-        elif root == "triton":
-            if any(p.startswith("_") for p in parts[1:]):
-                self.fail("private-api", node, f"{path}: private triton internals")
+        elif root == "triton" and any(p.startswith("_") for p in parts[1:]):
+            self.fail("private-api", node, f"{path}: private triton internals")
+        else:
+            self._check_reach(path, node)
+
+    def _check_reach(self, path: str, node: ast.AST) -> None:
+        """No path through an allowed module may reach a module the candidate may not import (its
+        attributes are the harness's: `typing.sys.modules` holds the recorder and the launch counter)."""
+        if path in EVALUATING:
+            self.fail("dynamic-code", node, f"{path}: evaluates text as code the checker cannot see")
+            return
+        reached = foreign_module(path)
+        if reached is not None:
+            self.fail(
+                "introspection",
+                node,
+                f"{path}: reaches the module {reached}, which candidates may not use "
+                "(the interpreter's and the harness's state lie behind it)",
+            )
 
     # -- names and scopes --------------------------------------------------------------------------
     def _is_local(self, name: str, func: _Func | None) -> bool:

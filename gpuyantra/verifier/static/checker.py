@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from gpuyantra.candidate import encoding_problem
 from gpuyantra.verifier.static.launches import _LaunchRules
 from gpuyantra.verifier.static.module_level import _ModuleLevel
 from gpuyantra.verifier.static.nodes import _NodeRules
@@ -21,6 +22,12 @@ from gpuyantra.verifier.verdict import Failure
 def check_source(source: str, filename: str = "<candidate>", family: Any = None) -> StaticReport:
     """Run every static rule on `source`; `family` (an OpFamily) types entry's parameters when known."""
     report = StaticReport()
+    # The checker reads strict UTF-8; a file Python (or Triton's source lookup) would decode otherwise
+    # could hide code from it (a raw_unicode_escape declaration turns `\\u000a` into a line break).
+    problem = encoding_problem(source.encode("utf-8", "surrogatepass"))
+    if problem:
+        report.failures.append(Failure(LAYER, "source-encoding", problem))
+        return report
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:

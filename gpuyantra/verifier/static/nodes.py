@@ -176,6 +176,8 @@ class _NodeRules(_CheckerBase):
                         node,
                         f"{path} inside a @triton.jit kernel: under the interpreter it would run as host torch code",
                     )
+                elif self._outermost(node):
+                    self._check_reach(path, node)  # under the interpreter a kernel body is Python
                 return
             if self._outermost(node):
                 self._check_path(path, node, bare=True, context=self._path_context(node, annotation))
@@ -256,6 +258,8 @@ class _NodeRules(_CheckerBase):
             if ctx == "jit":
                 if path.split(".")[0] == "torch" and self._outermost(node):
                     self.fail("torch-compute", node, f"{path} inside a @triton.jit kernel")
+                elif self._outermost(node):
+                    self._check_reach(path, node)
                 return
             if self._outermost(node):
                 self._check_path(path, node, bare=True, context=self._path_context(node, annotation))
@@ -291,6 +295,8 @@ class _NodeRules(_CheckerBase):
                 if ctx == "jit":
                     if path.split(".")[0] == "torch":
                         self.fail("torch-compute", node, f"{path} inside a @triton.jit kernel")
+                    else:
+                        self._check_reach(path, node)
                 else:
                     self._check_path(path, node, bare=True, context="value")
         if isinstance(fn, ast.Name) and not self._is_local(fn.id, func) and fn.id not in self.module_kinds:
