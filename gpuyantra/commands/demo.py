@@ -7,30 +7,42 @@ import asyncio
 import json
 import os
 import secrets
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from gpuyantra.commands.up import add_stack_arguments, save_admin_token, start_stack, stop_all
 from gpuyantra.processes import StartupError, exit_on_sigterm, free_port, start_server
+
+if TYPE_CHECKING:
+    from workflows.types import CampaignInput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="up + a served small model + one campaign against it",
-        description="Start Temporal, the workers and a served small model (random "
-        "weights), run one campaign and print its result.",
+        description="Start Temporal, the workers and a served small model (random weights), run one "
+        "campaign and print a short summary (the result JSON is saved beside the report; --json prints it).",
     )
     add_stack_arguments(parser)
     parser.add_argument("--model", default="tiny-qwen2", help="preset or local model folder (default tiny-qwen2)")
     parser.add_argument("--ops", default="rms_norm", help="op families to optimize (default rms_norm)")
     parser.add_argument("--port", type=int, default=None, help="serving port (default: a free port)")
     parser.add_argument("--keep", action="store_true", help="keep everything running after the campaign")
+    parser.add_argument(
+        "--json", action="store_true", help="print the campaign result as JSON on stdout instead of the summary"
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from gpuyantra import config
-    from gpuyantra.campaign_client import new_workflow_id, start_campaign
+    from gpuyantra.campaign_client import new_workflow_id
     from gpuyantra.report import write_report
     from gpuyantra.rewards import ceiling
     from gpuyantra.triton_env import cuda_available
@@ -38,69 +50,104 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("GPUYANTRA_ADMIN_TOKEN", secrets.token_urlsafe(16))
     device = "cuda" if cuda_available() else "cpu"
+    say = stage_printer(quiet=args.json)
     exit_on_sigterm()
+    say("starting Temporal and the workers ...")
     try:
         processes = start_stack(args)
     except StartupError as exc:
-        print(f"gpuyantra demo: {exc}")
+        print(f"gpuyantra demo: {exc}", file=sys.stderr)
         return 1
     temporal = processes[0]
-    token_file = save_admin_token(temporal.log_path.parent.parent)
+    state = temporal.log_path.parent.parent
+    save_admin_token(state)
     try:
+        say(f"loading {args.model} on {device} ...")
         server = start_server(
-            args.model,
-            temporal.log_path.parent.parent,
-            args.port or free_port(),
-            os.environ["GPUYANTRA_ADMIN_TOKEN"],
-            device=device,
+            args.model, state, args.port or free_port(), os.environ["GPUYANTRA_ADMIN_TOKEN"], device=device
         )
         processes.append(server)
         # Speed is judged only on a GPU; on CPU a correct kernel (+1) is the best there is.
         params = CampaignInput(server_url=server.info["url"], ops=args.ops.split(","), min_reward=ceiling(device))
-        print(
-            f"gpuyantra demo: serving {args.model} at {server.info['url']} on {device}; "
-            f"campaign for {params.ops} (min_reward {params.min_reward}) ...",
-            flush=True,
-        )
+        say(f"campaign for {', '.join(params.ops or [])} against {server.info['url']} (min_reward {params.min_reward})")
         started = time.monotonic()
         workflow_id = new_workflow_id(params.server_url, args.model, params.ops)
-        result = asyncio.run(start_campaign(temporal.info["address"], params, wait=True, workflow_id=workflow_id))
-        print(json.dumps(result, indent=2))
-        print(
-            f"\nCampaign {result['workflow_id']} finished in {time.monotonic() - started:.0f}s.\n"
-            f"  Web UI:        {temporal.info['ui']}/namespaces/default/workflows/{result['workflow_id']}\n"
-            f"  Temporal CLI:  temporal workflow show --address {temporal.info['address']} "
-            f"-w {result['workflow_id']}\n"
-            f'  Kernels:       curl -H "Authorization: Bearer $(cat {token_file})" '
-            f"{server.info['url']}/admin/kernels\n"
-            f"  Find it:       temporal workflow list --address {temporal.info['address']} "
-            f"--query 'GpuyantraModel=\"{result.get('model') or args.model}\"'\n"
-            f"  Report:        {write_report(result, config.reports_dir() / f'{workflow_id}.html')}\n"
-            f"  Logs:          {temporal.log_path.parent}",
-            flush=True,
-        )
-        if device == "cpu":
-            print(
-                "  Note: without a GPU the kernel runs in Triton's interpreter, so served tokens/s drops "
-                "after the swap; that is why CPU verdicts judge correctness only (reward +1).",
-                flush=True,
-            )
-        if not args.keep:
-            print(
-                "  The demo stops its processes now. The campaign's history stays in "
-                f"{temporal.log_path.parent.parent / 'temporal.db'}: `gpuyantra up` shows it again in the Web UI; "
-                "`gpuyantra demo --keep` keeps everything running.",
-                flush=True,
-            )
+        result = asyncio.run(campaign(temporal.info["address"], params, workflow_id, say))
+        reports = config.reports_dir()
+        saved = reports / f"{workflow_id}.json"
+        saved.write_text(json.dumps(result, indent=2))
+        report = write_report(result, reports / f"{workflow_id}.html")
+        if args.json:
+            print(json.dumps(result))
+        else:
+            where = Where(state, temporal.info["address"], temporal.info["ui"], server.info["url"], args.keep)
+            print("\n".join(demo_summary(result, time.monotonic() - started, report, saved, where)), flush=True)
         if args.keep:
-            print("Running until Ctrl-C.", flush=True)
             while all(p.process.poll() is None for p in processes):
                 time.sleep(1)
         return 0 if result["deployed"] else 1
     except StartupError as exc:
-        print(f"gpuyantra demo: {exc}")
+        print(f"gpuyantra demo: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
     finally:
         stop_all(processes)
+
+
+def stage_printer(quiet: bool) -> Callable[[str], None]:
+    """One line per stage on stderr while it is a terminal (`demo: ...`); nothing with --json or when
+    stderr is a file or a pipe."""
+    if quiet or not sys.stderr.isatty():
+        return lambda line: None
+    return lambda line: print(f"demo: {line}", file=sys.stderr, flush=True)
+
+
+async def campaign(address: str, params: CampaignInput, workflow_id: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """The campaign's result; its progress, one line per change, through `say`."""
+    from gpuyantra.campaign_client import connect, follow, launch
+
+    handle = await launch(await connect(address), params, workflow_id)
+    return await follow(handle, say)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the demo's pieces were, to say which links still answer."""
+
+    state: Path
+    temporal_address: str
+    web_ui: str
+    server_url: str
+    kept: bool
+
+
+def demo_summary(result: dict[str, Any], seconds: float, report: Path, saved: Path, where: Where) -> list[str]:
+    """At most 30 lines: the campaign's summary, the report, and links that answer now, or how to
+    bring them back once the demo has stopped its processes."""
+    from gpuyantra.report.result import text_summary
+
+    workflow_id = str(result.get("workflow_id"))
+    page = f"{where.web_ui}/namespaces/default/workflows/{quote(workflow_id, safe='')}"
+    lines = [*text_summary(result)[:MAX_SUMMARY_TARGET_LINES], f"  took {seconds:.0f} s", ""]
+    lines += [f"Report:  {report}", f"Result:  {saved}  (`gpuyantra report --from-json` redraws the page)"]
+    if where.kept:
+        return lines + [
+            "Running until Ctrl-C:",
+            f"  Web UI:   {page}",
+            f"  kernels:  gpuyantra kernels list --server {where.server_url} --state-dir {where.state}",
+            f"  status:   gpuyantra status --server {where.server_url} --state-dir {where.state}",
+        ]
+    ports = (
+        "" if where.temporal_address.endswith(":7233") else f" --temporal-port {where.temporal_address.split(':')[-1]}"
+    )
+    return lines + [
+        f"The demo has stopped its server, workers and Temporal; the campaign's history stays in {where.state}.",
+        f"  Web UI again:  gpuyantra up --state-dir {where.state}{ports}, then {page}",
+        "  all kept up:   gpuyantra demo --keep",
+        f"  logs:          {where.state / 'logs'}",
+    ]
+
+
+# The summary's lines about targets and speeds, at most: a demo has one or two targets and two batches.
+MAX_SUMMARY_TARGET_LINES = 18
