@@ -171,11 +171,16 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
 def verify_file(request: VerifyFileInput) -> dict[str, Any]:
     """`gpuyantra verify FILE` on this worker (the VerifyKernel workflow): the same verifier with the
     command's options, from a sandbox child this worker keeps started. The candidate is written under
-    the state folder's `candidates/verify/` (the audit trail), named by its bytes."""
+    the state folder's `candidates/verify/` (the audit trail), named by its bytes. A KernelBench
+    problem comes as its text, kept in this worker's state folder (gpuyantra/verify_target.py): no
+    path a request names is read."""
     import hashlib
 
+    from temporalio.exceptions import ApplicationError
+
     from gpuyantra.triton_env import prepare
-    from gpuyantra.verifier import run_verification
+    from gpuyantra.verify_client import TARGET_UNUSABLE
+    from gpuyantra.verify_target import NamedTarget, TargetUnusable, verify_named
 
     device = prepare(request.device)
     folder = config.candidates_dir() / "verify"
@@ -183,18 +188,25 @@ def verify_file(request: VerifyFileInput) -> dict[str, Any]:
     stem = re.sub(r"[^0-9A-Za-z_]+", "_", request.file_name.rsplit("/", 1)[-1].removesuffix(".py"))[:60] or "candidate"
     path = folder / f"{stem}_{hashlib.sha256(request.source.encode()).hexdigest()[:12]}.py"
     write_whole(path, request.source)
-    verdict = with_heartbeat(
-        lambda: run_verification(
-            path,
-            device=device,
-            module_class=request.module_class,
-            shapes=request.shapes,
-            dtypes=request.dtypes,
-            timeout=request.timeout,
-            keep_warm=device == "cuda",
-            param_shapes=request.param_shapes or None,
-        )
+    named = NamedTarget(
+        problem_name=request.problem_name, problem_source=request.problem_source, module_class=request.module_class
     )
+    try:
+        verdict = with_heartbeat(
+            lambda: verify_named(
+                path,
+                named,
+                request.source,
+                device=device,
+                shapes=request.shapes,
+                dtypes=request.dtypes,
+                timeout=request.timeout,
+                keep_warm=device == "cuda",
+                param_shapes=request.param_shapes or None,
+            )
+        )
+    except TargetUnusable as exc:
+        raise ApplicationError(str(exc), type=TARGET_UNUSABLE, non_retryable=True) from None
     return {**verdict.to_dict(), "device": device, "candidate_path": str(path)}
 
 

@@ -33,6 +33,15 @@ class WorkerLost(WorkerUnavailable):
     """A worker took the verification and its workflow failed (worker gone, timed out)."""
 
 
+class TargetRefused(RuntimeError):
+    """The worker could not make the target the request names (`--problem`, `--module`) an open
+    target: a usage error, the worker's one-line reason."""
+
+
+# The type of the worker's ApplicationError for a target it cannot make (activities/gpu.py verify_file).
+TARGET_UNUSABLE = "TargetUnusable"
+
+
 async def _connect(address: str) -> Any:
     from temporalio.client import Client
 
@@ -90,10 +99,13 @@ async def _verify(request: dict[str, Any], address: str, timeout_s: float) -> tu
         cause: BaseException = exc
         while getattr(cause, "cause", None) is not None:
             cause = cause.cause  # type: ignore[attr-defined]
+        if getattr(cause, "type", None) == TARGET_UNUSABLE:
+            raise TargetRefused(getattr(cause, "message", None) or str(cause)) from None
         raise WorkerLost(f"workflow {ident} failed: {cause}") from None
 
 
 def verify_on_worker(request: dict[str, Any], timeout_s: float) -> tuple[str, dict[str, Any]]:
-    """(workflow id, verdict) from this machine's GPU worker, or WorkerUnavailable saying why not.
-    `request` holds VerifyFileInput's fields as JSON values."""
+    """(workflow id, verdict) from this machine's GPU worker, or WorkerUnavailable saying why not
+    (TargetRefused: the worker cannot make the named target). `request` holds VerifyFileInput's
+    fields as JSON values."""
     return asyncio.run(_verify(request, config.temporal_address(), timeout_s))

@@ -46,7 +46,12 @@ def parse_campaign_input(args: tuple[Any, ...]) -> CampaignInput:
 
 def parse_verify_input(args: tuple[Any, ...]) -> VerifyFileInput:
     """VerifyKernel's decoded arguments as a checked VerifyFileInput, or InvalidInput."""
-    return _parse(args, VerifyFileInput, "verify", VERIFY_EXAMPLE, _check_verify_value)
+    request = _parse(args, VerifyFileInput, "verify", VERIFY_EXAMPLE, _check_verify_value)
+    if request.problem_source is not None and request.module_class is not None:
+        raise InvalidInput(
+            "invalid verify input: fields 'problem_source' and 'module_class' both name the target: give one"
+        )
+    return request
 
 
 def _parse(args: tuple[Any, ...], cls: type[T], what: str, example: str, check: Callable[[str, Any], list[str]]) -> T:
@@ -80,6 +85,8 @@ def _check_verify_value(name: str, value: Any) -> list[str]:
         return []
     if name == "source" and not value.strip():
         return ["field 'source' must hold the candidate's Python source, got an empty string"]
+    if name == "problem_source" and not value.strip():
+        return ["field 'problem_source' must hold a KernelBench problem's Python source, got an empty string"]
     if name == "device" and value not in DEVICES:
         return [f"field 'device' must be one of {', '.join(DEVICES)} or null, got {_show(value)}"]
     if name == "shapes" and (not value or any(not shape or min(shape) < 1 for shape in value)):

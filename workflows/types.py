@@ -210,6 +210,9 @@ class VerifyFileInput:
     dtypes: list[str] | None = None
     param_shapes: dict[str, list[int] | None] | None = None
     timeout: float | None = None
+    # `--problem`: a KernelBench problem file's name and text (never a path the worker would read).
+    problem_name: str | None = None
+    problem_source: str | None = None
 
 
 @dataclass

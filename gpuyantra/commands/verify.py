@@ -11,9 +11,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gpuyantra.triton_env import prepare
+from gpuyantra.verify_target import NamedTarget, problem_file_error
 
 
 def _shapes(text: str) -> list[list[int]]:
@@ -66,11 +67,21 @@ def register(subparsers: Any) -> None:
         default=None,
         help="where kernels run: cuda, or cpu under Triton's interpreter (default: cuda when available, else cpu)",
     )
-    parser.add_argument(
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
         "--module",
         metavar="DOTTED.CLASS",
         default=None,
-        help="module class the kernel would replace (default: the op's default class)",
+        help="module class the kernel would replace (default: the op's default class); for a candidate whose OP "
+        "is not a registered family, the class is made an open target on the spot: built from get_init_inputs() "
+        "and called on get_inputs(), found on the class or in its module",
+    )
+    target.add_argument(
+        "--problem",
+        metavar="PROBLEM.py",
+        default=None,
+        help="a KernelBench-format problem file (Model, get_inputs, get_init_inputs): its Model is made an open "
+        "target on the spot and the candidate verified against it",
     )
     parser.add_argument(
         "--shapes",
@@ -119,11 +130,12 @@ WHERE = ("auto", "worker", "here")
 
 
 def run(args: argparse.Namespace) -> int:
+    named = _named_target(args)
     verdict = None
     if args.where != "here" and _worker_may_take(args):
-        verdict = _on_worker(args)
+        verdict = _on_worker(args, named)
     if verdict is None:
-        verdict = _here(args)
+        verdict = _here(args, named)
     if args.json:
         sys.stdout.write(json.dumps(verdict) + "\n")
     else:
@@ -165,9 +177,33 @@ def _worker_may_not_import(dotted: str) -> bool:
     return home == Path.cwd().resolve()
 
 
-def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:
+def _named_target(args: argparse.Namespace) -> NamedTarget:
+    """The target the options name besides the candidate's OP; a problem file is read here (its text
+    travels to the worker, never its path) and must define Model, get_inputs and get_init_inputs."""
+    if args.problem is None:
+        return NamedTarget(module_class=args.module)
+    try:
+        source = Path(args.problem).read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _usage_error(f"--problem {args.problem}: cannot read it: {getattr(exc, 'strerror', None) or exc}")
+    why = problem_file_error(source)
+    if why:
+        _usage_error(f"--problem {args.problem}: {why}")
+    return NamedTarget(problem_name=Path(args.problem).name, problem_source=source)
+
+
+def _usage_error(message: str) -> NoReturn:
+    print(f"gpuyantra verify: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _target_flag(args: argparse.Namespace) -> str:
+    return f"--problem {args.problem}" if args.problem is not None else f"--module {args.module}"
+
+
+def _on_worker(args: argparse.Namespace, named: NamedTarget) -> dict[str, Any] | None:
     """The worker's verdict, or None (with a line on stderr under 'auto') to verify here instead."""
-    from gpuyantra.verify_client import WorkerLost, WorkerUnavailable, verify_on_worker
+    from gpuyantra.verify_client import TargetRefused, WorkerLost, WorkerUnavailable, verify_on_worker
 
     try:
         source = Path(args.file).read_text()
@@ -183,8 +219,12 @@ def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         "param_shapes": dict(args.param_shapes) if args.param_shapes else None,
         "timeout": args.timeout,
     }
+    if named.problem_source is not None:
+        request.update(problem_name=named.problem_name, problem_source=named.problem_source)
     try:
         workflow_id, verdict = verify_on_worker(request, (args.timeout or 600.0) + 300.0)
+    except TargetRefused as exc:
+        _usage_error(f"{_target_flag(args)}: {exc}")
     except WorkerUnavailable as exc:
         if args.where == "worker":
             print(f"gpuyantra verify: --where worker: {exc} (start one with `gpuyantra up`)", file=sys.stderr)
@@ -195,19 +235,29 @@ def _on_worker(args: argparse.Namespace) -> dict[str, Any] | None:
     return {**verdict, "verified_by": "worker", "workflow_id": workflow_id}
 
 
-def _here(args: argparse.Namespace) -> dict[str, Any]:
+def _here(args: argparse.Namespace, named: NamedTarget) -> dict[str, Any]:
     device = prepare(args.device)
-    from gpuyantra.verifier.core import run_verification
+    from gpuyantra.verify_target import TargetUnusable, verify_named
 
-    verdict = run_verification(
-        args.file,
-        device=device,
-        module_class=args.module,
-        shapes=args.shapes,
-        dtypes=args.dtypes,
-        timeout=args.timeout,
-        param_shapes=dict(args.param_shapes or []),
-    )
+    if named.module_class and str(Path.cwd()) not in sys.path and "" not in sys.path:
+        sys.path.append(str(Path.cwd()))  # a module class of the current folder, as `python -m` finds it
+    try:
+        source: str | None = Path(args.file).read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        source = None  # the verifier rejects it as unreadable
+    try:
+        verdict = verify_named(
+            args.file,
+            named,
+            source,
+            device=device,
+            shapes=args.shapes,
+            dtypes=args.dtypes,
+            timeout=args.timeout,
+            param_shapes=dict(args.param_shapes or []),
+        )
+    except TargetUnusable as exc:
+        _usage_error(f"{_target_flag(args)}: {exc}")
     return {**verdict.to_dict(), "verified_by": "here"}
 
 
