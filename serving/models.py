@@ -290,6 +290,11 @@ def resolve_model(spec: str) -> tuple[str, Path | None, str]:
     if folder.is_dir():
         folder = folder.resolve()
         return "folder", folder, str(folder)
+    if looks_like_a_path(spec):  # not a model id: no download would help
+        raise ModelLoadError(
+            f"--model {spec}: no such folder ({folder.resolve()}); pass a model folder that exists, "
+            f"or a preset ({', '.join(sorted(PRESETS))})"
+        )
     snapshot, why = _cached_snapshot(spec)
     if snapshot is not None:
         return "hf-cache", snapshot, spec
@@ -298,6 +303,15 @@ def resolve_model(spec: str) -> tuple[str, Path | None, str]:
         f"nor a Hugging Face model id in the local cache ({why}); nothing is downloaded: "
         f"fetch it first, e.g. `hf download {spec}`"
     )
+
+
+def looks_like_a_path(spec: str) -> bool:
+    """A `--model` that names a place on disk rather than a Hugging Face id (`org/name`): absolute,
+    relative with `.` or `~`, more than one `/`, or inside a folder that exists here."""
+    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1:
+        return True
+    head = spec.split("/", 1)[0]
+    return "/" in spec and Path(head).is_dir()
 
 
 def _cached_snapshot(repo_id: str) -> tuple[Path | None, str]:

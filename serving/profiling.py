@@ -33,15 +33,16 @@ log = logging.getLogger("gpuyantra.serving")
 
 
 def prepare_profiler_on_this_thread(device: str) -> None:
-    """Start and stop an empty CUDA profile on the calling (main) thread, before the server's threads.
+    """Start and stop an empty profile on the calling (main) thread, before the server's threads.
 
     Why: the profiler library registers its client on the thread that imported torch and runs that
     client's init on the thread that first starts a profile; when those differ (a profile served
     from the engine's thread) it logs "External init callback must run in same thread as
-    registerClient" and skips the init. Starting it once here keeps both on one thread."""
-    if not str(device).startswith("cuda") or not torch.cuda.is_available():
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    registerClient" and skips the init, on a CPU as on CUDA. Starting it once here keeps both on one
+    thread."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
     try:
         with torch.profiler.profile(activities=activities):
             pass

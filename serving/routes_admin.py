@@ -163,7 +163,16 @@ async def swap(body: SwapBody, state: State):
         record = await asyncio.wrap_future(fut)
     except SwapError as exc:
         count_refusal(state.metrics, exc)
+        log.warning("swap refused (%d %s): %s", exc.http_status, exc.status, exc.reason)
         return JSONResponse(status_code=exc.http_status, content={"detail": exc.detail()})
+    log.info(
+        "swap %s: %s into %d %s module(s), %s",
+        record.swap_id,
+        record.op,
+        record.modules,
+        record.module_class,
+        record.status,
+    )
     return swap_answer(record)
 
 
@@ -173,7 +182,15 @@ async def rollback(body: RollbackBody, state: State):
     try:
         records = await asyncio.wrap_future(fut)
     except SwapError as exc:
+        log.warning("rollback refused (%d %s): %s", exc.http_status, exc.status, exc.reason)
         return JSONResponse(status_code=exc.http_status, content={"detail": exc.detail()})
+    for record in records:
+        log.info(
+            "rollback %s: %s restored to its original forward in %d module(s)",
+            record.swap_id,
+            record.op,
+            record.modules,
+        )
     return {"rolled_back": [r.to_dict() for r in records], "active": engine.swaps.active()}
 
 
