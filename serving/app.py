@@ -123,6 +123,13 @@ def _build(state: ServerState) -> None:
         state.metrics.bind_active_swaps(engine.swaps.active_ids)
         state.reapplied = engine.start(reapply=True)
         state.engine = engine
+        for entry in state.reapplied:  # one line per kept swap the manifest brought back (or could not)
+            log.info(
+                "re-apply %s: %s%s",
+                entry.get("swap_id"),
+                entry.get("status"),
+                f" ({entry['reason']})" if entry.get("reason") else "",
+            )
         log.info(
             "gpuyantra serve: %s ready on %s (%s), re-applied %s",
             loaded.name,

@@ -139,6 +139,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuyantra.processes import port_taken
+
+    taken = port_taken(args.host, args.port)  # before the model loads: a server that cannot bind must not start
+    if taken:
+        print(f"gpuyantra serve: {taken}", file=sys.stderr)
+        return 2
     # Before anything imports triton: the interpreter on machines without CUDA.
     from gpuyantra.triton_env import prepare
 
