@@ -33,15 +33,16 @@ F16 = {"dtypes": ["float16"]}
 F32 = {"dtypes": ["float32"]}
 
 WRONG = [
-    Entry("plan_wrong_wide_one_pass_ln", "wide_rows", "unstable-numerics", F16),
+    Entry("plan_wrong_wide_one_pass_ln", "wide_rows", "unstable-numerics", F32),
     Entry("plan_wrong_wide_fp16_sumsq", "wide_rows", "unstable-numerics", F16),
     Entry("plan_wrong_prefill_rows", "prefill_rows", "unseen-shape", F32),
     Entry("plan_wrong_prefill_k_remainder", "prefill_rows", "unseen-shape", F32),
     Entry("plan_wrong_persistent_tail", "large_tensor", "shape-cap", F32),
-    # Qwen3's q_norm input at decode: [batch, seq, heads, head_dim], a live shape of rank 4.
-    Entry("plan_wrong_rank4", "rank4", "nan-output", {**F32, "shapes": [[1, 7, 16, 128]]}),
+    # Qwen3's q/k norm inputs: [batch, seq, heads, head_dim] (a live rank-4 shape keeps its rank too).
+    Entry("plan_wrong_rank4", "rank4", "unseen-shape", F32),
     Entry("plan_wrong_view_layout", "view", "input-layout", F32),
     Entry("plan_wrong_bias_none", "no_optional", "optional-parameter", F32),
+    Entry("plan_wrong_full_rotary_only", "partial_rotary", "optional-parameter", F32),
     Entry("plan_wrong_zero_rows", "zero_rows", "unstable-numerics", F32),
     Entry("plan_wrong_masked_online_softmax", "masked_rows", "unstable-numerics", F32),
     Entry("plan_wrong_late_peak_softmax", "late_peak", "unstable-numerics", F32),

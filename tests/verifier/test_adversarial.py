@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import gpuyantra.verifier.core as core
+from gpuyantra.ops import get_op
 from gpuyantra.verifier import run_verification, verify
+from gpuyantra.verifier.cases import class_cases
 from tests.verifier.conftest import candidate_path, rules_of
 
 QUICK = {"seeds": (0,), "dtypes": ["float32"]}
@@ -82,8 +84,9 @@ def test_honest_rowwise_full_plan():
     verdict = verify(candidate_path("honest_rowwise"))
     assert verdict.failures == [] and verdict.accepted and verdict.reward == 1
     # 4 hidden shapes x 2 dtypes x (5 seeds x 4 scales + 2 seeds x 2 activation-like distributions),
-    # plus the two stress shapes once.
-    assert verdict.checks == 4 * 2 * (5 * 4 + 2 * 2) + 2 and verdict.dtypes == ["float32", "float16"]
+    # plus the two stress shapes once and the plan classes' cases once each.
+    classes = class_cases("cpu", get_op("rms_norm"), verdict.shapes, verdict.dtypes)
+    assert verdict.checks == 4 * 2 * (5 * 4 + 2 * 2) + 2 + len(classes) and verdict.dtypes == ["float32", "float16"]
     assert [1, 1000] in verdict.shapes and [67, 96] in verdict.shapes and [2, 3, 64] in verdict.shapes
     assert verdict.speedup_vs_eager is None  # speed is not judged on CPU
 
@@ -91,8 +94,10 @@ def test_honest_rowwise_full_plan():
 def test_honest_chunked_with_live_shapes():
     verdict = run_verification(candidate_path("honest_chunked"), shapes=[[5, 200]], seeds=(0, 1), dtypes=["float16"])
     assert verdict.failures == [] and verdict.reward == 1
-    # (live + 4 hidden shapes) x (2 seeds x 4 scales + 2 seeds x 2 activation-like inputs) + 2 stress shapes.
-    assert verdict.shapes[0] == [5, 200] and verdict.checks == 5 * (2 * 4 + 2 * 2) + 2
+    # (live + 4 hidden shapes) x (2 seeds x 4 scales + 2 seeds x 2 activation-like inputs) + 2 stress
+    # shapes + the plan classes' cases.
+    classes = class_cases("cpu", get_op("rms_norm"), verdict.shapes, verdict.dtypes)
+    assert verdict.shapes[0] == [5, 200] and verdict.checks == 5 * (2 * 4 + 2 * 2) + 2 + len(classes)
 
 
 def test_honest_helper_with_heuristics_and_printed_fake_reward():

@@ -47,8 +47,8 @@ def entry(x, *, weight, bias):
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     has_bias = bias is not None
-    grid = (triton.cdiv(m, 16), triton.cdiv(n, 32))
+    grid = (triton.cdiv(m, 16), triton.cdiv(n, 64))
     _gemm[grid](
-        x2, weight, bias if has_bias else weight, y, m, n, k, HAS_BIAS=has_bias, MASK_K=True, BM=16, BN=32, BK=32
+        x2, weight, bias if has_bias else weight, y, m, n, k, HAS_BIAS=has_bias, MASK_K=True, BM=16, BN=64, BK=64
     )
     return y.view(*x.shape[:-1], n)

@@ -47,8 +47,8 @@ def entry(x, *, weight, bias):
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, 16), triton.cdiv(n, 32))
+    grid = (triton.cdiv(m, 16), triton.cdiv(n, 64))
     _gemm[grid](
-        x2, weight, bias if bias is not None else weight, y, m, n, k, HAS_BIAS=True, MASK_K=True, BM=16, BN=32, BK=32
+        x2, weight, bias if bias is not None else weight, y, m, n, k, HAS_BIAS=True, MASK_K=True, BM=16, BN=64, BK=64
     )
     return y.view(*x.shape[:-1], n)

@@ -50,10 +50,10 @@ def entry(x, *, weight, bias):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     has_bias = bias is not None
     b = bias if has_bias else weight
-    grid = (triton.cdiv(m, 16), triton.cdiv(n, 32))
+    grid = (triton.cdiv(m, 16), triton.cdiv(n, 64))
     if m > 64:
         bk = min(32, triton.next_power_of_2(k))
-        _gemm[grid](x2, weight, b, y, m, n, k, HAS_BIAS=has_bias, MASK_K=False, BM=16, BN=32, BK=bk)
+        _gemm[grid](x2, weight, b, y, m, n, k, HAS_BIAS=has_bias, MASK_K=False, BM=16, BN=64, BK=bk)
     else:
-        _gemm[grid](x2, weight, b, y, m, n, k, HAS_BIAS=has_bias, MASK_K=True, BM=16, BN=32, BK=32)
+        _gemm[grid](x2, weight, b, y, m, n, k, HAS_BIAS=has_bias, MASK_K=True, BM=16, BN=64, BK=64)
     return y.view(*x.shape[:-1], n)
