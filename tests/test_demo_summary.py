@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuyantra.commands.demo import Where, demo_summary, stage_printer
+from gpuyantra.commands import stage_printer
+from gpuyantra.commands.demo import Where, demo_summary
 from tests.report.test_report_agrees import kept_cpu_swap_with_batches
 
 STATE = Path("/state")
@@ -39,6 +40,6 @@ def test_with_keep_the_links_are_live_ones() -> None:
 
 
 def test_stage_lines_only_on_a_terminal(capsys) -> None:
-    stage_printer(quiet=False)("loading")  # stderr is captured here: not a terminal
-    stage_printer(quiet=True)("loading")
+    stage_printer("demo", quiet=False)("loading")  # stderr is captured here: not a terminal
+    stage_printer("demo", quiet=True)("loading")
     assert capsys.readouterr().err == ""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 
 
 def positive_int(text: str) -> int:
@@ -14,3 +16,11 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def stage_printer(command: str, quiet: bool) -> Callable[[str], None]:
+    """`say(line)` for a long command's stages: one line each on stderr (`command: line`) while stderr
+    is a terminal; nothing with --json (`quiet`) or when stderr goes to a file or a pipe."""
+    if quiet or not sys.stderr.isatty():
+        return lambda line: None
+    return lambda line: print(f"{command}: {line}", file=sys.stderr, flush=True)

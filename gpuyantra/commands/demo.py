@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from gpuyantra.commands import stage_printer
 from gpuyantra.commands.up import add_stack_arguments, save_admin_token, start_stack, stop_all
 from gpuyantra.processes import StartupError, exit_on_sigterm, free_port, start_server
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("GPUYANTRA_ADMIN_TOKEN", secrets.token_urlsafe(16))
     device = "cuda" if cuda_available() else "cpu"
-    say = stage_printer(quiet=args.json)
+    say = stage_printer("demo", quiet=args.json)
     exit_on_sigterm()
     say("starting Temporal and the workers ...")
     try:
@@ -93,14 +94,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         stop_all(processes)
-
-
-def stage_printer(quiet: bool) -> Callable[[str], None]:
-    """One line per stage on stderr while it is a terminal (`demo: ...`); nothing with --json or when
-    stderr is a file or a pipe."""
-    if quiet or not sys.stderr.isatty():
-        return lambda line: None
-    return lambda line: print(f"demo: {line}", file=sys.stderr, flush=True)
 
 
 async def campaign(address: str, params: CampaignInput, workflow_id: str, say: Callable[[str], None]) -> dict[str, Any]:

@@ -30,18 +30,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    server_url = args.server or config.server_url()
     address = args.temporal or config.temporal_address()
     namespace = args.namespace or config.temporal_namespace()
-    summary = {
-        "server": server_summary(server_url, config.find_admin_token(args.admin_token)),
+    token = config.find_admin_token(args.admin_token)
+    servers = [server_summary(url, token) for url in server_urls(args.server)]
+    answering = [server for server in servers if server["ok"]]
+    summary: dict[str, Any] = {
+        "server": (answering or servers)[0],  # the first that answers: what one-server readers show
+        "servers": servers,
         "temporal": asyncio.run(temporal_summary(address, namespace)),
     }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print("\n".join(server_lines(summary["server"]) + temporal_lines(summary["temporal"])))
-    return 0 if summary["server"]["ok"] and summary["temporal"]["ok"] else 1
+        lines = [line for server in servers for line in server_lines(server)]
+        print("\n".join(lines + temporal_lines(summary["temporal"])))
+    return 0 if answering and summary["temporal"]["ok"] else 1
+
+
+def server_urls(flag: str | None) -> list[str]:
+    """--server alone when given; else the configured URL ($GPUYANTRA_SERVER_URL, else :8000) and
+    every server running from this state folder (`serve` registers itself in `<state>/servers/`)."""
+    if flag:
+        return [flag]
+    from workflows.inputs import server_key
+
+    urls, seen = [], set()
+    for url in [config.server_url(), *registered_server_urls()]:
+        if server_key(url) not in seen:
+            seen.add(server_key(url))
+            urls.append(url)
+    return urls
+
+
+def registered_server_urls() -> list[str]:
+    """The `url` of each `<state>/servers/*.json` (one per running `serve` of this state folder)."""
+    urls = []
+    for path in sorted((config.state_dir() / "servers").glob("*.json")):
+        try:
+            url = json.loads(path.read_text()).get("url")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(url, str) and url.startswith(("http://", "https://")):
+            urls.append(url)
+    return urls
 
 
 def server_summary(url: str, token: str | None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpuyantra.commands import stage_printer
 from gpuyantra.triton_env import prepare
 from gpuyantra.verify_target import NamedTarget, problem_file_error
 
@@ -130,17 +131,35 @@ WHERE = ("auto", "worker", "here")
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = candidate_file_problem(args.file)
+    if missing:  # a usage error: nothing was verified, so nothing was rejected
+        print(f"gpuyantra verify: {missing}", file=sys.stderr)
+        return 2
     named = _named_target(args)
+    say = stage_printer("verify", quiet=args.json)
     verdict = None
     if args.where != "here" and _worker_may_take(args):
+        say(f"sending {args.file} to this machine's GPU worker ...")
         verdict = _on_worker(args, named)
     if verdict is None:
+        say(f"verifying {args.file} in this process: static, contract, sandbox, correctness (tens of seconds) ...")
         verdict = _here(args, named)
     if args.json:
         sys.stdout.write(json.dumps(verdict) + "\n")
     else:
         _print_human(verdict)
     return 0 if verdict["accepted"] else 1
+
+
+def candidate_file_problem(path: str) -> str | None:
+    """One line when FILE is no file at all (missing, a folder); an unreadable file is the verifier's
+    to reject."""
+    candidate = Path(path)
+    if candidate.is_dir():
+        return f"{path} is a folder: give a candidate kernel file (.py)"
+    if not candidate.exists():
+        return f"{path}: no such file"
+    return None
 
 
 def _worker_may_take(args: argparse.Namespace) -> bool:
