@@ -13,4 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # server and worker process the tests start (they inherit the environment) agree on it.
 os.environ.setdefault("GPUYANTRA_ATTESTATION_KEY", "gpuyantra-tests-" + secrets.token_hex(16))
 # The suite's own state folder (fixtures that need their own still set theirs), never the user's.
-os.environ.setdefault("GPUYANTRA_STATE_DIR", tempfile.mkdtemp(prefix="gpuyantra-tests-state-"))
+_state_root = os.environ.setdefault("GPUYANTRA_STATE_DIR", tempfile.mkdtemp(prefix="gpuyantra-tests-state-"))
+# Under pytest-xdist the workers inherit the controller's environment: each takes a folder of its own
+# inside it (locks, sockets and records of one worker never meet another's); the key stays shared.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("GPUYANTRA_TESTS_WORKER_STATE"):
+    os.environ["GPUYANTRA_STATE_DIR"] = os.path.join(_state_root, os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(os.environ["GPUYANTRA_STATE_DIR"], exist_ok=True)
+    os.environ["GPUYANTRA_TESTS_WORKER_STATE"] = "1"
