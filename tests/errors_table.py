@@ -8,9 +8,10 @@ ERRORS_MD = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 
 
 def rows(section: str) -> list[list[str]]:
-    """The body rows of the first table under `## <section>`, each cell unwrapped from its code span."""
+    """The body rows of the first table under the heading `## <section>` (or `### <section>`), up to
+    the next heading, each cell unwrapped from its code span."""
     lines = ERRORS_MD.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {section}"))
+    start = next(i for i, line in enumerate(lines) if _heading(line) and line.lstrip("#").strip().startswith(section))
     table = [line for line in _until_next_section(lines[start + 1 :]) if line.startswith("|")]
     return [[_cell(c) for c in line.strip("|").split(" | ")] for line in table[2:]]  # header, rule
 
@@ -21,8 +22,12 @@ def matches(documented: str, actual: str) -> bool:
 
 
 def _until_next_section(lines: list[str]) -> list[str]:
-    end = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    end = next((i for i, line in enumerate(lines) if _heading(line)), len(lines))
     return lines[:end]
+
+
+def _heading(line: str) -> bool:
+    return line.startswith(("## ", "### "))
 
 
 def _cell(text: str) -> str:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.server
+import io
+import json
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuyantra.cli import main
 from gpuyantra.processes import free_port
 from tests.errors_table import matches, rows
 
@@ -30,13 +35,32 @@ class Healthy(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Healthy)
+class ReadyOnCpu(Healthy):
+    """Stands in for `$CPU_SERVER`: /healthz, and /readyz saying the model runs on the CPU."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path != "/readyz":
+            return super().do_GET()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(json.dumps({"status": "ready", "device": "cpu"}).encode())
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with serving(Healthy) as url:
+        yield url
 
 
 def test_every_command_line_row(server: str, tmp_path: Path) -> None:
@@ -80,3 +104,38 @@ def test_debug_anywhere_on_the_line_shows_the_traceback() -> None:
         timeout=HANG_GUARD_S,
     )
     assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+def test_every_in_process_row(server: str, tmp_path: Path) -> None:
+    """The rows under "Checked in-process", through `gpuyantra.cli.main` in this process."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with serving(ReadyOnCpu) as cpu_server, socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        places = {
+            "$SERVER": server,
+            "$CPU_SERVER": cpu_server,
+            "$EMPTY_DIR": str(empty.resolve()),
+            "$BUSY_PORT": str(busy.getsockname()[1]),
+        }
+
+        def fill(text: str) -> str:
+            for name, value in places.items():
+                text = text.replace(name, value)
+            return text
+
+        cases = rows("Checked in-process")
+        assert len(cases) >= 7
+        for command, code, message in cases:
+            argv = shlex.split(fill(command))
+            assert argv[0] == "gpuyantra"
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    exit_code = main(argv[1:])
+                except SystemExit as exited:  # argparse's usage errors
+                    exit_code = int(exited.code or 0)
+            lines = stderr.getvalue().strip().splitlines()
+            assert exit_code == int(code), (command, stderr.getvalue()[-2000:])
+            assert len(lines) == 1 and matches(fill(message), lines[0]), (command, stderr.getvalue()[-2000:])
