@@ -162,13 +162,16 @@ def keep_problem(file_name: str, source: str) -> Path:
 
 def module_class_target(dotted: str) -> OpenTarget:
     """The open target of the module class at `dotted`: built as `cls(*get_init_inputs())` (none when
-    not defined) and called on `get_inputs()`, found on the class itself or in its module."""
+    not defined) and called on `get_inputs()`, found on the class itself or in its module. The class
+    is taken from a copy of its file kept like a problem's (the sandbox child reads nothing of the
+    current folder or the repository), unless that copy does not import alone (relative imports):
+    then from its module, which the child must import from PYTHONPATH."""
     from gpuyantra.kernelbench.problems import SEED
     from gpuyantra.ops.base import import_class
 
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            cls = import_class(dotted)
+            cls = _kept_copy(import_class(dotted))
     except Exception as exc:  # noqa: BLE001 - import_class's ValueError, or the module's own errors
         raise TargetUnusable(str(exc) if isinstance(exc, ValueError) else f"cannot import it: {exc}") from None
     import torch
@@ -191,19 +194,38 @@ def module_class_target(dotted: str) -> OpenTarget:
 
     model, inputs = _run_user_code("the module class", build)
     target = _build(model, inputs, cls.__name__)
-    if _single_file_module(module):  # the sandbox child imports it from its file, whatever its path
-        target.source_file, target.source_module = str(Path(module.__file__ or "").resolve()), module.__name__
+    if module.__file__ and module.__name__.startswith(KEPT_MODULE_PREFIX):
+        target.source_file, target.source_module = module.__file__, module.__name__
     return save_and_register(target)
+
+
+KEPT_MODULE_PREFIX = "gpuyantra_module_"
+
+
+def _kept_copy(cls: Any) -> Any:
+    """The same class from a copy of its file kept under the state folder, imported under a private
+    name; the class itself where there is no such file or the copy does not import alone."""
+    from gpuyantra.candidate import import_file
+    from gpuyantra.ops.base import MODEL_CODE_IMPORT
+
+    try:
+        file = Path(inspect.getfile(cls))
+        source = file.read_text()
+    except (TypeError, OSError, UnicodeDecodeError):
+        return cls
+    kept = keep_problem(file.name, source)
+    name = f"{KEPT_MODULE_PREFIX}{kept.stem}_{kept.parent.name[:12]}"
+    try:
+        with MODEL_CODE_IMPORT:
+            module = sys.modules.get(name) or import_file(kept, name)
+        return getattr(module, cls.__name__)
+    except Exception:  # noqa: BLE001 - relative imports and the like: the class as its package has it
+        return cls
 
 
 def _factory(cls: type, module: ModuleType, name: str) -> Callable[[], Sequence[Any]] | None:
     found = getattr(cls, name, None) or getattr(module, name, None)
     return found if callable(found) else None
-
-
-def _single_file_module(module: ModuleType) -> bool:
-    """A top-level `.py` module, not part of a package."""
-    return "." not in module.__name__ and not hasattr(module, "__path__") and bool(module.__file__)
 
 
 # --- building and saving ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ import gpuyantra.verifier.cases as case_plan
 import gpuyantra.verifier.precompile_beside as precompile_beside
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
-from gpuyantra.ops.open import targets_dir as open_targets_dir
+from gpuyantra.ops.open import stage_open_target
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import Judgement, OutputValues, References, judge, sandbox_failures
 from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, protect_parent, take_sandbox, take_spare
@@ -240,7 +240,10 @@ def _run(
             "cases": [c.to_json() for c in plan],
             "threads": sandbox.threads,
             "family_modules": list(family_modules),
-            "open_target": str(open_targets_dir() / family.name) if open_target is not None else None,
+            # A copy in the sandbox's folder: the child reads nothing of the state folder.
+            "open_target": str(stage_open_target(family.name, sandbox.workdir / "open_target"))
+            if open_target is not None
+            else None,
             "benchmark": run_bench,
             "bench_shapes": job_bench_shapes,
             "bench_dtype": dtypes[0],

@@ -62,3 +62,37 @@ def test_without_a_worker_the_command_says_so_or_verifies_here(tmp_path: Path) -
     assert verdict["verified_by"] == "here"
     if verdict["accepted"] is False:  # a machine without CUDA
         assert [f["rule"] for f in verdict["failures"]] == ["device-unavailable"]
+
+
+OPEN = Path(__file__).resolve().parents[1] / "verify_open"
+
+
+def test_the_gpu_worker_verifies_against_a_problem_it_is_sent(
+    temporal: Managed, workers: list[Managed], state_dir: Path, tmp_path: Path
+) -> None:
+    """`--problem`: the problem's text travels in the request; the worker makes the open target in
+    its own state folder, tells a candidate naming another op the target's name, accepts the honest one."""
+    address = temporal.info["address"]
+    problem = str(OPEN / "scaled_add_problem.py")
+    quick = ("--where", "worker", "--dtypes", "float32", "--json", "--problem", problem)
+    named = verify(str(OPEN / "scaled_add_kernel.py"), *quick, address=address, state_dir=state_dir)
+    verdict = json.loads(named.stdout.strip().splitlines()[-1])
+    assert named.returncode == 1 and verdict["verified_by"] == "worker", named.stderr
+    (failure,) = verdict["failures"]
+    op = failure["message"].rsplit('set OP = "', 1)[1].rstrip('"')
+    assert failure["rule"] == "unknown-op" and op.startswith("open.scaled_add_problem_")
+
+    honest = tmp_path / "honest.py"
+    honest.write_text((OPEN / "scaled_add_kernel.py").read_text().replace("OPNAME", op))
+    accepted = verify(str(honest), *quick, address=address, state_dir=state_dir)
+    verdict = json.loads(accepted.stdout.strip().splitlines()[-1])
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert verdict["accepted"] is True and verdict["op"] == op and verdict["verified_by"] == "worker"
+
+    # A problem the worker cannot make a target of: the command's usage error, the worker's reason.
+    broken = tmp_path / "broken_problem.py"
+    broken.write_text((OPEN / "scaled_add_problem.py").read_text().replace("return a + self.scale * b", "return a @ b"))
+    refused = verify(str(honest), "--where", "worker", "--problem", str(broken), address=address, state_dir=state_dir)
+    assert refused.returncode == 2 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"gpuyantra verify: --problem {broken}: its model does not run on its inputs: RuntimeError")

@@ -34,6 +34,7 @@ from gpuyantra.ops.open.registry import (
     load_open_target,
     open_spec_for,
     register_open,
+    stage_open_target,
     targets_dir,
 )
 from gpuyantra.ops.open.spec import (
@@ -90,6 +91,7 @@ __all__ = [
     "register_open",
     "shrink",
     "split_arguments",
+    "stage_open_target",
     "targets_dir",
     "with_arguments",
 ]

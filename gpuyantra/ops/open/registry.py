@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,25 @@ def register_open(target: OpenTarget, save: bool = True) -> OpFamily:
 def load_open_target(folder: Path) -> OpenTarget:
     meta = json.loads((folder / "target.json").read_text())
     return _from_meta(meta, lambda: torch.load(folder / "module.pt", weights_only=False, map_location="cpu"))
+
+
+def stage_open_target(name: str, folder: Path) -> Path:
+    """A copy of the saved target `name` in `folder` (a sandbox's own), for a process that may read
+    nothing of the state folder: its module, the source file its class is imported from (a
+    KernelBench problem's), and `target.json` naming that copy. Copies, never links: the sandbox
+    writes its own folder, and a link would let it write the saved target."""
+    saved = targets_dir() / name
+    meta = json.loads((saved / "target.json").read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(saved / "module.pt", folder / "module.pt")
+    if meta.get("source_file"):
+        source = Path(meta["source_file"])
+        (folder / "source").mkdir(exist_ok=True)
+        staged = folder / "source" / source.name
+        shutil.copyfile(source, staged)
+        meta["source_file"] = str(staged)
+    (folder / "target.json").write_text(json.dumps(meta, indent=1))
+    return folder
 
 
 def ensure_open_target(target: dict[str, Any]) -> None:
