@@ -25,9 +25,8 @@ def check_source(source: str, filename: str = "<candidate>", family: Any = None)
     # The checker reads strict UTF-8; a file Python (or Triton's source lookup) would decode otherwise
     # could hide code from it (a raw_unicode_escape declaration turns `\\u000a` into a line break).
     problem = encoding_problem(source.encode("utf-8", "surrogatepass"))
-    if problem:
+    if problem:  # the other rules still run (and the loader refuses the file too)
         report.failures.append(Failure(LAYER, "source-encoding", problem))
-        return report
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
