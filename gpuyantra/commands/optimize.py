@@ -168,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
             for line in text_summary(result):
                 say(line)
         reports = config.reports_dir()
-        (reports / f"{workflow_id}.json").write_text(json.dumps(result, indent=2))
+        saved = reports / f"{workflow_id}.json"
+        saved.write_text(json.dumps(result, indent=2))
+        say(f"Result: {saved}")
         say(f"Report: {write_report(result, reports / f'{workflow_id}.html')}")
         if not args.json:
             return 0
