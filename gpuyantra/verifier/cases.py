@@ -303,7 +303,7 @@ def _first_multi_row(shapes: Sequence[Sequence[int]]) -> list[int]:
             rows *= int(d)
         if rows >= 2:
             return [int(d) for d in shape]
-    return list(shapes[0]) if shapes else [3, 64]
+    return [3, int(shapes[0][-1])] if shapes else [3, 64]
 
 
 def plan_classes(device: str, cases: Sequence[Case], family: Any = None) -> dict[str, str]:

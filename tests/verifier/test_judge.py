@@ -26,6 +26,7 @@ EXTRA_KEYS = [
     "checks",
     "seconds",
     "shapes",
+    "plan_classes",
     "dtypes",
     "device",
     "module_class",

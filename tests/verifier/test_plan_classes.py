@@ -162,3 +162,11 @@ def test_honest_kernel_passes_every_class(entry):
     verdict = run_verification(entry.path, device="cpu", seeds=(0,), **entry.knobs)
     assert verdict.failures == [] and verdict.accepted
     assert verdict.plan_classes.get("view") == "full"
+
+
+def test_the_corpus_has_a_wrong_kernel_per_class_and_rule():
+    classes = {"wide_rows", "prefill_rows", "large_tensor", "rank4", "view", "no_optional", "partial_rotary"}
+    classes |= {"zero_rows", "masked_rows", "late_peak"}
+    assert {e.plan_class for e in WRONG} == classes
+    rules = {"unseen-shape", "input-layout", "optional-parameter", "unstable-numerics", "shape-cap"}
+    assert {e.rule for e in WRONG} == rules
