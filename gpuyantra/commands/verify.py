@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from gpuyantra.commands import stage_printer
 from gpuyantra.triton_env import prepare
@@ -135,6 +135,19 @@ def run(args: argparse.Namespace) -> int:
     if missing:  # a usage error: nothing was verified, so nothing was rejected
         print(f"gpuyantra verify: {missing}", file=sys.stderr)
         return 2
+    try:
+        verdict = _verdict(args)
+    except TargetUsageError as exc:  # the problem or module class named: nothing was verified
+        print(f"gpuyantra verify: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(verdict) + "\n")
+    else:
+        _print_human(verdict)
+    return 0 if verdict["accepted"] else 1
+
+
+def _verdict(args: argparse.Namespace) -> dict[str, Any]:
     named = _named_target(args)
     say = stage_printer("verify", quiet=args.json)
     verdict = None
@@ -144,11 +157,11 @@ def run(args: argparse.Namespace) -> int:
     if verdict is None:
         say(f"verifying {args.file} in this process: static, contract, sandbox, correctness (tens of seconds) ...")
         verdict = _here(args, named)
-    if args.json:
-        sys.stdout.write(json.dumps(verdict) + "\n")
-    else:
-        _print_human(verdict)
-    return 0 if verdict["accepted"] else 1
+    return verdict
+
+
+class TargetUsageError(ValueError):
+    """`--problem` or `--module` names something no target can be made of: exit 2, this one line."""
 
 
 def candidate_file_problem(path: str) -> str | None:
@@ -204,16 +217,13 @@ def _named_target(args: argparse.Namespace) -> NamedTarget:
     try:
         source = Path(args.problem).read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        _usage_error(f"--problem {args.problem}: cannot read it: {getattr(exc, 'strerror', None) or exc}")
+        raise TargetUsageError(
+            f"--problem {args.problem}: cannot read it: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     why = problem_file_error(source)
     if why:
-        _usage_error(f"--problem {args.problem}: {why}")
+        raise TargetUsageError(f"--problem {args.problem}: {why}")
     return NamedTarget(problem_name=Path(args.problem).name, problem_source=source)
-
-
-def _usage_error(message: str) -> NoReturn:
-    print(f"gpuyantra verify: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _target_flag(args: argparse.Namespace) -> str:
@@ -243,7 +253,7 @@ def _on_worker(args: argparse.Namespace, named: NamedTarget) -> dict[str, Any] |
     try:
         workflow_id, verdict = verify_on_worker(request, (args.timeout or 600.0) + 300.0)
     except TargetRefused as exc:
-        _usage_error(f"{_target_flag(args)}: {exc}")
+        raise TargetUsageError(f"{_target_flag(args)}: {exc}") from None
     except WorkerUnavailable as exc:
         if args.where == "worker":
             print(f"gpuyantra verify: --where worker: {exc} (start one with `gpuyantra up`)", file=sys.stderr)
@@ -276,7 +286,7 @@ def _here(args: argparse.Namespace, named: NamedTarget) -> dict[str, Any]:
             param_shapes=dict(args.param_shapes or []),
         )
     except TargetUnusable as exc:
-        _usage_error(f"{_target_flag(args)}: {exc}")
+        raise TargetUsageError(f"{_target_flag(args)}: {exc}") from None
     return {**verdict.to_dict(), "verified_by": "here"}
 
 
