@@ -1,7 +1,9 @@
 """`gpuyantra verify FILE`: run the trust anchor on one candidate kernel file (docs/CONTRACTS.md section 3).
 
 Exit 0 when accepted (reward >= +1), 1 when rejected (including an unknown op or an unreadable
-file), 2 on a usage error (argparse). `--json` prints exactly one JSON object on stdout.
+file), 2 on a usage error (argparse, no such FILE, a `--problem` or `--module` no target can be made
+of). `--json` prints exactly one JSON object on stdout. With `--problem PROBLEM.py` or an open
+`--module DOTTED.CLASS` the target is made on the spot (gpuyantra/verify_target.py).
 """
 
 from __future__ import annotations
