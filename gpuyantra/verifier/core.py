@@ -24,7 +24,7 @@ from gpuyantra.candidate import CandidateError, read_op, read_source, source_dig
 from gpuyantra.ops.open import stage_open_target
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import Judgement, OutputValues, References, judge, sandbox_failures
-from gpuyantra.verifier.sandbox import SandboxOutcome, keep_spare, protect_parent, take_sandbox, take_spare
+from gpuyantra.verifier.sandbox import Sandbox, SandboxOutcome, keep_spare, protect_parent, take_sandbox, take_spare
 from gpuyantra.verifier.static import check_source
 from gpuyantra.verifier.transport import TRANSPORTS
 from gpuyantra.verifier.verdict import Failure, Verdict, compute_reward
@@ -260,7 +260,7 @@ def _run(
         # (7-10 s of imports) would make the candidate's child wait longer than compiling them itself.
         compiler = take_spare(device, timeout, memory_limit, cpu_seconds) if precompile_beside.needed(job) else None
         if compiler is not None:
-            beside = precompile_beside.start(job, sandbox.workdir, compiler)
+            beside = _start_beside(job, family.name, sandbox.workdir, compiler)
             if keep_warm:
                 keep_spare(device, timeout=timeout, memory_limit=memory_limit, cpu_seconds=cpu_seconds)
         # Layer 3: the sandbox; outputs are judged (layer 4's values) as they arrive.
@@ -319,6 +319,18 @@ def isolation_held(results: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(held, dict):
         return None
     return {**held, "parent_non_dumpable": protect_parent()}
+
+
+def _start_beside(job: dict[str, Any], op: str, candidate_folder: Path, compiler: Sandbox) -> precompile_beside.Beside:
+    """`precompile_beside.start`, the compiling child given its own copy of an open target (it reads
+    neither the state folder nor the candidate's sandbox folder); the candidate's job keeps its copy."""
+    own = job.get("open_target")
+    if own:
+        job["open_target"] = str(stage_open_target(op, compiler.workdir / "open_target"))
+    try:
+        return precompile_beside.start(job, candidate_folder, compiler)
+    finally:
+        job["open_target"] = own
 
 
 def _floor_in_doubt(judgement: Judgement, results: dict[str, Any], bench_rows: Any) -> bool:

@@ -163,3 +163,26 @@ def test_the_worker_keeps_a_problem_under_its_own_folder_whatever_its_name(state
     kept = keep_problem("../../etc/passwd.py", "x = 1\n")
     assert kept.name == "passwd.py" and kept.parent.parent == state / "problems"
     assert keep_problem("..\\evil name.py", "x = 1\n").name == "evil_name.py"
+
+
+def test_each_sandbox_child_gets_its_own_copy_of_the_target(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The children read nothing of the state folder: the candidate's and the compiling child's
+    (`precompile_beside`, CUDA) each get the target, and the problem file it imports, in their folder."""
+    from types import SimpleNamespace
+
+    from gpuyantra.verifier import core, precompile_beside
+    from gpuyantra.verify_target import problem_target
+
+    target = problem_target(PROBLEM.name, PROBLEM.read_text())
+    handed: dict = {}
+    monkeypatch.setattr(precompile_beside, "start", lambda job, folder, compiler: handed.update(job) or "beside")
+    own = str(tmp_path / "candidate" / "open_target")
+    job = {"open_target": own}
+    compiler = SimpleNamespace(workdir=tmp_path / "compiler")
+    assert core._start_beside(job, target.op, tmp_path / "candidate", compiler) == "beside"  # type: ignore[arg-type]
+    assert job["open_target"] == own and handed["open_target"] == str(compiler.workdir / "open_target")
+    meta = json.loads((compiler.workdir / "open_target" / "target.json").read_text())
+    assert Path(meta["source_file"]) == compiler.workdir / "open_target" / "source" / PROBLEM.name
+    assert (compiler.workdir / "open_target" / "module.pt").is_file()
