@@ -155,12 +155,18 @@ def learn_skill(request: LearnInput) -> str:
 
 @activity.defn(name="preflight_campaign")
 async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
-    """Refuse, before any GPU work, unknown op names and a second campaign on the same server.
+    """Refuse, before any GPU work, a server this worker does not trust, unknown op names and a
+    second campaign on the same server.
     Answers which of gpuyantra's search attributes the namespace has registered: the workflow sets
     only those (setting an unregistered one would fail every workflow task of the campaign)."""
     from gpuyantra.campaign_client import refusal, running_campaign, unknown_ops
     from gpuyantra.preflight import campaign_problems
+    from gpuyantra.trusted_servers import UntrustedServer, resolve
 
+    try:
+        resolve(params.server_url)  # the GPU activities check again, with the GPU worker's own list
+    except UntrustedServer as exc:
+        raise ApplicationError(str(exc), type="UntrustedServer", non_retryable=True) from None
     unknown = await asyncio.to_thread(unknown_ops, params.ops or [])  # the registry imports torch
     if unknown:
         raise ApplicationError(f"invalid campaign input: {unknown}", type="InvalidInput", non_retryable=True)

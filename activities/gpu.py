@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import as_application_error
 from activities.heartbeat import with_heartbeat
@@ -14,6 +15,7 @@ from gpuyantra import config
 from gpuyantra.files import write_whole
 from gpuyantra.served_speed import measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
+from gpuyantra.trusted_servers import UntrustedServer, resolve
 from workflows.types import (
     BenchmarkInput,
     CompareInput,
@@ -26,10 +28,21 @@ from workflows.types import (
 )
 
 
-def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST to the server's admin API (token from the worker's environment), heartbeating."""
+def trusted_client(server_url: str, timeout_s: float = 600.0) -> AdminClient:
+    """An admin client for `server_url` with that server's own token, only when this worker trusts it
+    (gpuyantra/trusted_servers.py): workflow input alone never decides where the token goes."""
     try:
-        return with_heartbeat(lambda: AdminClient(server_url).post(path, body))
+        server = resolve(server_url)
+    except UntrustedServer as exc:
+        raise ApplicationError(str(exc), type="UntrustedServer", non_retryable=True) from None
+    return AdminClient(server.url, server.token() or "", timeout_s=timeout_s)
+
+
+def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to a trusted server's admin API, heartbeating."""
+    client = trusted_client(server_url)
+    try:
+        return with_heartbeat(lambda: client.post(path, body))
     except ServerError as exc:
         raise as_application_error(exc) from exc
 
@@ -50,6 +63,7 @@ TIMING_LOCK_WAIT_S = 180.0
 def benchmark_server(call: BenchmarkInput) -> dict[str, Any]:
     """Served speed at each of `call.batches` (batch 1 when none), with the GPU timing lock held."""
     batches = sorted(set(call.batches or [1]))
+    trusted_client(call.server_url)  # refused before any lock is taken
     try:
         return with_heartbeat(lambda: measure_served_speed(call.server_url, batches))
     except ServerError as exc:
@@ -63,7 +77,7 @@ def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TI
     from gpuyantra.verifier.baselines import timing_lock
     from gpuyantra.verifier.gpu_locks import hold_lock
 
-    client = AdminClient(server_url)
+    client = trusted_client(server_url)
     with hold_lock(timing_lock(), wait_s) as lock:
         answers = [client.post("/admin/benchmark", {**BENCHMARK, "batch": batch}) for batch in batches]
     return measurement_of(answers, lock)
@@ -83,7 +97,7 @@ def compare_swap(call: CompareInput) -> dict[str, Any]:
     from gpuyantra.verifier.gpu_locks import hold_lock
 
     body = {**COMPARE, "swap_id": call.swap_id, "batches": sorted(set(call.batches or [1]))}
-    client = AdminClient(call.server_url)
+    client = trusted_client(call.server_url)
     try:
         with hold_lock(timing_lock(), TIMING_LOCK_WAIT_S) as lock:
             answer = with_heartbeat(lambda: client.post("/admin/compare", body))

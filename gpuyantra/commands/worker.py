@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from gpuyantra import config
@@ -34,7 +35,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="GPU-queue activities at once (default: 8 on CUDA, 1 on CPU); verifications' timing "
         "phases still run one at a time",
     )
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="a serving process this worker may send admin requests (and its token) to, beside `local` "
+        "(http://127.0.0.1:8000); repeatable; its token: $GPUYANTRA_ADMIN_TOKEN_<NAME>, else the admin "
+        "token. Campaigns naming any other server fail at preflight",
+    )
     parser.set_defaults(handler=run)
+
+
+def trust_servers(specs: list[str]) -> None:
+    """Add `--server NAME=URL` to $GPUYANTRA_SERVERS, which the activities read (ValueError on a bad one)."""
+    from gpuyantra.trusted_servers import SERVERS_ENV, parse_server_spec, trusted_servers
+
+    for spec in specs:
+        parse_server_spec(spec)
+    kept = [spec for spec in os.environ.get(SERVERS_ENV, "").split(",") if spec.strip()]
+    if specs:
+        os.environ[SERVERS_ENV] = ",".join([*kept, *specs])
+    trusted_servers()  # a bad $GPUYANTRA_SERVERS stops the worker here, not its first campaign
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config.switch_interval_s()  # a bad setting stops the worker before it connects, in one line
+        trust_servers(args.server)
     except ValueError as exc:
         print(f"gpuyantra worker: {exc}", file=sys.stderr)
         return 2

@@ -19,3 +19,13 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     )
     yield environment
     await environment.shutdown()
+
+
+# The servers these tests' campaigns name, trusted as a worker's `--server NAME=URL` would trust them
+# (gpuyantra/trusted_servers.py).
+TEST_SERVERS = "x=http://x,y=http://y,s=http://s.test,a=http://127.0.0.1:8123,b=http://127.0.0.1:8124"
+
+
+@pytest.fixture(autouse=True)
+def trusted_test_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUYANTRA_SERVERS", TEST_SERVERS)

@@ -19,6 +19,7 @@ from workflows.types import BenchmarkInput
 @pytest.fixture
 def lock_path(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUYANTRA_SERVERS", "fake=http://x")  # the worker trusts it
     from gpuyantra.verifier.baselines import timing_lock as verifier_timing_lock
 
     return verifier_timing_lock()
@@ -33,7 +34,7 @@ class FakeServer:
         self.lock_free_while_measuring: list[bool] = []
         self.gpu_shareable_while_measuring: list[bool] = []
 
-    def __call__(self, server_url: str) -> FakeServer:
+    def __call__(self, server_url: str, token: str | None = None, timeout_s: float = 600.0) -> FakeServer:
         return self
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
