@@ -40,6 +40,7 @@ from gpuyantra import attestation
 from serving import openai_api, routes_admin, routes_health
 from serving.auth import AdminAuth, AdminAuthMiddleware
 from serving.engine import Engine
+from serving.limits import BodyLimitMiddleware
 from serving.metrics import Metrics
 from serving.models import describe, load_model
 from serving.state import RETRY_AFTER_S, ServeConfig, ServerState
@@ -68,6 +69,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     app.state.admin_auth = auth  # what serving.auth.require_admin falls back on
     app.exception_handler(RequestValidationError)(_validation_error)
     app.exception_handler(StarletteHTTPException)(_http_error)
+    # Added first, so it runs inside the admin check: an unauthenticated admin body is never read at all.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AdminAuthMiddleware, auth=auth)
     # Added to the app itself, not included as routers: FastAPI (0.165) keeps an included router as one
     # lazy entry of `app.routes`, and the routes' paths are what tools and tests read there.

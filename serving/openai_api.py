@@ -36,18 +36,18 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from serving.engine import Engine
 from serving.generation import (
     SEED_MAX,
-    SEED_MIN,
     Generation,
     chat_logprobs,
     completion_logprobs,
 )
+from serving.limits import OffLoopJSONRoute, RequestLimits, off_loop, until_disconnected
 from serving.request import RequestError
 from serving.responses import NOT_READY
 from serving.state import State
@@ -100,8 +100,13 @@ def openai_responses(answer: type[BaseModel]) -> dict[int | str, dict[str, Any]]
             "last `data: [DONE]`)",
             "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
-        400: {"model": ErrorBody, "description": "the engine cannot run it (context, token ids, chat template)"},
+        400: {
+            "model": ErrorBody,
+            "description": "the engine cannot run it (context, token ids, chat template), more choices (prompts x "
+            "n) or prompt tokens than the server's limits, or text that is not valid Unicode (a lone surrogate)",
+        },
         404: {"model": ErrorBody, "description": "`model` names another model than the one served"},
+        413: {"model": ErrorBody, "description": "the body is larger than the server's limit (`--max-body-bytes`)"},
         422: {"model": ValidationErrorBody, "description": "malformed body"},
         500: {"model": ErrorBody, "description": "generation failed"},
         **NOT_READY,
@@ -204,7 +209,7 @@ class _SamplingRequest(BaseModel):
     n: StrictInt = Field(1, ge=1, le=MAX_N, description="independent samples per prompt")
     stream: bool = False
     stop: str | list[str] | None = Field(None, description="up to 4 strings; the text is cut before the first")
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="sample j of n uses seed + j")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="sample j of n uses seed + j")
     stream_options: dict[str, Any] | None = None
 
     @field_validator("stop")
@@ -313,23 +318,97 @@ def _usage_wanted(body: _SamplingRequest) -> bool:
     return bool((body.stream_options or {}).get("include_usage"))
 
 
+def _texts(value: Any) -> list[str]:
+    """Every string in a request value (nested lists and objects included)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _texts(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return []
+
+
+def _encoding_refusal(*values: Any) -> JSONResponse | None:
+    """A 400 for text with a lone surrogate (JSON's "\\ud800" escape): it has no UTF-8 form to tokenize."""
+    for text in (t for v in values for t in _texts(v)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return openai_error(400, f"the request's text is not valid Unicode: {exc.reason} at character {exc.start}")
+    return None
+
+
+def _choices_refusal(prompts: int, n: int, limits: RequestLimits) -> JSONResponse | None:
+    if prompts * n > limits.max_choices:
+        return openai_error(
+            400,
+            f"{prompts} prompt(s) x n={n} is {prompts * n} choices; this server runs at most {limits.max_choices} "
+            "per request (gpuyantra serve --max-choices)",
+        )
+    return None
+
+
+def _prompt_tokens_refusal(prompts: list[list[int]], limits: RequestLimits) -> JSONResponse | None:
+    total = sum(len(p) for p in prompts)
+    if total > limits.max_prompt_tokens:
+        return openai_error(
+            400,
+            f"the prompts hold {total} tokens; this server takes at most {limits.max_prompt_tokens} per request "
+            "(gpuyantra serve --max-prompt-tokens)",
+        )
+    return None
+
+
+def _prompt_count(p: str | list[str] | list[int] | list[list[int]]) -> int:
+    return 1 if isinstance(p, str) or all(isinstance(x, int) for x in p) else len(p)
+
+
+async def _tokenized(tok: Any, p: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    """The prompt(s) as token ids; long text is tokenized on a worker thread."""
+    if isinstance(p, str):
+        return await off_loop(len(p), lambda: [tok.encode(p)])
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]  # type: ignore[arg-type]
+    if all(isinstance(x, str) for x in p):
+        texts: list[str] = list(p)  # type: ignore[arg-type]
+        return await off_loop(sum(len(t) for t in texts), lambda: [tok.encode(t) for t in texts])
+    return [list(x) for x in p]  # type: ignore[arg-type]
+
+
+async def _collect_while_connected(
+    gen: Generation, request: Request | None
+) -> tuple[dict[int, dict[str, Any]], str | None] | None:
+    """`_collect(gen)`, or None with every engine request cancelled once the client has gone away."""
+    if request is None:
+        return await _collect(gen)
+    return await until_disconnected(request, _collect(gen), gen.cancel)
+
+
+def _client_gone() -> JSONResponse:
+    # Nobody reads it: the connection is closed. It keeps the handler's answer in the declared shape.
+    return openai_error(400, "the client closed the connection before the completion was done")
+
+
 # ====================================================================== /v1/completions
-async def create_completion(engine: Engine, body: CompletionRequest):
-    refusal = _check_model(engine, body.model)
+async def create_completion(
+    engine: Engine, body: CompletionRequest, limits: RequestLimits | None = None, request: Request | None = None
+):
+    limits = limits or RequestLimits()
+    refusal = (
+        _encoding_refusal(body.model, body.prompt, body.stop)
+        or _check_model(engine, body.model)
+        or _choices_refusal(_prompt_count(body.prompt), body.n, limits)
+    )
     if refusal is not None:
         return refusal
     tok = engine.tokenizer
-    p = body.prompt
-    if isinstance(p, str):
-        prompts = [tok.encode(p)]
-    elif all(isinstance(x, int) for x in p):
-        prompts = [list(p)]
-    elif all(isinstance(x, str) for x in p):
-        prompts = [tok.encode(x) for x in p]
-    else:
-        prompts = [list(x) for x in p]  # type: ignore[arg-type]
+    prompts = await _tokenized(tok, body.prompt)
     bos = getattr(tok, "bos_token_id", None)
     prompts = [ids if ids else ([bos] if bos is not None else []) for ids in prompts]
+    refusal = _prompt_tokens_refusal(prompts, limits)
+    if refusal is not None:
+        return refusal
     try:
         gen = Generation(
             engine,
@@ -351,7 +430,10 @@ async def create_completion(engine: Engine, body: CompletionRequest):
         return completion_logprobs(tok, ids, entries, offsets) if body.logprobs is not None else None
 
     if not body.stream:
-        out, error = await _collect(gen)
+        collected = await _collect_while_connected(gen, request)
+        if collected is None:
+            return _client_gone()
+        out, error = collected
         if error:
             return openai_error(500, error, "server_error")
         choices = [
@@ -402,8 +484,16 @@ async def create_completion(engine: Engine, body: CompletionRequest):
 
 
 # ====================================================================== /v1/chat/completions
-async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
-    refusal = _check_model(engine, body.model)
+async def create_chat_completion(
+    engine: Engine, body: ChatCompletionRequest, limits: RequestLimits | None = None, request: Request | None = None
+):
+    limits = limits or RequestLimits()
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    refusal = (
+        _encoding_refusal(body.model, messages, body.stop)
+        or _check_model(engine, body.model)
+        or _choices_refusal(1, body.n, limits)
+    )
     if refusal is not None:
         return refusal
     tok = engine.tokenizer
@@ -415,11 +505,14 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
             "/v1/completions, or serve a model whose tokenizer_config.json / "
             "chat_template.jinja defines one",
         )
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
-        prompt = tok.apply_chat_template(messages)
+        size = sum(len(t) for t in _texts(messages))
+        prompt = await off_loop(size, lambda: tok.apply_chat_template(messages))
     except Exception as exc:  # noqa: BLE001 - the template's own checks (roles must alternate, ...)
         return openai_error(400, f"the chat template refused the messages: {type(exc).__name__}: {exc}")
+    refusal = _prompt_tokens_refusal([prompt], limits)
+    if refusal is not None:
+        return refusal
     top = (body.top_logprobs or 0) if body.logprobs else None
     try:
         gen = Generation(
@@ -442,7 +535,10 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
         return chat_logprobs(tok, ids, entries) if top is not None else None
 
     if not body.stream:
-        out, error = await _collect(gen)
+        collected = await _collect_while_connected(gen, request)
+        if collected is None:
+            return _client_gone()
+        out, error = collected
         if error:
             return openai_error(500, error, "server_error")
         choices = [
@@ -502,16 +598,23 @@ async def create_chat_completion(engine: Engine, body: ChatCompletionRequest):
 
 
 # ====================================================================== the routes
-async def completions(body: CompletionRequest, state: State):
-    return await create_completion(state.require_engine(), body)
+async def completions(body: CompletionRequest, state: State, request: Request):
+    return await create_completion(state.require_engine(), body, state.config.request_limits(), request)
 
 
-async def chat_completions(body: ChatCompletionRequest, state: State):
-    return await create_chat_completion(state.require_engine(), body)
+async def chat_completions(body: ChatCompletionRequest, state: State, request: Request):
+    return await create_chat_completion(state.require_engine(), body, state.config.request_limits(), request)
 
 
 def add_routes(app: FastAPI) -> None:
-    app.add_api_route("/v1/completions", completions, methods=["POST"], responses=openai_responses(Completion))
-    app.add_api_route(
-        "/v1/chat/completions", chat_completions, methods=["POST"], responses=openai_responses(ChatCompletion)
-    )
+    # OffLoopJSONRoute: a large body is parsed as JSON on a worker thread (serving/limits.py); the app's
+    # own add_api_route takes no route class, its router's does (the same list of routes).
+    routes = (("/v1/completions", completions, Completion), ("/v1/chat/completions", chat_completions, ChatCompletion))
+    for path, endpoint, answer in routes:
+        app.router.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            responses=openai_responses(answer),
+            route_class_override=OffLoopJSONRoute,
+        )

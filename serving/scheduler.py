@@ -264,6 +264,8 @@ class Scheduler(ModelRunner):
             return
         if self.active_count:
             self._decode_pass()
+        else:  # waiting requests whose client went away were dropped: the gauges say so
+            self.observer.on_queue(len(self._pending), self.active_count)
 
     def _decode_pass(self) -> None:
         try:

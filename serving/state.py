@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request
 
 from serving.engine import Engine
+from serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES, DEFAULT_MAX_PROMPT_TOKENS, RequestLimits
 from serving.metrics import Metrics
 
 RETRY_AFTER_S = "5"  # Retry-After (seconds) of a 503 while the model loads
@@ -43,6 +44,12 @@ class ServeConfig:
     max_parity_shapes: int = 4
     graph_buckets: list[int] | None = None
     allow_unverified_swaps: bool = False  # swap without a valid attestation, with a warning each time
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies: 413 before they are read
+    max_choices: int = DEFAULT_MAX_CHOICES  # prompts x n per completions request
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # prompt tokens per request, all prompts together
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_body_bytes, self.max_choices, self.max_prompt_tokens)
 
     def resolved_state_dir(self) -> Path:
         if self.state_dir:

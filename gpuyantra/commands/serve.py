@@ -6,6 +6,11 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serving.limits import RequestLimits
 
 
 def register(subparsers) -> None:
@@ -56,7 +61,35 @@ def register(subparsers) -> None:
     p.add_argument(
         "--admin-token",
         default=None,
-        help="bearer token of the /admin routes (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)",
+        help="bearer token of the /admin routes; shown to every user by `ps`: prefer --admin-token-file or "
+        "$GPUYANTRA_ADMIN_TOKEN (default: $GPUYANTRA_ADMIN_TOKEN; none: admin disabled)",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="read the admin token from FILE (such as <state>/admin-token, which `gpuyantra up` writes)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="larger request bodies are refused (413) before they are read (default: 4 MiB)",
+    )
+    p.add_argument(
+        "--max-choices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="choices (prompts x n) one completions request may ask for (default: 128)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt tokens one request may hold, all its prompts together (default: 32768)",
     )
     p.add_argument(
         "--state-dir",
@@ -173,7 +206,12 @@ def run(args: argparse.Namespace) -> int:
     from serving.app import ServeConfig, create_app
     from serving.profiling import prepare_profiler_on_this_thread
 
-    token = args.admin_token or os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
+    try:
+        token = admin_token_of(args)
+        limits = request_limits_of(args)
+    except ValueError as exc:
+        print(f"gpuyantra serve: {exc}", file=sys.stderr)
+        return 2
     config = ServeConfig(
         model=args.model,
         random_weights=args.random_weights,
@@ -194,10 +232,13 @@ def run(args: argparse.Namespace) -> int:
         max_seq_len=args.max_seq_len,
         max_parity_shapes=args.max_parity_shapes,
         allow_unverified_swaps=args.allow_unverified_swaps,
+        max_body_bytes=limits.max_body_bytes,
+        max_choices=limits.max_choices,
+        max_prompt_tokens=limits.max_prompt_tokens,
     )
     if token is None:
         print(
-            "gpuyantra serve: no admin token (--admin-token or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
+            "gpuyantra serve: no admin token (--admin-token-file or GPUYANTRA_ADMIN_TOKEN): admin routes are disabled",
             file=sys.stderr,
         )
     prepare_profiler_on_this_thread(device)
@@ -208,8 +249,71 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    registration = _register_with_workers(args, config.resolved_state_dir())
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    finally:
+        if registration is not None:
+            from gpuyantra.trusted_servers import forget_server
+
+            forget_server(registration)
     return 0
+
+
+ADMIN_TOKEN_ON_COMMAND_LINE = (
+    "gpuyantra serve: warning: --admin-token shows the token to every user of this machine (ps); "
+    "use --admin-token-file FILE or $GPUYANTRA_ADMIN_TOKEN"
+)
+
+
+def admin_token_of(args: argparse.Namespace) -> str | None:
+    """The admin token: --admin-token-file, else --admin-token (with a warning), else the environment.
+    ValueError with one line when the file cannot be read or is empty."""
+    if args.admin_token_file:
+        try:
+            token = Path(args.admin_token_file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not text"
+            raise ValueError(f"cannot read --admin-token-file {args.admin_token_file}: {why}") from None
+        if not token:
+            raise ValueError(f"--admin-token-file {args.admin_token_file} is empty")
+        return token
+    if args.admin_token:
+        print(ADMIN_TOKEN_ON_COMMAND_LINE, file=sys.stderr)
+        return str(args.admin_token)
+    return os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
+
+
+def request_limits_of(args: argparse.Namespace) -> RequestLimits:
+    """The limit flags, defaults for those not given; ValueError naming a flag below 1."""
+    from serving.limits import RequestLimits
+
+    given = {
+        "max_body_bytes": args.max_body_bytes,
+        "max_choices": args.max_choices,
+        "max_prompt_tokens": args.max_prompt_tokens,
+    }
+    for name, value in given.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    return RequestLimits(**{name: value for name, value in given.items() if value is not None})
+
+
+def _register_with_workers(args: argparse.Namespace, state: Path) -> Path | None:
+    """Tell this state folder's workers about a server on another port than the default one they
+    trust (gpuyantra/trusted_servers.py); removed again when serve stops."""
+    from gpuyantra.trusted_servers import remember_server
+
+    host = "127.0.0.1" if args.host in ("127.0.0.1", "localhost", "0.0.0.0", "::") else args.host
+    host = f"[{host}]" if ":" in host else host
+    if host == "127.0.0.1" and args.port == 8000:
+        return None  # `local`: every worker trusts it
+    token_file = Path(args.admin_token_file).resolve() if args.admin_token_file else None
+    try:
+        return remember_server(f"serve-{args.port}", f"http://{host}:{args.port}", token_file)
+    except OSError as exc:
+        print(f"gpuyantra serve: warning: cannot register with the workers: {exc}", file=sys.stderr)
+        return None
 
 
 def port_number(text: str) -> int:
