@@ -199,13 +199,13 @@ def profile_figure(result: dict[str, Any]) -> str:
     if rows:
         parts.append(
             charts.hbar_chart(
-                "Profile targets: µs per step on the critical path, measured before and, for the targets "
-                "this campaign searched, estimated after a swap",
+                "Profile targets: µs per step on the critical path, measured before and estimated after a swap",
                 ["measured before", "estimated after"],
                 rows,
                 "µs per step",
             )
         )
+        parts.append(_estimates_note(result))
     classes = _classes(profile)
     after = _classes(result.get("profile_after") or {})
     if classes and after:
@@ -231,10 +231,23 @@ def _profile_target_rows(result: dict[str, Any], profile: dict[str, Any]) -> lis
     rows = []
     for t in profile.get("targets") or []:
         mine = (t.get("op"), t.get("module_class")) in searched
-        label = f"{t.get('op')} · {t.get('module_class')} · {t.get('regime')}" + ("" if mine else " · not searched")
+        label = f"{t.get('op')} · {t.get('module_class')} · {t.get('regime')}"
         after = _number(t.get("est_cost_after_us")) if mine and estimates else None
         rows.append((label, [_number(t.get("cost_us")), after]))
     return rows
+
+
+def _estimates_note(result: dict[str, Any]) -> str:
+    """Which targets the chart estimates after a swap, said beside it (labels stay short: long ones
+    squeeze the bars away)."""
+    searched = sorted({target_name(e) for e in targets(result)})
+    if speed_not_judged(result):
+        return note("No target is estimated after a swap: on the CPU speed is not judged.")
+    return note(
+        "Estimated after a swap only for the targets this campaign searched: "
+        + (", ".join(searched) or "none")
+        + "; the others are shown as measured."
+    )
 
 
 def _classes_before_after(profile: dict[str, Any], before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:

@@ -5,6 +5,7 @@ nominal matmul rate is not shown as 0 TFLOP/s nor called measured, and the profi
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from gpuyantra.report import render_html
@@ -48,14 +49,19 @@ def test_targets_the_campaign_did_not_search_have_no_estimate_after() -> None:
     result = {**cpu_result(), "profile": profile()}
     result["hardware"] = "NVIDIA H200"  # a GPU campaign on rms_norm only
     result["deployed"][0]["verdict"] = {**result["deployed"][0]["verdict"], "device": "cuda"}
-    texts = chart(render_html(result), "Profile targets:")
-    assert "rms_norm · Qwen2RMSNorm · launch-bound" in texts
-    assert "rope · apply_rotary_pos_emb · memory-bound · not searched" in texts
+    page = render_html(result)
+    assert "Estimated after a swap only for the targets this campaign searched: rms_norm (Qwen2RMSNorm);" in page
+    profiled = {t["op"]: t for t in profile()["targets"]}
+    texts = chart(page, "Profile targets:")
+    assert f"{profiled['rms_norm']['est_cost_after_us']:,.0f}" in texts  # the searched target's estimate
+    assert f"{profiled['rope']['est_cost_after_us']:,.0f}" not in texts  # none for a target not searched
 
 
 def test_on_a_cpu_no_target_is_estimated_after() -> None:
     result = {**cpu_result(), "profile": profile()}
-    texts = chart(render_html(result), "Profile targets:")
+    page = render_html(result)
+    assert "No target is estimated after a swap: on the CPU speed is not judged." in page
+    texts = chart(page, "Profile targets:")
     estimates = {str(t.get("est_cost_after_us")) for t in profile()["targets"]}
     assert not estimates & {text.replace(",", "") for text in texts}
 
@@ -67,3 +73,15 @@ def test_the_summary_says_where_and_how_fast_at_each_batch() -> None:
     assert any(line.startswith("  deployed rms_norm (Qwen2RMSNorm): reward +1") for line in summary)
     assert any("speed not judged on cpu" in line for line in summary)
     assert any(line.startswith("  served decode: 40.0 -> 3.0 tokens/s (-92.5%") for line in summary)
+
+
+def test_ten_profile_targets_with_a_long_open_target_keep_their_bars() -> None:
+    """The demo's profile (ten targets, an open target's long name): matplotlib keeps room for the bars."""
+    shown = profile()
+    long_name = {"op": "open.qwen2rotaryembedding_db31e62f1f", "module_class": "Qwen2RotaryEmbedding"}
+    shown["targets"] = [
+        {**shown["targets"][i % 2], **(long_name if i == 8 else {}), "cost_us": 1000.0 + i} for i in range(10)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        render_html({**cpu_result(), "profile": shown})
