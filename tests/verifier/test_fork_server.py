@@ -67,12 +67,16 @@ with open({out!r}, "w") as _fh:
 
 
 def _probe(tmp_path: Path, name: str) -> tuple[dict, dict]:
-    out = tmp_path / f"{name}.json"
+    # The child writes only beneath its own folder and /dev/shm (its isolation): the probe's word goes there.
+    out = Path("/dev/shm") / f"gpuyantra-test-{tmp_path.name}-{name}.json"
     path = tmp_path / f"{name}.py"
     path.write_text(HEADER + PROBE.format(out=str(out)) + HONEST_ENTRY)
-    verdict = run_verification(path, device="cpu", skip_static=True, **QUICK)
-    assert verdict.failures == [], verdict.failures
-    return json.loads(out.read_text()), verdict.timings
+    try:
+        verdict = run_verification(path, device="cpu", skip_static=True, **QUICK)
+        assert verdict.failures == [], verdict.failures
+        return json.loads(out.read_text()), verdict.timings
+    finally:
+        out.unlink(missing_ok=True)
 
 
 def test_a_forked_child_sees_the_sandbox_a_new_interpreter_sees(state, tmp_path, monkeypatch):

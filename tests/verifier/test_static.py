@@ -251,6 +251,8 @@ def _make():
     ("import-time-code", "annotation-call", "def entry(x: print('hi'), *, weight, eps):\n    return x\n"),
     # unparsable
     ("syntax-error", "syntax", "def entry(x, *, weight, eps)\n    return x\n"),
+    # read otherwise by Python than by the checker (coding declarations: test_isolation.py)
+    ("source-encoding", "form-feed", "\x0c" + HONEST_ENTRY),
 ]
 
 
