@@ -198,12 +198,14 @@ def test_manifest_persists_and_reapply_rechecks_parity(tmp_path):
     assert bound(model2) == [broken.swap_id] * NORMS
     assert engine2.active()[0]["reapplied_at"] is not None
 
-    # Restart 2: the kept file no longer passes parity -> not bound, recorded as rolled back.
+    # Restart 2: the kept file changed on disk (it would no longer pass parity either) -> not imported,
+    # not bound, recorded as rolled back: only the bytes swapped in (and admitted) come back.
     Path(broken.file).write_text(rms_norm_source(scale=0.5))
     model3 = load_model("tiny-qwen2").model
     engine3 = SwapEngine(model3, tmp_path, model_id="tiny-qwen2")
     [result] = engine3.reapply()
     assert result["status"] == "rolled_back" and "re-check on restart failed" in result["reason"]
+    assert "changed since it was swapped in" in result["reason"]
     assert untouched(model3)
     manifest = json.loads((tmp_path / "swaps" / "manifest.json").read_text())
     statuses = {r["swap_id"]: r["status"] for r in manifest["swaps"]}
@@ -247,3 +249,19 @@ def test_kernel_ignoring_the_modules_eps_fails_parity_and_nothing_changes(model,
     assert untouched(model) and engine.active() == []
     assert all(m.variance_epsilon == model.config.rms_norm_eps for m in norm_modules(model))
     assert torch.equal(logits(model, IDS), want)
+
+
+def test_swap_imports_the_bytes_it_admitted(model, tmp_path):
+    """The file is read once: what `admit` (the attestation check) saw is what is compiled, even
+    where the kept copy changes between the check and the import."""
+    engine = SwapEngine(model, tmp_path, model_id="tiny-qwen2")
+    seen: list[bytes] = []
+
+    def admit(data: bytes) -> None:
+        seen.append(data)
+        for kept in (tmp_path / "swaps").glob("*.py"):  # a wrong kernel in its place, after the check
+            kept.write_text(rms_norm_source(scale=0.5))
+        return None
+
+    record = engine.swap(source=rms_norm_source(), admit=admit)
+    assert record.status == "committed" and seen == [rms_norm_source().encode()]
