@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from gpuyantra import config
 from gpuyantra.report.figures import absent, profile_figure, roofline_figure, served_figure, speedup_figure
 from gpuyantra.report.result import (
     copy_bandwidth_share,
@@ -175,11 +177,30 @@ def _warnings(result: dict[str, Any]) -> str:
 def _source(path: Any) -> str:
     if not path:
         return absent("Kernel source", "The verdict names no candidate file.")
+    kept = kept_candidate(str(path))
+    if kept is None:
+        return absent(
+            "Kernel source",
+            f"{path} is not a candidate file kept in this state folder's candidates/ (reports read sources only "
+            "from there; a campaign verified on another machine keeps them on its GPU worker).",
+        )
     try:
-        text = Path(str(path)).read_text(errors="replace")[:MAX_SOURCE_CHARS]
+        text = kept.read_text(errors="replace")[:MAX_SOURCE_CHARS]
     except OSError:
         return absent("Kernel source", f"{path} is not readable here (it lives on the GPU worker that verified it).")
     return f"<p>{html.escape(str(path))}</p><pre>{html.escape(text)}</pre>"
+
+
+def kept_candidate(path: str) -> Path | None:
+    """`path` resolved (links followed) when it is a `.py` file inside the state folder's candidates/,
+    else None. A result is data anyone who can start a workflow writes: its paths are never trusted."""
+    try:
+        resolved = Path(os.path.realpath(path))
+        folder = Path(os.path.realpath(config.candidates_dir()))
+    except (OSError, ValueError):
+        return None
+    inside = resolved.is_relative_to(folder) and resolved != folder
+    return resolved if inside and resolved.suffix == ".py" and resolved.is_file() else None
 
 
 def _facts(entry: dict[str, Any]) -> str:

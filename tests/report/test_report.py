@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
+from gpuyantra import config
 from gpuyantra.report import render_html
 from gpuyantra.report.result import text_summary
 from tests.report.results import cpu_result, gpu_result, profile
@@ -53,7 +54,8 @@ def chart(page: str, title_start: str) -> list[str]:
 
 
 def test_gpu_result_report_shows_every_target_and_figure(tmp_path):
-    source = tmp_path / "rms_norm_Qwen2RMSNorm_2.py"
+    source = config.candidates_dir() / "report-test" / "rms_norm_Qwen2RMSNorm_2.py"  # where workers keep them
+    source.parent.mkdir(exist_ok=True)
     source.write_text(KERNEL)
     page = report_of(gpu_result(str(source)), tmp_path)
     assert_offline(page)
