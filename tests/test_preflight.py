@@ -5,6 +5,7 @@ the check needs only the server's key."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import threading
@@ -20,7 +21,7 @@ from temporalio.exceptions import ApplicationError
 
 from gpuyantra import attestation, preflight
 from gpuyantra.cli import main
-from gpuyantra.commands.optimize import failure_line
+from gpuyantra.commands.optimize import failure_line, past_preflight
 from gpuyantra.processes import free_port
 from serving import routes_admin
 from serving.auth import AdminAuth, AdminAuthMiddleware
@@ -184,3 +185,37 @@ def test_optimize_usage_errors_exit_2(argv: list[str], message: str, capsys: pyt
         main(["optimize", *argv])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+class Handle:
+    """A campaign's handle as `past_preflight` reads it: its status, its progress, its result."""
+
+    def __init__(self, stages: list[str], failure: BaseException | None = None) -> None:
+        self.stages, self.failure = stages, failure
+
+    async def describe(self) -> Any:
+        from temporalio.client import WorkflowExecutionStatus
+
+        running = self.failure is None or len(self.stages) > 1
+        return type("Described", (), {"status": WorkflowExecutionStatus.RUNNING if running else "failed"})()
+
+    async def query(self, name: str) -> dict[str, Any]:
+        stage = self.stages.pop(0) if len(self.stages) > 1 else self.stages[0]
+        return {"stage": stage}
+
+    async def result(self) -> Any:
+        if self.failure is not None:
+            raise self.failure
+        return {}
+
+
+def test_optimize_without_wait_returns_once_past_the_preflight() -> None:
+    handle = Handle(["preflight", "preflight", "profile"])
+    asyncio.run(past_preflight(handle, within_s=10))  # type: ignore[arg-type]
+    assert handle.stages == ["profile"]
+
+
+def test_optimize_without_wait_raises_the_preflight_refusal() -> None:
+    refused = WorkflowFailureError(cause=ApplicationError("x would refuse every swap", type="PreflightFailed"))
+    with pytest.raises(WorkflowFailureError):
+        asyncio.run(past_preflight(Handle(["preflight"], refused), within_s=10))  # type: ignore[arg-type]
