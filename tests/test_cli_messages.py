@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 from gpuyantra import cli
 from gpuyantra.cli import main
 from gpuyantra.processes import free_port
+from tests.fake_servers import ReadyOnCpu, serving
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,23 +71,10 @@ def test_serve_on_a_busy_port_fails_before_loading(capsys: pytest.CaptureFixture
     assert err.endswith("stop it or pick another --port")
 
 
-class Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = json.dumps({"status": "ready", "model": "tiny-qwen2", "device": "cpu", "active_swaps": []})
-        self.send_response(200 if self.path == "/readyz" else 404)
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def ready_server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Ready)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serving(ReadyOnCpu) as url:
+        yield url
 
 
 def test_status_finds_the_servers_of_its_state_folder(

@@ -4,57 +4,21 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import http.server
 import io
-import json
 import shlex
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuyantra.cli import main
-from gpuyantra.processes import free_port
 from tests.errors_table import matches, rows
+from tests.fake_servers import Healthy, ReadyOnCpu, serving
 
 HANG_GUARD_S = 120  # generous: each case answers in seconds; this only stops a hang
-
-
-class Healthy(http.server.BaseHTTPRequestHandler):
-    """Stands in for `$SERVER`: answers GET /healthz 200, which is all `optimize` asks first."""
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.send_response(200 if self.path == "/healthz" else 404)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class ReadyOnCpu(Healthy):
-    """Stands in for `$CPU_SERVER`: /healthz, and /readyz saying the model runs on the CPU."""
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if self.path != "/readyz":
-            return super().do_GET()
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(json.dumps({"status": "ready", "device": "cpu"}).encode())
-
-
-@contextlib.contextmanager
-def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
 
 
 @pytest.fixture(scope="module")

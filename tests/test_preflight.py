@@ -6,9 +6,6 @@ the check needs only the server's key."""
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from serving import routes_admin
 from serving.auth import AdminAuth, AdminAuthMiddleware
 from serving.metrics import Metrics
 from serving.state import ServeConfig, ServerState
+from tests.fake_servers import ReadyOnCpu, serving
 
 TOKEN = "preflight-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -139,25 +137,10 @@ def test_preflight_refusals_are_one_line() -> None:
 # ------------------------------------------------------------------------------- optimize, in-process
 
 
-class CpuServer(http.server.BaseHTTPRequestHandler):
-    """A ready server on the CPU: /healthz 200, /readyz with its device."""
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = json.dumps({"status": "ready", "device": "cpu", "model": "tiny"}).encode()
-        self.send_response(200 if self.path in ("/healthz", "/readyz") else 404)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def cpu_server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), CpuServer)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serving(ReadyOnCpu) as url:
+        yield url
 
 
 def test_optimize_on_a_cpu_server_with_min_reward_3_says_what_to_use(
