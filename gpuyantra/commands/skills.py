@@ -142,8 +142,13 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
+    from gpuyantra.skills.schema import InvalidSkillRecord
+
     try:
         count = _store(args).import_jsonl(args.file)
+    except InvalidSkillRecord as exc:  # the file's content: a usage error, nothing imported
+        print(f"gpuyantra skills: import {exc}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"import failed: {exc}", file=sys.stderr)
         return 1

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuyantra.skills import schema
 from gpuyantra.skills.bandit import mean_reward
 from gpuyantra.skills.fingerprint import FINGERPRINT_DIM, Fingerprint
 
@@ -372,6 +373,8 @@ class SkillStore:
                 match = "transfer"
         out = []
         for hit in hits:
+            if not schema.usable(hit.payload, hit.id):
+                continue
             skill = Skill.from_dict(hit.payload or {})
             skill.id = str(hit.id)
             skill.score = float(hit.score)
@@ -395,6 +398,8 @@ class SkillStore:
             ).points
         out = []
         for hit in hits:
+            if not schema.usable(hit.payload, hit.id):
+                continue
             skill = Skill.from_dict(hit.payload or {})
             skill.score, skill.match = float(hit.score), "text"
             out.append(skill)
@@ -454,7 +459,8 @@ class SkillStore:
             try:
                 uuid.UUID(str(id))
                 found = client.retrieve(self.collection, [str(id)], with_payload=True)
-                return Skill.from_dict(found[0].payload or {}) if found else None
+                usable = found and schema.usable(found[0].payload, id)
+                return Skill.from_dict(found[0].payload or {}) if usable else None
             except ValueError:
                 matches = [s for s in self._scroll(client) if s.id.startswith(str(id))]
                 return matches[0] if len(matches) == 1 else None
@@ -485,6 +491,8 @@ class SkillStore:
                 self.collection, scroll_filter=flt, limit=256, offset=offset, with_payload=True, with_vectors=False
             )
             for point in points:
+                if not schema.usable(point.payload, point.id):
+                    continue  # one bad record (written before imports were checked) never breaks the library
                 skill = Skill.from_dict(point.payload or {})
                 skill.id = str(point.id)
                 out.append(skill)
@@ -505,7 +513,9 @@ class SkillStore:
 
     def import_jsonl(self, path: str | Path) -> int:
         """Upsert every skill of a JSONL export (vectors are recomputed from the fingerprint fields;
-        where the id exists already, the record with more bandit pulls keeps its statistics)."""
+        where the id exists already, the record with more bandit pulls keeps its statistics). A line
+        that is not a skill of the store's shape (`gpuyantra/skills/schema.py`) is an
+        InvalidSkillRecord naming it, and nothing is imported."""
         skills = []
         with Path(path).open() as fh:
             for number, line in enumerate(fh, 1):
@@ -514,7 +524,8 @@ class SkillStore:
                 try:
                     data = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+                    raise schema.InvalidSkillRecord(f"{path}:{number}: not JSON: {exc}") from None
+                schema.check(data, f"{path}:{number}")  # every line before anything is written
                 skill = Skill.from_dict(data)
                 created, updated = skill.created_at, skill.updated_at
                 skill = self._prepare(skill)
