@@ -54,9 +54,10 @@ class _Collector:
     def __init__(self) -> None:
         self.first: dict[tuple[str, str], str] = {}
         self.count: dict[tuple[str, str], int] = {}
-        # (phase, dtype, shape) groups whose plain cases (N(0, 1), live scalars) already failed on
-        # values: later failures there are the same bug, not a class of their own.
-        self.plain_failed: set[tuple[str, str, tuple[int, ...]]] = set()
+        # Groups of cases (phase, dtype, shape, layout, variant) whose plain cases (N(0, 1), live
+        # scalars) already failed on values, with the rules they named: later failures there are the
+        # same bug (a tile cap met by a wide row's offset inputs too), not a class of their own.
+        self.plain_failed: dict[tuple[Any, ...], tuple[str, str]] = {}
 
     def add(self, layer: str, rule: str, message: str) -> None:
         key = (layer, rule)
@@ -662,17 +663,18 @@ def _judge_record(
             "correctness", "output-device", f"output on {devices} but inputs on {record.get('input_device')} on {where}"
         )
         return
-    group = (case.phase, case.dtype, case.shape)
+    group = (case.phase, case.dtype, case.shape, case.layout, case.variant)
     scalars = any(s.get("kind") not in TENSOR_KINDS for s in references.param_specs)
+    plain = case.dist == "normal" and not (case.draw_scalars and scalars)
     for finding in judged.findings:
         if finding.rule is not None:
             c.add("correctness", finding.rule, finding.message)
             return
-        # Rules are picked in record order: a group whose plain cases failed names later failures generically.
-        rules = ("nan-output", "wrong-values") if group in c.plain_failed else _value_rules(case, scalars)
+        # Rules are picked in record order: a group whose plain cases failed names later failures as they did.
+        rules = c.plain_failed.get(group) or _value_rules(case, scalars)
         c.add("correctness", rules[0] if finding.nonfinite else rules[1], finding.message)
-        if rules == ("nan-output", "wrong-values"):
-            c.plain_failed.add(group)
+        if plain:
+            c.plain_failed.setdefault(group, rules)
 
 
 def _value_rules(case: Case, scalars: bool = True) -> tuple[str, str]:
