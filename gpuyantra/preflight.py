@@ -84,12 +84,14 @@ def attestation_problem(server_url: str, token: str | None, key: bytes, key_sour
 
 def campaign_problems(server_url: str, min_reward: int, verify_device: str | None) -> list[str]:
     """Every reason a campaign would deploy nothing, each one line ([] when it may start), as a
-    worker sees it: its admin token ($GPUYANTRA_ADMIN_TOKEN) and attestation key."""
-    from gpuyantra.config import admin_token
+    worker sees it: the server as it trusts it, with that server's admin token
+    (gpuyantra/trusted_servers.py; UntrustedServer for one it does not trust), and its attestation key."""
+    from gpuyantra.trusted_servers import resolve
 
+    server = resolve(server_url)
     problems = [
-        reward_problem(served_device(server_url), verify_device, min_reward),
-        attestation_problem(server_url, admin_token(), attestation.load_key(), attestation.key_source()),
+        reward_problem(served_device(server.url), verify_device, min_reward),
+        attestation_problem(server.url, server.token(), attestation.load_key(), attestation.key_source()),
     ]
     return [problem for problem in problems if problem]
 

@@ -6,6 +6,7 @@ the check needs only the server's key."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,23 @@ def test_mismatched_state_folders_are_one_line_naming_both_keys(
     assert "same --state-dir" in line and attestation.KEY_ENV in line
     same = preflight.attestation_problem("http://server", TOKEN, attestation.load_key(server_key_dir), "here")
     assert same is None
+
+
+def test_a_worker_checks_with_the_trusted_servers_own_token(
+    server_key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """campaign_problems as preflight_campaign calls it: the server's token from its registration,
+    the worker's key from its own state folder (here another one: one line naming both keys)."""
+    route_to(server_with_key(server_key_dir), monkeypatch)
+    worker_state = tmp_path / "worker-state"
+    (worker_state / "servers").mkdir(parents=True)
+    (tmp_path / "token").write_text(TOKEN)
+    registration = {"url": "http://server.test:9", "token_file": str(tmp_path / "token")}
+    (worker_state / "servers" / "gpu1.json").write_text(json.dumps(registration))
+    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(worker_state))
+    monkeypatch.delenv("GPUYANTRA_ADMIN_TOKEN", raising=False)
+    [line] = preflight.campaign_problems("http://server.test:9", 1, None)
+    assert "would refuse every swap" in line and str(worker_state / "attestation.key") in line
 
 
 def test_a_wrong_token_is_named(server_key_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
