@@ -5,13 +5,17 @@ takes, before anything else (`apply`, from `child.main`), every layer this kerne
 privileges, each optional and each recorded (`isolation` in the results and the verdict):
 
 - `no_new_privs` (prctl): no privileges gained by exec; Landlock and seccomp need it.
-- `landlock` (the ABI version, 0 where none): reads only beneath the interpreter, its libraries, the
-  verifier's own package folders (never the repository root, where a state folder may lie), system
-  folders, `/proc`, `/sys` and `/dev`; writes only beneath the sandbox's folder, the shared compiler
-  caches, `/dev` and `/dev/shm`, and to the GPU lock files. So the state folder's attestation key and
-  admin token cannot be read and nothing can be written there. A Landlock domain also denies
-  ptrace-class access to every process outside it: no ancestor's `/proc/<pid>/environ`, `mem` or
-  file descriptors. From ABI 6 it cannot signal processes outside it either.
+- `landlock` (the ABI version, 0 where none): reads only beneath the interpreter, its libraries,
+  the verifier's own package folders (never the repository root, where a state folder may lie),
+  system folders, `/sys`, and of `/proc` its own entries (CPU; all of it on CUDA); opens only
+  harmless device files (`/dev/null`, `/dev/urandom`, ...) and on CUDA the GPU's (never a disk: root
+  reads a raw block device past every path rule); writes only beneath the sandbox's folder, the
+  shared compiler caches and `/dev/shm`, and to the GPU lock files. So the state folder's
+  attestation key and admin token cannot be read and nothing can be written there. Its domain also
+  denies attaching to processes outside it (their `mem`, their descriptors); from ABI 6 signalling
+  them too. Reading another process's `environ` it does not deny: the `/proc` rule does on CPU.
+- `capabilities`, all dropped: root without CAP_SYS_PTRACE reads no non-dumpable process's `environ`
+  or `mem` (the verifying process and the fork server are non-dumpable: `protect_parent`).
 - `seccomp` (x86-64): `setsid` fails, so nothing the candidate starts leaves the child's session,
   which the parent watches and kills (a double fork stays in it); so do ptrace, reading or writing
   other processes' memory, mounts, namespaces, kernel modules, BPF, and opening files by handle
@@ -57,8 +61,11 @@ ETC_READ = (
     "/etc/os-release",
     "/etc/alternatives",
 )
-DEVICE_FOLDERS = ("/dev",)
+# Device files the child may open (never a disk: root reads a raw block device past every path rule).
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")  # CUDA: the driver's files
 SHARED_MEMORY = "/dev/shm"
+KERNEL_MEMORY = ("kcore", "kmsg", "kpagecount", "kpageflags", "kpagecgroup")  # never readable in /proc
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")  # shared compiler caches (CUDA)
 SWITCH = "GPUYANTRA_SANDBOX_ISOLATION"  # "0": the parent asks for none of these layers (diagnosis)
 
@@ -151,13 +158,21 @@ def policy(
     return {
         "read": sorted(readable | packages | set(SYSTEM_READ) | set(ETC_READ)),
         "write": sorted({str(workdir), *caches}),
-        "devices": list(DEVICE_FOLDERS),
+        "devices": device_files(device),
         "files": sorted(lock_files),
         # CUDA: the driver and the compilers it starts read /proc/<their pid>: all of /proc stays
         # readable there, and the parents' non-dumpable state with the child's capabilities gone
         # keeps their environment and memory out of reach.
         "proc": "all" if device == "cuda" else "own",
     }
+
+
+def device_files(device: str) -> list[str]:
+    """The device files (and, on CUDA, the GPU's device folders) the child may open."""
+    found = list(DEVICE_FILES)
+    if device == "cuda":
+        found += sorted({str(path) for pattern in GPU_DEVICES for path in Path("/").glob(pattern.lstrip("/"))})
+    return found
 
 
 def _within(inner: Path, outer: Path) -> bool:
@@ -263,6 +278,7 @@ def _landlock(chosen: dict[str, Any]) -> tuple[int, bool]:
         device_rights = (READ_RIGHTS | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV) & handled
         rules = [(p, READ_RIGHTS) for p in [*chosen.get("read", []), *_proc_entries(chosen.get("proc"))]]
         rules += [(p, device_rights) for p in chosen.get("devices", [])]
+        rules.append(("/dev", FS_READ_DIR))  # listing it; opening nothing but the files above
         rules += [(p, every) for p in [*chosen.get("write", []), SHARED_MEMORY]]
         rules += [(p, FILE_RIGHTS & handled) for p in chosen.get("files", [])]
         for path, rights in rules:
@@ -291,7 +307,8 @@ def _proc_entries(mode: str | None) -> list[str]:
     own = f"/proc/{os.getpid()}"
     with contextlib.suppress(OSError):
         _OWN_PROC.append(os.open(own, O_PATH | os.O_CLOEXEC))
-    return [f"/proc/{name}" for name in names if not name.isdigit() and name not in ("self", "thread-self")] + [own]
+    skipped = {"self", "thread-self", *KERNEL_MEMORY}
+    return [f"/proc/{name}" for name in names if not name.isdigit() and name not in skipped] + [own]
 
 
 def _add_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:

@@ -154,6 +154,23 @@ def test_state_folder_secrets_are_unreadable(tmp_path, state, secret):
     assert "PROBE blocked" in message, message
 
 
+# Devices whose bytes hold what path rules protect (a disk's blocks, the kernel's log): Landlock
+# opens only harmless device files (and the GPU's), and the dropped capabilities refuse the log too.
+DEVICES = [d for d in ("/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/xvda", "/dev/kmsg") if Path(d).exists()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_raw_devices_are_unreadable(tmp_path, device):
+    _, message = _probe(tmp_path, "cheat_reads_secret_file", device)
+    assert "PROBE blocked" in message, message
+
+
+def test_only_harmless_devices_are_listed():
+    for device in ("cpu", "cuda"):
+        listed = isolation.device_files(device)
+        assert "/dev" not in listed and not any(Path(d).is_block_device() for d in listed if Path(d).exists())
+
+
 def test_state_folder_inside_the_repository_is_unreadable(tmp_path, monkeypatch):
     """`make demo` keeps its state folder in the repository: only the package folders are readable."""
     folder = isolation.REPO_ROOT / f".state-isolation-test-{secrets.token_hex(4)}"
