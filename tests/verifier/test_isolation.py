@@ -230,3 +230,5 @@ def test_isolation_layers_are_recorded(tmp_path):
     assert {"landlock", "seccomp", "capabilities", "no_new_privs", "network", "parent_non_dumpable"} <= set(held)
     if isolation.landlock_abi():
         assert held["landlock"] == isolation.landlock_abi() and held["proc"] == "own"
+    if verdict.timings.get("sandbox_child_started_by") == "exec":
+        assert held["threads"] == 1  # isolated before torch is imported (and starts threads)
