@@ -79,11 +79,14 @@ def follow_commands(address: str, workflow_id: str) -> list[str]:
 async def connect(address: str, within_s: float = CONNECT_WITHIN_S, namespace: str = "default") -> Client:
     """Client.connect, retried for a bounded time (a server just started may not answer yet), then
     TemporalUnreachable; bounded too when the address drops packets instead of refusing."""
+    from gpuyantra.temporal_auth import connect_options
+
+    options = connect_options()  # TLS and an API key, when the environment names them
     deadline = time.monotonic() + within_s
     while True:
         try:
             return await asyncio.wait_for(
-                Client.connect(address, namespace=namespace), max(deadline - time.monotonic(), 0.5)
+                Client.connect(address, namespace=namespace, **options), max(deadline - time.monotonic(), 0.5)
             )
         except (TimeoutError, RuntimeError) as exc:
             if time.monotonic() + 0.5 >= deadline:

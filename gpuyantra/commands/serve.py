@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from serving.limits import RequestLimits
@@ -250,14 +252,28 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     registration = _register_with_workers(args, config.resolved_state_dir())
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
-    finally:
-        if registration is not None:
-            from gpuyantra.trusted_servers import forget_server
-
-            forget_server(registration)
+    if registration is not None:
+        _forget_at_shutdown(app, registration)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def _forget_at_shutdown(app: Any, registration: Path) -> None:
+    """Remove the registration when the app shuts down: uvicorn re-raises SIGTERM once it has stopped,
+    so code after `uvicorn.run` never runs on a signal; the app's lifespan does."""
+    from gpuyantra.trusted_servers import forget_server
+
+    serving_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(the_app: Any) -> AsyncIterator[Any]:
+        try:
+            async with serving_lifespan(the_app) as state:
+                yield state
+        finally:
+            forget_server(registration)
+
+    app.router.lifespan_context = lifespan
 
 
 ADMIN_TOKEN_ON_COMMAND_LINE = (

@@ -61,11 +61,13 @@ def trust_servers(specs: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuyantra.campaign_client import TemporalUnreachable
+    from gpuyantra.temporal_auth import connect_options
     from workers.main import run_workers
 
     try:
         config.switch_interval_s()  # a bad setting stops the worker before it connects, in one line
         trust_servers(args.server)
+        connect_options()  # Temporal's TLS files and API key are readable (gpuyantra/temporal_auth.py)
     except ValueError as exc:
         print(f"gpuyantra worker: {exc}", file=sys.stderr)
         return 2
