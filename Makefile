@@ -20,9 +20,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gpuyantra demo --state-dir .state
 
+# -n: pytest-xdist worker processes; more than a 2-core machine's cores, since the integration tests
+# mostly wait on the servers and workers they start. --dist loadgroup: the tests of a module that share
+# a fixture wider than one test (a server, a model, the Temporal dev server) go to one worker together,
+# so it starts once (tests/conftest.py groups them); every other test goes to whichever worker is free.
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 # --durations: the slowest tests, listed after every run, so the suite's time stays in view.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
 
 # ruff (lint and format) and mypy, configured in pyproject.toml; CI runs it before the tests.
 lint: $(STAMP)
@@ -32,7 +40,7 @@ lint: $(STAMP)
 
 # Unit tests only (no Temporal server, no serving processes).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not integration"
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration" --durations=10
 
 clean:
 	rm -rf $(VENV) .state

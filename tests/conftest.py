@@ -7,6 +7,8 @@ import os
 import secrets
 import tempfile
 
+import pytest
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One attestation key for the whole run: the verifier, in-process apps, helpers that sign, and every
@@ -20,3 +22,21 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("GPUYANTRA_TESTS
     os.environ["GPUYANTRA_STATE_DIR"] = os.path.join(_state_root, os.environ["PYTEST_XDIST_WORKER"])
     os.makedirs(os.environ["GPUYANTRA_STATE_DIR"], exist_ok=True)
     os.environ["GPUYANTRA_TESTS_WORKER_STATE"] = "1"
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture of this project scoped wider than one test (a server, a
+    model, the Temporal dev server): pytest's and plugins' own fixtures have no base id."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope != "function" and d.baseid for defs in info.name2fixturedefs.values() for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs `--dist loadgroup`: a module whose tests share a wider fixture goes to one xdist
+    worker whole (the fixture starts once), every other test to whichever worker is free."""
+    for item in items:
+        if not item.get_closest_marker("xdist_group") and _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
