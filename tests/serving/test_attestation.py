@@ -104,6 +104,21 @@ def test_bytes_edited_after_attestation_are_refused(client, tmp_path):
     )
 
 
+def test_attested_bytes_python_would_read_differently_never_run(client, tmp_path):
+    """Even validly signed, a file whose coding declaration makes Python read other code than the
+    checker saw (here a hidden line that leaves a mark) is not imported: 422, nothing swapped."""
+    mark = tmp_path / "hidden-code-ran"
+    hidden = "# -*- coding: raw_unicode_escape -*-\n" + SOURCE.replace(
+        "\ndef ", f"\n# checked as a comment \\u000aopen({str(mark)!r}, 'w').write('ran')\ndef ", 1
+    )
+    kept = kept_files(client)
+    r = client.post("/admin/swap", json={"source": hidden, "attestation": attested(hidden)}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert "raw_unicode_escape" in r.text
+    assert not mark.exists() and kept_files(client) == kept
+    assert client.get("/admin/kernels", headers=AUTH).json()["active"] == []
+
+
 def test_forged_attestations_are_refused(client):
     assert_refused(
         client,
