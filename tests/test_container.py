@@ -59,6 +59,20 @@ def test_docker_compose_config_accepts_the_file():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_published_ports_bind_loopback_only():
+    """Temporal (no authentication of its own), Qdrant and the server's admin API stay off public interfaces."""
+    services = compose()["services"]
+    published = {name: service.get("ports", []) for name, service in services.items()}
+    assert published["temporal"] and published["qdrant"] and published["server"]
+    for name, ports in published.items():
+        assert all(str(port).startswith("127.0.0.1:") for port in ports), (name, ports)
+
+
+def test_workers_trust_the_compose_server_only():
+    environment = compose()["x-gpuyantra"]["environment"]
+    assert environment["GPUYANTRA_SERVERS"] == "server=http://server:8000"
+
+
 def test_every_service_has_a_healthcheck_and_a_restart_policy():
     services = compose()["services"]
     assert set(services) >= {"temporal", "qdrant", "server", "worker-gpu", "worker-cpu"}
