@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         token_file = save_admin_token(config.state_dir())
         print(
             f"Admin token (the workers use it): kept in {token_file}. Start the server with the same "
-            f'token: gpuyantra serve ... --admin-token "$(cat {token_file})"',
+            f"token: gpuyantra serve ... --admin-token-file {token_file}",
             flush=True,
         )
     else:
