@@ -140,11 +140,22 @@ def _build(state: ServerState) -> None:
             state.description.get("dtype"),
             state.reapplied,
         )
-    except Exception as exc:  # noqa: BLE001 - reported by /healthz and /readyz
-        log.exception("loading the model failed")
-        state.error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - reported by /healthz and /readyz, or stops `serve`
+        state.error = load_failure_line(exc)
+        if config.on_load_failure is None:
+            log.exception("loading the model failed")
+        else:  # the process stops with the cause in one line; the traceback only at debug level
+            log.debug("loading the model failed", exc_info=True)
     finally:
         state.loading = False
+    if state.error is not None and config.on_load_failure is not None:
+        config.on_load_failure(state.error)
+
+
+def load_failure_line(exc: BaseException) -> str:
+    """The cause of a failed load in one line: the exception's type and the first line of its message."""
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
 
 
 # ====================================================================== error bodies

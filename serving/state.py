@@ -9,6 +9,7 @@ is a 422 even while the model loads.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,6 +48,9 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies: 413 before they are read
     max_choices: int = DEFAULT_MAX_CHOICES  # prompts x n per completions request
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # prompt tokens per request, all prompts together
+    # Called (on the loader thread) with the one-line cause when the model fails to load or warm up:
+    # `serve` stops the process with it. None: the server stays up and its probes report the error.
+    on_load_failure: Callable[[str], None] | None = None
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_body_bytes, self.max_choices, self.max_prompt_tokens)

@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         rollback_reason,
     )
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
+    from workflows.targets import choose_targets, legacy_targets, measured_noise
     from workflows.types import (
         BenchmarkInput,
         CampaignInput,
@@ -223,18 +224,22 @@ class OptimizeCampaign:
         profile = await self._gpu("profile_server", server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
         self._model, self._campaign_id = str(profile.get("model") or ""), campaign_id
-        targets = [
-            Target.from_dict(t) for t in select_targets(profile.get("targets", []), params.ops, params.max_targets)
-        ]
-        self._target_ops = {t.op for t in targets}
-        self._search(
-            HARDWARE_KEY.value_set(str(hardware)),
-            *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
-            *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]),
-        )
+        skipped: list[dict[str, Any]] = []
         self._benchmark = BenchmarkInput(params.server_url, benchmark_batches(profile))
-        self._stage("e2e-before")
-        before = self._served = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
+        if workflow.patched("targets-above-noise"):
+            # The served speed's noise decides which estimated gains are worth a search.
+            self._stage("e2e-before")
+            before = self._served = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
+            choice = choose_targets(profile.get("targets", []), params.ops, params.max_targets, measured_noise(before))
+            targets, skipped = [Target.from_dict(t) for t in choice.chosen], choice.skipped
+            self._announce_targets(params, profile, targets)
+        else:  # campaigns started before: the top 3 (or max_targets), selected before measuring
+            targets = [
+                Target.from_dict(t) for t in legacy_targets(profile.get("targets", []), params.ops, params.max_targets)
+            ]
+            self._announce_targets(params, profile, targets)
+            self._stage("e2e-before")
+            before = self._served = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
 
         self._stage("targets")
         if workflow.patched("concurrent-targets"):
@@ -248,7 +253,7 @@ class OptimizeCampaign:
         rejected = [
             {"op": op, "reason": f"the served model has no module computing {op}"}
             for op in (params.ops or [])
-            if not any(t.op == op for t in targets)
+            if not any(t.op == op for t in targets) and not any(entry["op"] == op for entry in skipped)
         ]
         rejected += [outcome["entry"] for outcome in outcomes if not outcome.get("deployed")]
 
@@ -277,6 +282,7 @@ class OptimizeCampaign:
             "hardware": hardware,
             "deployed": deployed,
             "rejected": rejected,
+            **({"skipped": skipped} if skipped else {}),
             "e2e": {"tokens_per_s_before": before.get("tokens_per_s"), "tokens_per_s_after": after.get("tokens_per_s")},
             "served_speed": {
                 "before": figures(before),
@@ -288,6 +294,15 @@ class OptimizeCampaign:
             "profile_after": profile_digest(profile_after),
             "warnings": self._warnings,
         }
+
+    def _announce_targets(self, params: CampaignInput, profile: dict[str, Any], targets: list[Target]) -> None:
+        """The targets' ops answer signals; the model, hardware and ops become search attributes."""
+        self._target_ops = {t.op for t in targets}
+        self._search(
+            HARDWARE_KEY.value_set(str(profile.get("hardware", "unknown"))),
+            *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
+            *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]),
+        )
 
     async def _optimize_target(
         self, campaign_id: str, params: CampaignInput, target: Target, hardware: str
@@ -622,11 +637,12 @@ class OptimizeCampaign:
             workflow.upsert_search_attributes(kept)
 
 
-def select_targets(targets: list[dict[str, Any]], ops: list[str] | None, max_targets: int) -> list[dict[str, Any]]:
-    """The profile's ranked targets restricted to `ops` (all of them) or else the top few."""
-    if ops:
-        return [t for t in targets if t["op"] in ops]
-    return targets[:max_targets]
+def select_targets(
+    targets: list[dict[str, Any]], ops: list[str] | None, max_targets: int | None
+) -> list[dict[str, Any]]:
+    """The profile's ranked targets restricted to `ops` (all of them) or else the top few (3 unless
+    `max_targets`): how campaigns started before gain-based selection chose (`workflows/targets.py`)."""
+    return legacy_targets(targets, ops, max_targets)
 
 
 def not_passed_entry(target: Target, search: Search) -> dict[str, Any]:

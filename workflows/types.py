@@ -131,7 +131,9 @@ class CampaignInput:
     max_iterations: int = 6
     require_approval: bool = False
     device: str | None = None  # where candidates are verified; None = the GPU worker's own device
-    max_targets: int = 3  # when ops is not given: the top targets of the profile
+    # When ops is not given: at most this many of the targets whose estimated gain is above the
+    # measured noise (None: all of them; campaigns started before that took the top 3).
+    max_targets: int | None = None
     # Deploy a kernel even if serving this model rolled it back for speed before (skill memory).
     redeploy_rolled_back: bool = False
 

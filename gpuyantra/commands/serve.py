@@ -254,8 +254,28 @@ def run(args: argparse.Namespace) -> int:
     registration = _register_with_workers(args, config.resolved_state_dir())
     if registration is not None:
         _forget_at_shutdown(app, registration)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    )
+    load_failure = stop_on_load_failure(config, server)
+    server.run()
+    if load_failure:
+        print(f"gpuyantra serve: the model did not load, stopped: {load_failure[0]}", file=sys.stderr, flush=True)
+        return 2
     return 0
+
+
+def stop_on_load_failure(config: Any, server: Any) -> list[str]:
+    """Make a model that fails to load (or to warm up) stop the server instead of leaving it answering
+    503: the cause lands in the returned list and uvicorn shuts down (the app's lifespan runs)."""
+    causes: list[str] = []
+
+    def stop(cause: str) -> None:
+        causes.append(cause)
+        server.should_exit = True
+
+    config.on_load_failure = stop
+    return causes
 
 
 def _forget_at_shutdown(app: Any, registration: Path) -> None:

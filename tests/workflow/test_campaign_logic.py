@@ -62,8 +62,11 @@ class Script:
         batch8_spread: float = 0.0,
         paired_drops: list[float] | None = None,
         memory: dict[str, list[dict[str, Any]]] | None = None,
+        targets: list[dict[str, Any]] | None = None,
     ) -> None:
         self.rewards = rewards
+        # What the fake profile ranks (default: rms_norm and softmax, no gains estimated).
+        self.targets = targets if targets is not None else [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}]
         # The skill store's served-speed rollbacks by skill id (share one dict between campaigns).
         self.memory = {} if memory is None else memory
         # /admin/compare's paired drops per round (every batch alike); None: a server without the route.
@@ -103,7 +106,7 @@ class Script:
             self.calls.append("profile")
             return {
                 "hardware": "test-gpu",
-                "targets": [TARGET, {**TARGET, "op": "softmax", "module_class": "S"}],
+                "targets": self.targets,
                 "served_batches": [1, 8],
                 **({"model": self.model} if self.model else {}),
             }

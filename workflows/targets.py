@@ -1,0 +1,105 @@
+"""Which of the profile's targets a campaign goes after (plain Python: it runs in the workflow sandbox).
+
+The profile ranks its targets by estimated gain on the step as the server runs it (under CUDA
+graphs: device time). A campaign without `ops` takes every target whose estimated gain is above the
+served speed's measured noise (a smaller gain could not be told from noise by the served-speed check
+anyway), at most `max_targets` when given. A target a committed swap already serves is skipped and
+reported `already swapped`, so a second campaign continues where the first stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LEGACY_MAX_TARGETS = 3  # the cap campaigns started before gain-based selection replay with
+
+
+@dataclass(frozen=True)
+class TargetChoice:
+    """The targets to optimize, in the profile's order, and those left out with the reason."""
+
+    chosen: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+def estimated_gain(target: Mapping[str, Any]) -> float:
+    """The fraction of the served step a swap of `target` is estimated to save: the profiler's
+    `est_gain`, else (the fallback profile, which estimates nothing) its measured `share`, the most
+    a swap could save."""
+    value = target.get("est_gain")
+    if value is None:
+        value = target.get("share")
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def measured_noise(benchmark: Mapping[str, Any] | None) -> float:
+    """The largest relative spread of served tokens/s over the measured batches (0 when unmeasured)."""
+    if not benchmark:
+        return 0.0
+    spreads = [benchmark.get("relative_spread")]
+    spreads += [batch.get("relative_spread") for batch in benchmark.get("batches") or [] if isinstance(batch, Mapping)]
+    return max((float(s) for s in spreads if isinstance(s, (int, float))), default=0.0)
+
+
+def swapped_by(target: Mapping[str, Any]) -> list[str]:
+    """The committed swaps serving `target` now (the profile's `swapped`: swap ids)."""
+    return [str(swap) for swap in target.get("swapped") or [] if swap]
+
+
+def skip_entry(target: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """The result's entry of a target the campaign did not go after."""
+    entry = {"op": target.get("op"), "module_class": target.get("module_class"), "reason": reason}
+    if target.get("variant"):
+        entry["variant"] = target["variant"]
+    return entry
+
+
+def already_swapped_reason(swaps: Sequence[str]) -> str:
+    return f"already swapped (swap {', '.join(swaps)} serves it): not deployed again"
+
+
+def below_noise_reason(gain: float, noise: float) -> str:
+    return (
+        f"estimated gain {gain:.2%} of the served step is not above the measured noise {noise:.2%} "
+        "of served tokens/s: a swap could not be told from noise"
+    )
+
+
+def choose_targets(
+    targets: Sequence[Mapping[str, Any]],
+    ops: Sequence[str] | None,
+    max_targets: int | None,
+    noise: float,
+) -> TargetChoice:
+    """The profile's `targets` (best first) a campaign goes after.
+
+    With `ops`: every target of those ops. Without: every target whose estimated gain is above
+    `noise`, the first `max_targets` of them when given. Either way a target already served by a
+    committed swap is skipped."""
+    chosen: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for target in targets:
+        if ops and target.get("op") not in ops:
+            continue
+        swaps = swapped_by(target)
+        gain = estimated_gain(target)
+        if swaps:
+            skipped.append(skip_entry(target, already_swapped_reason(swaps)))
+        elif not ops and gain <= noise:
+            skipped.append(skip_entry(target, below_noise_reason(gain, noise)))
+        elif not ops and max_targets is not None and len(chosen) >= max_targets:
+            skipped.append(skip_entry(target, f"beyond max_targets {max_targets}"))
+        else:
+            chosen.append(dict(target))
+    return TargetChoice(chosen, skipped)
+
+
+def legacy_targets(
+    targets: Sequence[Mapping[str, Any]], ops: Sequence[str] | None, max_targets: int | None
+) -> list[dict[str, Any]]:
+    """The selection of campaigns started before gain-based selection (their replay must match):
+    the profile's targets of `ops`, else its top `max_targets` (3 when not given)."""
+    if ops:
+        return [dict(t) for t in targets if t["op"] in ops]
+    return [dict(t) for t in targets[: max_targets or LEGACY_MAX_TARGETS]]
