@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-targets",
         type=targets,
         default=None,
-        help="without --ops: how many of the profiler's top targets (default 3)",
+        help="without --ops: at most this many of the targets whose estimated gain is above the measured noise "
+        "(default: all of them)",
     )
     parser.add_argument(
         "--require-approval", action="store_true", help="wait for the `approve` signal before each deployment"
