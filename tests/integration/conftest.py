@@ -3,9 +3,10 @@ uvicorn serving process, all on 127.0.0.1 with free ports, each stopped at teard
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,26 @@ def workers(temporal: Managed, state_dir: Path, worker_env: dict[str, str]) -> I
         managed.stop()
 
 
+@pytest.fixture(scope="session")
+def trust(state_dir: Path) -> Callable[[str], str]:
+    """Register a server with the workers' state folder (`<state>/servers/`, as `serve` registers itself
+    in its own): the workers send admin requests only to servers they trust. Returns the URL."""
+
+    def register(url: str) -> str:
+        folder = state_dir / "servers"
+        folder.mkdir(exist_ok=True)
+        (folder / f"test-{url.rsplit(':', 1)[1]}.json").write_text(json.dumps({"url": url}))
+        return url
+
+    return register
+
+
 @pytest.fixture
-def served_model(tmp_path: Path) -> Iterator[Managed]:
+def served_model(tmp_path: Path, trust: Callable[[str], str]) -> Iterator[Managed]:
     managed = start_server(
         "tiny-qwen2", tmp_path, free_port(), ADMIN_TOKEN, device="cpu", env={"TRITON_INTERPRET": "1"}
     )
+    trust(managed.info["url"])
     yield managed
     managed.stop()
 

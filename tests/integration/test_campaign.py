@@ -133,15 +133,16 @@ def test_stock_temporal_cli_starts_the_campaign(temporal, workers, served_model,
     assert [k["op"] for k in kernels["active"]] == ["rms_norm"]
 
 
-async def test_campaign_fails_clearly_when_server_unreachable(temporal, workers):
-    dead = f"http://127.0.0.1:{free_port()}"
+async def test_campaign_fails_clearly_when_server_unreachable(temporal, workers, trust):
+    dead = trust(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(WorkflowFailureError) as failure:
         await run_campaign(temporal, CampaignInput(server_url=dead, ops=["rms_norm"], min_reward=1))
     assert "not reachable" in str(failure.value.cause)
 
 
-async def test_campaign_fails_clearly_on_wrong_token(temporal, workers, tmp_path):
+async def test_campaign_fails_clearly_on_wrong_token(temporal, workers, tmp_path, trust):
     other = start_server("tiny-qwen2", tmp_path, free_port(), "a-different-token", env={"TRITON_INTERPRET": "1"})
+    trust(other.info["url"])
     try:
         with pytest.raises(WorkflowFailureError) as failure:
             await run_campaign(temporal, CampaignInput(server_url=other.info["url"], min_reward=1))

@@ -24,12 +24,12 @@ def _open_gelu_op(url: str, headers: dict[str, str]) -> str:
 
 
 async def test_campaign_deploys_a_kernel_for_an_open_target_and_a_restart_keeps_it(
-    temporal, workers, admin_headers, tmp_path
+    temporal, workers, admin_headers, tmp_path, trust
 ):
     env = {"TRITON_INTERPRET": "1"}
     server = start_server("tiny-llama-gelu", tmp_path, free_port(), ADMIN_TOKEN, device="cpu", env=env)
     try:
-        url = server.info["url"]
+        url = trust(server.info["url"])
         before = logits(url, admin_headers)
         op = _open_gelu_op(url, admin_headers)
         result = await run_campaign(temporal, CampaignInput(server_url=url, ops=[op], min_reward=1, max_iterations=2))

@@ -41,10 +41,10 @@ def store_rms_norm_skill(qdrant_path, hardware: str) -> str:
         return store.upsert(skill)
 
 
-async def test_layer_norm_campaign_starts_from_rms_norm_skill(temporal, workers, state_dir, tmp_path):
+async def test_layer_norm_campaign_starts_from_rms_norm_skill(temporal, workers, state_dir, tmp_path, trust):
     server = start_server("tiny-gpt2", tmp_path, free_port(), ADMIN_TOKEN, env={"TRITON_INTERPRET": "1"})
     try:
-        url = server.info["url"]
+        url = trust(server.info["url"])
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         profile = httpx.post(f"{url}/admin/profile", json={}, headers=headers, timeout=300).json()
         layer_norms = [t for t in profile["targets"] if t["op"] == "layer_norm"]
