@@ -160,11 +160,13 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_sent(sta
     assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
 
 
-def test_work_is_cancelled_when_a_non_streaming_client_goes_away(start_server):
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_work_is_cancelled_when_its_client_goes_away(start_server, stream):
     """128 choices of up to 200 tokens each: minutes of work on a CPU. The client hangs up; the
     engine's requests are dropped and the queue empties."""
     server = start_server()
-    body = json.dumps({"prompt": [[5, 17, 300]], "n": 128, "max_tokens": 200, "temperature": 1.0}).encode()
+    asked = {"prompt": [[5, 17, 300]], "n": 128, "max_tokens": 200, "temperature": 1.0, "stream": stream}
+    body = json.dumps(asked).encode()
     sock = _raw_request(
         server.port,
         f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
