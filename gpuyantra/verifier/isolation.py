@@ -9,8 +9,8 @@ privileges, each optional and each recorded (`isolation` in the results and the 
   the verifier's own package folders (never the repository root, where a state folder may lie),
   system folders, `/sys`, and of `/proc` its own entries (CPU; all of it on CUDA); opens only
   harmless device files (`/dev/null`, `/dev/urandom`, ...) and on CUDA the GPU's (never a disk: root
-  reads a raw block device past every path rule); writes only beneath the sandbox's folder, the
-  shared compiler caches and `/dev/shm`, and to the GPU lock files. So the state folder's
+  reads a raw block device past every path rule); writes only beneath the sandbox's folder and, on
+  CUDA, the shared compiler caches, `/dev/shm` and the GPU lock files. So the state folder's
   attestation key and admin token cannot be read and nothing can be written there. Its domain also
   denies attaching to processes outside it (their `mem`, their descriptors); from ABI 6 signalling
   them too. Reading another process's `environ` it does not deny: the `/proc` rule does on CPU.
@@ -157,7 +157,8 @@ def policy(
     caches = [env[key] for key in CACHE_VARIABLES if env.get(key)]
     return {
         "read": sorted(readable | packages | set(SYSTEM_READ) | set(ETC_READ)),
-        "write": sorted({str(workdir), *caches}),
+        # CUDA: torch's IPC reference counters (the outputs' handles) live in /dev/shm.
+        "write": sorted({str(workdir), *caches, *([SHARED_MEMORY] if device == "cuda" else [])}),
         "devices": device_files(device),
         "files": sorted(lock_files),
         # CUDA: the driver and the compilers it starts read /proc/<their pid>: all of /proc stays
@@ -279,7 +280,7 @@ def _landlock(chosen: dict[str, Any]) -> tuple[int, bool]:
         rules = [(p, READ_RIGHTS) for p in [*chosen.get("read", []), *_proc_entries(chosen.get("proc"))]]
         rules += [(p, device_rights) for p in chosen.get("devices", [])]
         rules.append(("/dev", FS_READ_DIR))  # listing it; opening nothing but the files above
-        rules += [(p, every) for p in [*chosen.get("write", []), SHARED_MEMORY]]
+        rules += [(p, every) for p in chosen.get("write", [])]
         rules += [(p, FILE_RIGHTS & handled) for p in chosen.get("files", [])]
         for path, rights in rules:
             _add_rule(libc, ruleset, path, rights)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuyantra.verifier import fork_server, run_verification
+from gpuyantra.verifier import fork_server, isolation, run_verification
 from gpuyantra.verifier import sandbox as sandbox_module
 from tests.verifier.conftest import HEADER, HONEST_ENTRY, candidate_path, rules_of
 
@@ -67,19 +67,27 @@ with open({out!r}, "w") as _fh:
 
 
 def _probe(tmp_path: Path, name: str) -> tuple[dict, dict]:
-    # The child writes only beneath its own folder and /dev/shm (its isolation): the probe's word goes there.
-    out = Path("/dev/shm") / f"gpuyantra-test-{tmp_path.name}-{name}.json"
+    out = tmp_path / f"{name}.json"
     path = tmp_path / f"{name}.py"
     path.write_text(HEADER + PROBE.format(out=str(out)) + HONEST_ENTRY)
-    try:
-        verdict = run_verification(path, device="cpu", skip_static=True, **QUICK)
-        assert verdict.failures == [], verdict.failures
-        return json.loads(out.read_text()), verdict.timings
-    finally:
-        out.unlink(missing_ok=True)
+    verdict = run_verification(path, device="cpu", skip_static=True, **QUICK)
+    assert verdict.failures == [], verdict.failures
+    return json.loads(out.read_text()), verdict.timings
 
 
-def test_a_forked_child_sees_the_sandbox_a_new_interpreter_sees(state, tmp_path, monkeypatch):
+@pytest.fixture
+def probe_folder_writable(tmp_path, monkeypatch):
+    """The child writes only beneath its own folder (its isolation): here also the probe's."""
+    policy = isolation.policy
+
+    def with_probe_folder(*args, **kwargs):
+        chosen = policy(*args, **kwargs)
+        return {**chosen, "write": [*chosen.get("write", []), str(tmp_path)]}
+
+    monkeypatch.setattr(isolation, "policy", with_probe_folder)
+
+
+def test_a_forked_child_sees_the_sandbox_a_new_interpreter_sees(state, tmp_path, monkeypatch, probe_folder_writable):
     monkeypatch.setenv("GPUYANTRA_TEST_SECRET_TOKEN", "do-not-leak")
     execed, exec_timings = _probe(tmp_path, "exec")
     sandbox_module._start_fork_server("cpu")

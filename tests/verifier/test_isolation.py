@@ -190,6 +190,15 @@ def test_state_folder_is_not_writable(tmp_path, state):
     assert not (state / "planted.py").exists()
 
 
+def test_shared_memory_is_not_writable_on_cpu(tmp_path):
+    """On CPU the child writes beneath its own folder only (on CUDA also /dev/shm, for CUDA IPC)."""
+    planted = Path("/dev/shm/planted.py")
+    _, message = _probe(tmp_path, "cheat_writes_state", "/dev/shm")
+    written = planted.exists()
+    planted.unlink(missing_ok=True)
+    assert "PROBE blocked" in message and not written, message
+
+
 def test_no_process_outlives_the_verdict(tmp_path):
     """A double fork with setsid in the middle: setsid fails, the grandchild stays in the child's
     session, and it is killed (and reported) before the verdict."""
