@@ -53,3 +53,38 @@ def test_report_from_json_reads_no_file_the_result_names(state, tmp_path, capsys
     out = tmp_path / "report.html"
     assert main(["report", "--from-json", str(saved), "--out", str(out)]) == 0
     assert SECRET not in out.read_text()
+
+
+class CompletedCampaign:
+    """Stands in for Temporal: one completed campaign whose result is `result`."""
+
+    def __init__(self, result: dict) -> None:
+        self.result_value = result
+
+    def get_workflow_handle(self, campaign_id: str) -> CompletedCampaign:
+        return self
+
+    async def describe(self) -> object:
+        from types import SimpleNamespace
+
+        from temporalio.client import WorkflowExecutionStatus
+
+        return SimpleNamespace(status=WorkflowExecutionStatus.COMPLETED)
+
+    async def result(self) -> dict:
+        return self.result_value
+
+
+def test_the_dashboards_report_route_reads_no_file_the_result_names(state):
+    from fastapi.testclient import TestClient
+
+    from gpuyantra.dashboard.app import create_app
+    from gpuyantra.dashboard.sources import Settings, Sources
+
+    settings = Settings(server_url="http://127.0.0.1:1", temporal_address="127.0.0.1:1")
+    sources = Sources(settings)
+    sources._temporal = CompletedCampaign(gpu_result(str(state / "admin-token")))
+    app = create_app(settings, sources)
+    page = TestClient(app, base_url="http://127.0.0.1").get("/api/campaigns/campaign-x/report")  # no token
+    assert page.status_code == 200 and "Kernel source: absent." in page.text
+    assert SECRET not in page.text
