@@ -21,6 +21,7 @@ keeps a padded row from scanning the whole cache.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from typing import Any
 
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 NAME = "gpuyantra_decode"
+log = logging.getLogger("gpuyantra.serving")
 KEYS_PER_SPLIT = 512  # past this many cache slots, keys are split over programs (flash-decoding)
 
 
@@ -319,29 +321,69 @@ def _unsupported(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return None
 
 
+def original_attention(module: torch.nn.Module, implementation: str) -> Any:
+    """The attention function the model ran before a decode attention was installed: its own
+    module's `eager_attention_forward` for "eager" (Gemma2's soft-capping lives there), else the one
+    transformers registered under that name (SDPA where nothing else is known)."""
+    import sys
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if implementation == "eager":
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if eager is not None:
+            return eager
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS[implementation]
+    except (ImportError, KeyError):
+        return sdpa_attention_forward
+
+
+def rows_of_the_step(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor | None, rows: int):
+    """A mixed step's cache hands the kernel every cache row (it reads each query row's slot itself);
+    a fallback needs one key/value row per query row, gathered by slot."""
+    if slots is None or key.shape[0] == rows:
+        return key, value
+    return key.index_select(0, slots), value.index_select(0, slots)
+
+
 class DecodeAttention:
     """The attention function transformers calls, bound to one engine's cache: its scratch slot, and
-    the key/value of the current decode step that the cache hands over instead of writing them."""
+    the key/value of the current decode step that the cache hands over instead of writing them.
+    A call the kernel cannot serve (a prefill, a sliding-window or soft-capped layer, ...) goes to
+    the model's own attention (`original`), its reason logged once per layer."""
 
-    def __init__(self, name: str, cache: Any):
+    def __init__(self, name: str, cache: Any, original: str = "sdpa"):
         self.name = name
         self.cache = cache
+        self.original = original
         self.calls = 0
         self.fallbacks = 0
-        self.last_fallback: str | None = None  # why the last call went to SDPA
+        self.last_fallback: str | None = None  # why the last call went to the model's own attention
+        self._logged: set[tuple[Any, str]] = set()
+
+    def _fall_back(self, module, query, key, value, attention_mask, scaling, kwargs, reason: str):
+        self.fallbacks += 1
+        self.last_fallback = reason
+        layer = getattr(module, "layer_idx", None)
+        if query.shape[2] == 1 and (layer, reason) not in self._logged:  # prefills fall back by design
+            self._logged.add((layer, reason))
+            log.info("decode attention off for layer %s (%s): %s attention serves it", layer, reason, self.original)
+        slots = getattr(getattr(self.cache, "mode", None), "slots", None)
+        key, value = rows_of_the_step(key, value, slots, query.shape[0])
+        attend = original_attention(module, self.original)
+        return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         layer = getattr(module, "layer_idx", None)
         new_kv = self.cache.take_pending(layer) if self.cache is not None else None
         reason = _unsupported(module, query, key, kwargs)
         if reason is not None:
-            self.fallbacks += 1
-            self.last_fallback = reason
             if new_kv is not None:
                 self.cache.write_decode(layer, *new_kv)
-            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            return self._fall_back(module, query, key, value, attention_mask, scaling, kwargs, reason)
         positions = kwargs["position_ids"].reshape(-1)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         self.calls += 1
@@ -359,14 +401,22 @@ def install(model: torch.nn.Module, cache: Any) -> DecodeAttention:
     `cache` (the engine's `SlotCache`) then hands each decode step's key/value to the kernel."""
     from transformers import AttentionInterface
 
-    function = DecodeAttention(f"{NAME}_{next(_installed)}", cache)
+    config: Any = model.config  # (torch types module attributes as Tensor | Module)
+    current = str(getattr(config, "_attn_implementation", None) or "sdpa")
+    if not current.startswith(NAME):  # the model's own, kept for fallbacks and for uninstall
+        model.gpuyantra_original_attention = current  # type: ignore[assignment]
+    original = str(getattr(model, "gpuyantra_original_attention", "sdpa"))
+    function = DecodeAttention(f"{NAME}_{next(_installed)}", cache, original)
     if cache is not None:
         cache.defer_decode_writes = True
     AttentionInterface.register(function.name, function)
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-        ALL_MASK_ATTENTION_FUNCTIONS.register(function.name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        # The original's mask: an eager original gets its explicit causal mask (SDPA's may be None,
+        # causal by `is_causal`, which an eager fallback would read as no mask at all).
+        masks = ALL_MASK_ATTENTION_FUNCTIONS
+        masks.register(function.name, masks[original] if original in masks else masks["sdpa"])
     except (ImportError, KeyError):
         pass
     _set_attention(model, function.name)
@@ -374,10 +424,11 @@ def install(model: torch.nn.Module, cache: Any) -> DecodeAttention:
 
 
 def uninstall(model: torch.nn.Module) -> None:
-    """Back to transformers' SDPA if one of our decode attentions is installed (else a no-op)."""
+    """Back to the model's own attention (SDPA, or eager where the architecture has no SDPA) if one
+    of our decode attentions is installed (else a no-op)."""
     config: Any = model.config  # (torch types module attributes as Tensor | Module)
     if str(config._attn_implementation).startswith(NAME):
-        _set_attention(model, "sdpa")
+        _set_attention(model, str(getattr(model, "gpuyantra_original_attention", "sdpa")))
 
 
 def _set_attention(model: torch.nn.Module, name: str) -> None:

@@ -21,12 +21,15 @@ so generation with it only stops on `max_tokens` or a stop string.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+log = logging.getLogger("gpuyantra.serving")
 
 DTYPES = {
     "float32": torch.float32,
@@ -276,8 +279,22 @@ def _from_config(config: Any, device: str, dtype: torch.dtype, seed: int) -> tor
     # Built directly on the device (fast for large models on CUDA), in float32 then cast, so the
     # random values do not depend on the serving dtype's rounding during init.
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        model = built_with_attention(
+            lambda attention: AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+        )
     return model.to(device=device, dtype=dtype)
+
+
+def built_with_attention(build: Callable[[str], Any]) -> Any:
+    """`build(attention)` with SDPA, or with the architecture's own eager attention where transformers
+    refuses SDPA for it (Gemma2 in some releases: its soft-capping), the reason logged."""
+    try:
+        return build("sdpa")
+    except ValueError as exc:
+        if "scaled_dot_product_attention" not in str(exc):
+            raise
+        log.warning("this architecture has no SDPA attention in transformers, so it is served with eager attention")
+        return build("eager")
 
 
 def resolve_model(spec: str) -> tuple[str, Path | None, str]:
@@ -382,11 +399,12 @@ def load_model(
         if random_weights:
             model = _from_config(config, device, torch_dtype, seed)
         else:
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
+            model = built_with_attention(
+                lambda attention: AutoModelForCausalLM.from_pretrained(
+                    folder, dtype=torch_dtype, attn_implementation=attention, local_files_only=True
+                )
             )
-            # transformers types `to` through a wrapper that loses the bound self
-            model = model.to(device)  # type: ignore[arg-type]
+            model = model.to(device)
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(

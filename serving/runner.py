@@ -60,6 +60,17 @@ class ModelRunner:
         limit = _context_limit(self.model.config)
         max_len = int(max_seq_len or min(limit, 2048))
         max_len = min(max_len, limit)
+        window = sliding_window_of(self.model.config)
+        if window is not None and max_len > window + 1:
+            # The engine passes one explicit causal mask to every layer, so a sliding-window layer
+            # sees the whole context: it is right only while the context fits the window.
+            log.warning(
+                "context capped at %d tokens (not %d): the model's sliding-window layers attend to %d",
+                window,
+                max_len - 1,
+                window,
+            )
+            max_len = window + 1
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.max_batch = max_batch
@@ -232,6 +243,7 @@ class ModelRunner:
     def self_check(self, prompt_len: int = 6, steps: int = 3) -> dict[str, Any]:
         """The slot-cache path must reproduce a plain full-sequence forward (run once at startup)."""
         vocab = max(2, self.vocab_size)
+        prompt_len = max(1, min(prompt_len, self.cache.usable_len - steps))  # a short context (a window)
         prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
         seq = list(prompt)
         got = []
@@ -258,6 +270,20 @@ class ModelRunner:
                 f"(max logit difference {diff:.3g} vs a full forward); this architecture is not supported"
             )
         return report
+
+
+def sliding_window_of(config: Any) -> int | None:
+    """The window of the model's sliding-window attention layers, None when no layer slides (Qwen2
+    names a window it does not use: `use_sliding_window` false, every layer full attention)."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return window
 
 
 def _context_limit(config: Any) -> int:
