@@ -11,7 +11,8 @@ second small kernel merges the partial softmaxes (flash-decoding).
 It is registered with transformers' `AttentionInterface` as `gpuyantra_decode` and handles only
 what it was built for: one query token per row, no sliding window / softcap / dropout, positions
 given, a cache tensor with a unit stride on the head dimension. Everything else (prefill, other
-models' features) goes to transformers' own SDPA function, unchanged.
+models' features: Gemma2's sliding-window and soft-capped layers) goes to the model's own attention
+(SDPA, or its eager attention where transformers has no SDPA for it), logged once per layer.
 
 Rows whose position is the engine cache's scratch slot (`max_len - 1`: padding rows of a graph
 bucket, capture and probe passes) attend to that slot only: their outputs are discarded, and this
@@ -397,7 +398,7 @@ _installed = itertools.count()
 
 def install(model: torch.nn.Module, cache: Any) -> DecodeAttention:
     """Register a decode attention for `model` (one query token per row) under a name of its own and
-    switch the model to it; the mask interface keeps SDPA's, so prefill passes behave as before.
+    switch the model to it; the mask interface keeps the original's, so prefill passes behave as before.
     `cache` (the engine's `SlotCache`) then hands each decode step's key/value to the kernel."""
     from transformers import AttentionInterface
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,18 +28,23 @@ from tests.serving.test_mixed_steps import drive
 WINDOW = 16  # every request below fits it: prompt + generated tokens <= 15
 
 
-def tiny_gemma2(root: Path) -> LoadedModel:
+def tiny_gemma2_config(window: int = WINDOW) -> Any:
+    """tiny-qwen2's sizes with Gemma2's layers: sliding-window and full ones, soft-capped attention."""
     from transformers import Gemma2Config
 
     from serving.models import PRESETS
 
-    sizes = PRESETS["tiny-qwen2"]().to_dict()  # tiny-qwen2's sizes, Gemma2's layers
+    sizes = PRESETS["tiny-qwen2"]().to_dict()
     keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    config = Gemma2Config(
+    return Gemma2Config(
         **{key: sizes[key] for key in (*keep, "num_key_value_heads", "head_dim")},
-        sliding_window=WINDOW,
+        sliding_window=window,
         query_pre_attn_scalar=sizes["head_dim"],
     )
+
+
+def tiny_gemma2(root: Path) -> LoadedModel:
+    config = tiny_gemma2_config()
     folder = root / "tiny-gemma2"
     config.save_pretrained(folder)
     return load_model(str(folder), random_weights=True, byte_tokenizer=True)
