@@ -178,7 +178,19 @@ def test_the_flush_counts_toward_keeping_the_gpu_busy(monkeypatch, flush_us, spu
 
 
 def test_the_flush_time_is_its_fastest_run_measured_once_per_size(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    clock_ms = [0]  # a fake clock that only the flushes advance: the runs' lengths exact at any load
+
+    class ClockEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at = 0
+
+        def record(self) -> None:
+            self.at = clock_ms[0]
+
+        def elapsed_time(self, end: ClockEvent) -> float:
+            return float(end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", ClockEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench, "_flush_us", {})
     zeroed: list[int] = []
@@ -195,10 +207,10 @@ def test_the_flush_time_is_its_fastest_run_measured_once_per_size(monkeypatch):
 
         def zero_(self) -> None:
             zeroed.append(self.n)
-            time.sleep(0.001 * (1 + len(zeroed) % 3))  # runs of 1-3 ms
+            clock_ms[0] += 1 + len(zeroed) % 3  # runs of 2, 3, 1, 2, ... ms
 
     first = bench.flush_us(Flush(64))  # type: ignore[arg-type]
-    assert 1000 <= first < 2000  # the fastest of the runs, in microseconds
+    assert first == 1000  # the fastest of the runs, in microseconds
     assert bench.flush_us(Flush(64)) == first and zeroed == [64] * bench.FLUSH_SAMPLES  # not measured again
     bench.flush_us(Flush(128))  # type: ignore[arg-type]
     assert zeroed.count(128) == bench.FLUSH_SAMPLES
