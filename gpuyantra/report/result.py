@@ -200,9 +200,23 @@ def text_summary(result: dict[str, Any]) -> list[str]:
     ]
     lines += [f"  deployed {target_name(entry)}: {deployed_text(entry)}" for entry in deployed]
     lines += [f"  rejected {target_name(entry)}: {entry.get('reason')}" for entry in rejected]
+    lines += skipped_lines(result.get("skipped") or [])
     lines += speed_lines(result)
     if not deployed and not rejected:
         lines.append("  no target was searched")
+    return lines
+
+
+def skipped_lines(skipped: list[dict[str, Any]]) -> list[str]:
+    """Targets already swapped, one line each; the others skipped (gain within the noise, beyond
+    max_targets) counted in one line, so a profile of many small targets keeps the summary short."""
+    swapped = [entry for entry in skipped if str(entry.get("reason", "")).startswith("already swapped")]
+    lines = [f"  skipped {target_name(entry)}: {entry.get('reason')}" for entry in swapped]
+    others = len(skipped) - len(swapped)
+    if others:
+        lines.append(
+            f"  skipped {others} more target(s): estimated gain within the measured noise, or beyond max_targets"
+        )
     return lines
 
 

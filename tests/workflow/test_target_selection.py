@@ -103,3 +103,12 @@ async def test_a_named_op_already_swapped_is_reported_not_redeployed(env):
     assert result["deployed"] == [] and result["rejected"] == []
     assert result["skipped"][0]["reason"].startswith("already swapped (swap s1")
     assert "deploy" not in script.calls and not any(c.startswith("verify") for c in script.calls)
+
+
+def test_the_summary_names_what_was_already_swapped_and_counts_the_rest():
+    from gpuyantra.report.result import text_summary
+
+    choice = choose_targets(RANKED, None, 1, noise=0.02)
+    lines = text_summary({"workflow_id": "c", "deployed": [], "rejected": [], "skipped": choice.skipped})
+    assert any(line.startswith("  skipped rope (rope_class): already swapped (swap swap-1") for line in lines)
+    assert "  skipped 5 more target(s): estimated gain within the measured noise, or beyond max_targets" in lines
