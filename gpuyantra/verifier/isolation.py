@@ -6,7 +6,8 @@ privileges, each optional and each recorded (`isolation` in the results and the 
 
 - `no_new_privs` (prctl): no privileges gained by exec; Landlock and seccomp need it.
 - `landlock` (the ABI version, 0 where none): reads only beneath the interpreter, its libraries,
-  the verifier's own package folders (never the repository root, where a state folder may lie),
+  the import paths (the repository's among them) split around the state folder and the temporary
+  folder, whose entries stay unreadable (`readable_beneath`),
   system folders, `/sys`, and of `/proc` its own entries (CPU; all of it on CUDA); opens only
   harmless device files (`/dev/null`, `/dev/urandom`, ...) and on CUDA the GPU's (never a disk: root
   reads a raw block device past every path rule); writes only beneath the sandbox's folder and, on
@@ -143,16 +144,21 @@ def policy(
     device: str, workdir: Path, env: dict[str, str], lock_files: list[str], secret_folders: list[Path]
 ) -> dict[str, Any]:
     """The folders a child working in `workdir` with environment `env` may read and write (its JSON
-    argument). Nothing that is, or holds, one of `secret_folders` (the state folder) or the repository
-    root is readable; of the repository only the packages the child imports."""
+    argument). Import paths (the repository's root among them) are readable except what is, or
+    holds, one of `secret_folders` (the state folder) or the temporary folder (`readable_beneath`)."""
     if os.environ.get(SWITCH, "1") == "0":
         return {"off": True}
     python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     python.add(str(Path(sys.executable).resolve().parent.parent))
     # The system's temporary folder holds other sandboxes' folders (and often a state folder).
-    guarded = [REPO_ROOT, Path(tempfile.gettempdir()).resolve(), *(Path(f).resolve() for f in secret_folders)]
     on_path = {p for p in sys.path if p and Path(p).is_dir()} | python
-    readable = {p for p in on_path if not any(_within(g, Path(p).resolve()) for g in guarded)}
+    # The repository's hidden entries (a state folder `.state`, version-control metadata, credentials),
+    # but for one that holds the interpreter or an import path (a `.venv`).
+    needed = [Path(p).resolve() for p in on_path]
+    hidden = [e.resolve() for e in REPO_ROOT.glob(".*") if not any(_within(n, e.resolve()) for n in needed)]
+    guarded = [Path(tempfile.gettempdir()).resolve(), *hidden, *(Path(f).resolve() for f in secret_folders)]
+    on_path.add(str(REPO_ROOT))
+    readable = {kept for p in on_path for kept in readable_beneath(Path(p).resolve(), guarded)}
     packages = {str(REPO_ROOT / name) for name in CHILD_PACKAGES}
     caches = [env[key] for key in CACHE_VARIABLES if env.get(key)]
     return {
@@ -166,6 +172,26 @@ def policy(
         # keeps their environment and memory out of reach.
         "proc": "all" if device == "cuda" else "own",
     }
+
+
+def readable_beneath(folder: Path, guarded: list[Path]) -> list[str]:
+    """What of `folder` (an import path) the child may read: all of it when it holds no guarded
+    folder; none when it lies in one; else its entries, split the same way, hidden ones left out
+    (a state folder, version-control metadata, credentials). So a module class of the user's
+    project (or the repository's tests) imports while the state folder beside it stays unreadable."""
+    if any(_within(folder, g) for g in guarded):
+        return []
+    if not any(_within(g, folder) for g in guarded):
+        return [str(folder)]
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    kept: list[str] = []
+    for entry in entries:
+        if not entry.name.startswith("."):
+            kept += readable_beneath(entry.resolve(), guarded)
+    return kept
 
 
 def device_files(device: str) -> list[str]:

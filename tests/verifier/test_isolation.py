@@ -232,6 +232,20 @@ def test_policy_never_lists_the_repository_or_the_state_folder(state):
         assert resolved not in (state, *state.parents)
 
 
+def test_import_paths_are_readable_around_a_state_folder_inside_them(tmp_path):
+    """A project folder on the import path (a module class of the user's) stays readable, split
+    around the state folder and hidden entries inside it, which are never listed."""
+    project = tmp_path / "project"
+    state = project / "state"
+    for folder in (project / "models", state, project / ".git"):
+        folder.mkdir(parents=True)
+    (project / "models" / "mine.py").write_text("X = 1\n")
+    kept = {Path(p) for p in isolation.readable_beneath(project, [state])}
+    assert kept == {project / "models"}
+    assert isolation.readable_beneath(state / "inner", [state]) == []
+    assert isolation.readable_beneath(project / "models", [state]) == [str(project / "models")]
+
+
 def test_isolation_layers_are_recorded(tmp_path):
     """Which layers held on this machine (they all do on a Linux host with Landlock and seccomp)."""
     verdict, _ = _probe(tmp_path, "cheat_reads_secret_file", "/nonexistent")
