@@ -23,7 +23,7 @@ from gpuyantra.ops.open import build_open_target, open_family, register_open
 from gpuyantra.verifier import run_verification
 from gpuyantra.verifier.cases import Case, float64_reference, ieee_float32, make_case
 from gpuyantra.verifier.judge import CONDITIONING_SLACK, References, _conditioning_slack
-from tests.verifier.conftest import candidate_path, rules_of
+from tests.verifier.conftest import candidate_path
 
 K = 2**20
 HONEST = candidate_path("open_gemm_group_norm")
