@@ -36,7 +36,8 @@ def test_accepted_exits_0_and_candidate_prints_stay_out_of_stdout():
     assert list(data) == CONTRACT_KEYS + EXTRA_KEYS + ["verified_by"]
     assert data["verified_by"] == "here"  # no GPU worker polls here
     assert data["accepted"] is True and data["reward"] == 1 and data["failures"] == []
-    assert data["op"] == "rms_norm" and data["device"] == "cpu" and data["checks"] == 4 * (5 * 4 + 2 * 2) + 2
+    assert data["op"] == "rms_norm" and data["device"] == "cpu"
+    assert data["checks"] == 4 * (5 * 4 + 2 * 2) + 2 + 8  # the grid, the live shapes, the plan classes
     assert data["speedup_vs_eager"] is None and data["speedup_vs_compile"] is None
     # Each stage of the verdict is timed, to the child's exit or to its results seen (then it ends by itself).
     timings = data["timings"]
@@ -60,11 +61,10 @@ def test_human_output_names_rules():
     assert "REJECTED" in result.stdout and "[static/guarded-fallback]" in result.stdout
 
 
-def test_unreadable_file_exits_1_clearly(tmp_path):
+def test_missing_file_is_a_usage_error_with_one_line(tmp_path):
     result = gpuyantra(tmp_path / "missing.py", "--device", "cpu", "--json")
-    assert result.returncode == 1
-    data = one_json(result.stdout)
-    assert data["failures"][0]["rule"] == "unreadable" and "missing.py" in data["failures"][0]["message"]
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().endswith("missing.py: no such file") and len(result.stderr.splitlines()) == 1
 
 
 def test_unknown_op_exits_1_clearly(tmp_path):
