@@ -112,7 +112,7 @@ NUMERICS = """def _numerics(dev, matmul):
     # zero by default; torch does not), and outside matmuls no product and sum fuse into one FMA (eager
     # rounds after each op). The interpreter ignores them; Triton's ROCm backend has no reflect-ftz.
     opts = {} if matmul else {"enable_fp_fusion": False}
-    if dev.type == "cuda" and triton.runtime.driver.active.get_current_target().backend == "cuda":
+    if dev.type == "cuda" and torch.version.hip is None:  # (triton.runtime is closed to candidates)
         opts["enable_reflect_ftz"] = False
     return opts
 """

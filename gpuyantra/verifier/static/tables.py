@@ -47,6 +47,8 @@ ALLOWED_TORCH = (
             "torch.cuda.get_device_properties",
             "torch.cuda.get_device_capability",
             "torch.cuda.get_device_name",
+            "torch.version.cuda",  # strings: which backend the build targets (CUDA or ROCm)
+            "torch.version.hip",
         }
     )
     | TORCH_DTYPES
