@@ -150,15 +150,16 @@ def policy(
         return {"off": True}
     python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     python.add(str(Path(sys.executable).resolve().parent.parent))
-    # The system's temporary folder holds other sandboxes' folders (and often a state folder).
     on_path = {p for p in sys.path if p and Path(p).is_dir()} | python
-    # The repository's hidden entries (a state folder `.state`, version-control metadata, credentials),
-    # but for one that holds the interpreter or an import path (a `.venv`).
-    needed = [Path(p).resolve() for p in on_path]
-    hidden = [e.resolve() for e in REPO_ROOT.glob(".*") if not any(_within(n, e.resolve()) for n in needed)]
-    guarded = [Path(tempfile.gettempdir()).resolve(), *hidden, *(Path(f).resolve() for f in secret_folders)]
+    # Never listed whole, though an import path may lie inside one (a virtual environment, a clone
+    # in the temporary folder): the temporary folder (other sandboxes' folders, often a state folder)
+    # and the repository's hidden entries (`.state`, version-control metadata, credentials).
+    imports = {Path(p).resolve() for p in on_path}
+    hidden = [e.resolve() for e in REPO_ROOT.glob(".*") if e.resolve() not in imports]
+    closed = [Path(tempfile.gettempdir()).resolve(), *hidden]
+    secrets = [Path(f).resolve() for f in secret_folders]
     on_path.add(str(REPO_ROOT))
-    readable = {kept for p in on_path for kept in readable_beneath(Path(p).resolve(), guarded)}
+    readable = {kept for p in on_path for kept in readable_beneath(Path(p).resolve(), secrets, closed)}
     packages = {str(REPO_ROOT / name) for name in CHILD_PACKAGES}
     caches = [env[key] for key in CACHE_VARIABLES if env.get(key)]
     return {
@@ -174,14 +175,14 @@ def policy(
     }
 
 
-def readable_beneath(folder: Path, guarded: list[Path]) -> list[str]:
-    """What of `folder` (an import path) the child may read: all of it when it holds no guarded
-    folder; none when it lies in one; else its entries, split the same way, hidden ones left out
-    (a state folder, version-control metadata, credentials). So a module class of the user's
-    project (or the repository's tests) imports while the state folder beside it stays unreadable."""
-    if any(_within(folder, g) for g in guarded):
+def readable_beneath(folder: Path, secrets: list[Path], closed: list[Path]) -> list[str]:
+    """What of `folder` (an import path) the child may read: none when it lies in one of `secrets`
+    or is one of `closed`; all of it when it holds none of `secrets` or `closed`; else its entries, split the same way,
+    leaving out the hidden ones and `closed` themselves. So a module class of the user's project (or
+    the repository's tests) imports while the state folder beside it stays unreadable."""
+    if folder in closed or any(_within(folder, secret) for secret in secrets):
         return []
-    if not any(_within(g, folder) for g in guarded):
+    if not any(_within(guard, folder) for guard in [*secrets, *closed]):
         return [str(folder)]
     try:
         entries = sorted(folder.iterdir())
@@ -189,8 +190,9 @@ def readable_beneath(folder: Path, guarded: list[Path]) -> list[str]:
         return []
     kept: list[str] = []
     for entry in entries:
-        if not entry.name.startswith("."):
-            kept += readable_beneath(entry.resolve(), guarded)
+        resolved = entry.resolve()
+        if not entry.name.startswith(".") and resolved not in closed:
+            kept += readable_beneath(resolved, secrets, closed)
     return kept
 
 

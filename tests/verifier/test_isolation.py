@@ -234,16 +234,22 @@ def test_policy_never_lists_the_repository_or_the_state_folder(state):
 
 def test_import_paths_are_readable_around_a_state_folder_inside_them(tmp_path):
     """A project folder on the import path (a module class of the user's) stays readable, split
-    around the state folder and hidden entries inside it, which are never listed."""
+    around the state folder and hidden entries inside it, which are never listed; an import path
+    inside a closed folder (a clone's virtual environment in the temporary folder) stays readable,
+    the closed folder itself is never readable."""
     project = tmp_path / "project"
     state = project / "state"
-    for folder in (project / "models", state, project / ".git"):
+    for folder in (project / "models", state, project / ".git", project / ".venv" / "lib"):
         folder.mkdir(parents=True)
     (project / "models" / "mine.py").write_text("X = 1\n")
-    kept = {Path(p) for p in isolation.readable_beneath(project, [state])}
+    kept = {Path(p) for p in isolation.readable_beneath(project, [state], [])}
     assert kept == {project / "models"}
-    assert isolation.readable_beneath(state / "inner", [state]) == []
-    assert isolation.readable_beneath(project / "models", [state]) == [str(project / "models")]
+    assert isolation.readable_beneath(state / "inner", [state], []) == []
+    assert isolation.readable_beneath(project / "models", [state], []) == [str(project / "models")]
+    assert isolation.readable_beneath(project, [state], [project / ".git"]) == [str(project / "models")]
+    venv = project / ".venv"
+    assert isolation.readable_beneath(venv, [state], [tmp_path]) == [str(venv)]
+    assert isolation.readable_beneath(tmp_path, [state], [tmp_path]) == []
 
 
 def test_isolation_layers_are_recorded(tmp_path):
