@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuyantra.skills import schema
+import gpuyantra.skills.schema as schema
 from gpuyantra.skills.bandit import mean_reward
 from gpuyantra.skills.fingerprint import FINGERPRINT_DIM, Fingerprint
 
