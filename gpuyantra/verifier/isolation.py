@@ -309,6 +309,8 @@ def _landlock(chosen: dict[str, Any]) -> tuple[int, bool]:
         rules += [(p, device_rights) for p in chosen.get("devices", [])]
         rules.append(("/dev", FS_READ_DIR))  # listing it; opening nothing but the files above
         rules += [(p, every) for p in chosen.get("write", [])]
+        if chosen.get("proc") == "all":  # CUDA: the driver's initialisation writes its own /proc entries
+            rules.append((f"/proc/{os.getpid()}", every))
         rules += [(p, FILE_RIGHTS & handled) for p in chosen.get("files", [])]
         for path, rights in rules:
             _add_rule(libc, ruleset, path, rights)
