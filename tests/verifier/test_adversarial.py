@@ -43,7 +43,7 @@ RUNTIME_CHEATS = [
     # Stopped statically (see STATIC_CHEATS); with the static layer off the runtime layers stop them.
     ("cheat_torch_fallback", {"skip_static": True}, ("correctness", "host-torch-op")),
     ("cheat_cached_buffer", {"skip_static": True}, ("correctness", "output-reused")),
-    ("cheat_fork", {"skip_static": True}, ("sandbox", "forked-process")),
+    ("cheat_fork", {"skip_static": True, "dtypes": ["float32"]}, ("sandbox", "forked-process")),  # fewer forks alive
     ("cheat_exit_fake_reward", {"skip_static": True}, ("sandbox", "early-exit")),
     ("cheat_adapter_mutation", {"skip_static": True}, ("sandbox", "runtime-mismatch")),
 ]

@@ -31,6 +31,7 @@ LARGEST_CALL_BYTES = 4 * 2 * 16411  # the [2, 16411] stress call
 def test_outputs_past_the_file_size_limit_are_judged(monkeypatch):
     # Before: every output went into one file, cut at the file-size limit, and the parent read a
     # corrupt archive ("cannot read the saved outputs ... failed finding central directory").
+    monkeypatch.setenv("GPUYANTRA_PLAN_CLASSES", "0")  # the grid's sizes above, not the classes' wider calls
     limit = PLAN_OUTPUT_BYTES // 3
     assert 2 * LARGEST_CALL_BYTES < limit < PLAN_OUTPUT_BYTES
     monkeypatch.setattr(sandbox_module, "FILE_SIZE_LIMIT", limit)
@@ -40,6 +41,7 @@ def test_outputs_past_the_file_size_limit_are_judged(monkeypatch):
 
 
 def test_wrong_values_in_a_later_chunk_are_still_found(monkeypatch):
+    monkeypatch.setenv("GPUYANTRA_PLAN_CLASSES", "0")  # the grid's sizes above, not the classes' wider calls
     monkeypatch.setattr(sandbox_module, "FILE_SIZE_LIMIT", PLAN_OUTPUT_BYTES // 3)
     verdict = run_verification(candidate_path("cheat_ignores_weight"), device="cpu", dtypes=["float32"])
     assert not verdict.accepted
