@@ -17,7 +17,14 @@ import pytest
 
 from gpuyantra.processes import Managed, free_port, start_server
 from gpuyantra.skills import SkillStore
-from tests.integration.conftest import ADMIN_TOKEN, state_dir, temporal, worker_env, workers  # noqa: F401 - fixtures
+from tests.integration.conftest import (  # noqa: F401 - fixtures
+    ADMIN_TOKEN,
+    state_dir,
+    temporal,
+    trust,
+    worker_env,
+    workers,
+)
 from tests.skills.conftest import make_skill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,10 +95,12 @@ def wait_for(check, within_s: float, what: str, every_s: float = 0.5):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Managed]:
-    """A real `gpuyantra serve` process (tiny-qwen2 on the CPU) with the integration suite's admin token."""
+def served(tmp_path_factory: pytest.TempPathFactory, trust) -> Iterator[Managed]:  # noqa: F811 - the fixture
+    """A real `gpuyantra serve` process (tiny-qwen2 on the CPU) with the integration suite's admin token,
+    registered with the workers' state folder (they send admin requests only to servers they trust)."""
     root = tmp_path_factory.mktemp("dashboard-server")
     managed = start_server("tiny-qwen2", root, free_port(), ADMIN_TOKEN, device="cpu", env={"TRITON_INTERPRET": "1"})
+    trust(managed.info["url"])
     yield managed
     managed.stop()
 

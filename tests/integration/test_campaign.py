@@ -151,7 +151,7 @@ async def test_campaign_fails_clearly_on_wrong_token(temporal, workers, tmp_path
         other.stop()
 
 
-def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, served_model, admin_headers, tmp_path):
+def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, served_model, admin_headers, state_dir):
     import os
     import sys
 
@@ -159,7 +159,8 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     env = {
         **os.environ,
         "GPUYANTRA_ADMIN_TOKEN": admin_headers["Authorization"].split()[1],
-        "GPUYANTRA_STATE_DIR": str(tmp_path),
+        # The workers' state folder, as on one machine: the report reads kernel sources only from there.
+        "GPUYANTRA_STATE_DIR": str(state_dir),
     }
     finished = subprocess.run(
         [
@@ -195,7 +196,7 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     # The real verdict as the report reads it: a CPU verdict, its candidate file, no timings.
     verdict = result["deployed"][0]["verdict"]
     assert verdict["device"] == "cpu" and verdict["accepted"] and verdict["bench"] == []
-    page = (tmp_path / "reports" / f"{workflow_id}.html").read_text()
+    page = (state_dir / "reports" / f"{workflow_id}.html").read_text()
     assert "speed is not judged" in page and "@triton.jit" in page and "<svg" in page
     # Findable by the README's query (registered by start_temporal, as `gpuyantra up` does).
     for _ in range(25):  # visibility may lag the close by a moment
