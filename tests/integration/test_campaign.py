@@ -198,7 +198,7 @@ def test_optimize_cli_waits_and_prints_result_json_last(temporal, workers, serve
     assert verdict["device"] == "cpu" and verdict["accepted"] and verdict["bench"] == []
     page = (state_dir / "reports" / f"{workflow_id}.html").read_text()
     assert "speed is not judged" in page and "@triton.jit" in page and "<svg" in page
-    # Findable by the README's query (registered by start_temporal, as `gpuyantra up` does).
+    # Findable by docs/usage.md's query (registered by start_temporal, as `gpuyantra up` does).
     for _ in range(25):  # visibility may lag the close by a moment
         listed = subprocess.run(
             [

@@ -27,7 +27,7 @@ from workflows.campaign import (
 )
 from workflows.types import CampaignInput
 
-QUERY = 'GpuyantraModel="tiny-qwen2"'  # the README's query
+QUERY = 'GpuyantraModel="tiny-qwen2"'  # docs/usage.md's query
 
 
 def test_workflow_keys_are_the_registered_ones():
