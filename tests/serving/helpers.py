@@ -250,3 +250,12 @@ def cache_model_server(root: Path, model: str) -> ServerProcess:
         "256",
         env={"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1"},
     )
+
+
+def tiny_cpu_config(state_dir: Path | str, **overrides):
+    """The in-process test server's settings: tiny-qwen2 in float32 on the CPU, this suite's admin
+    token, four rows of 256 positions; `overrides` on top."""
+    from serving.app import ServeConfig
+
+    settings = {"admin_token": TOKEN, "max_batch": 4, "max_seq_len": 256, **overrides}
+    return ServeConfig(model="tiny-qwen2", device="cpu", dtype="float32", state_dir=str(state_dir), **settings)

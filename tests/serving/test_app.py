@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from serving.app import ServeConfig, create_app
 from tests.serving.candidates import rms_norm_source
-from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value
+from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value, tiny_cpu_config
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ADMIN_ROUTES = [
@@ -34,15 +34,7 @@ def wait_ready(client: TestClient, timeout: float = 60) -> None:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    config = ServeConfig(
-        model="tiny-qwen2",
-        device="cpu",
-        dtype="float32",
-        admin_token=TOKEN,
-        max_batch=4,
-        max_seq_len=256,
-        state_dir=str(tmp_path_factory.mktemp("app-state")),
-    )
+    config = tiny_cpu_config(tmp_path_factory.mktemp("app-state"))
     with TestClient(create_app(config)) as c:
         wait_ready(c)
         yield c

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.app import ServeConfig, create_app
+from serving.app import create_app
 from tests.serving.candidates import SYNTAX_ERROR, rms_norm_source
-from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value
+from tests.serving.helpers import RMS_NORM_KERNEL, TOKEN, attested, metric_value, tiny_cpu_config
 from tests.serving.test_app import wait_ready
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -21,20 +21,7 @@ SOURCE = rms_norm_source()
 
 
 def make_client(state, **config) -> TestClient:
-    return TestClient(
-        create_app(
-            ServeConfig(
-                model="tiny-qwen2",
-                device="cpu",
-                dtype="float32",
-                admin_token=TOKEN,
-                max_batch=4,
-                max_seq_len=256,
-                state_dir=str(state),
-                **config,
-            )
-        )
-    )
+    return TestClient(create_app(tiny_cpu_config(state, **config)))
 
 
 @pytest.fixture(scope="module")

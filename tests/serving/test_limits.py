@@ -13,9 +13,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.app import ServeConfig, create_app
+from serving.app import create_app
 from serving.limits import OFF_LOOP_BYTES
-from tests.serving.helpers import TOKEN, metric_value
+from tests.serving.helpers import metric_value, tiny_cpu_config
 from tests.serving.test_app import wait_ready
 
 JSON = {"content-type": "application/json"}
@@ -23,17 +23,7 @@ JSON = {"content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    config = ServeConfig(
-        model="tiny-qwen2",
-        device="cpu",
-        dtype="float32",
-        admin_token=TOKEN,
-        max_batch=4,
-        max_seq_len=256,
-        state_dir=str(tmp_path_factory.mktemp("limits-state")),
-        max_body_bytes=256 * 1024,
-        max_prompt_tokens=64,
-    )
+    config = tiny_cpu_config(tmp_path_factory.mktemp("limits-state"), max_body_bytes=256 * 1024, max_prompt_tokens=64)
     with TestClient(create_app(config)) as c:
         wait_ready(c)
         yield c
