@@ -11,17 +11,18 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from workflows.types import (
+from gpuyantra.campaign.records import (
     CampaignInput,
     LearnInput,
     OutcomeInput,
+    PreflightAnswer,
     RetrieveInput,
     RetrieveResult,
     ServedMemoryInput,
+    ServedRollback,
     ServedRollbackInput,
     SkillSeed,
     Target,
-    VerdictSummary,
     WriteInput,
     WriteResult,
 )
@@ -56,12 +57,12 @@ def record_outcome(request: OutcomeInput) -> None:
 
 
 @activity.defn(name="served_rollbacks")
-def served_rollbacks(request: ServedMemoryInput) -> list[dict[str, Any]]:
+def served_rollbacks(request: ServedMemoryInput) -> list[ServedRollback]:
     """When serving `model` rolled this kernel back for speed before (oldest first; [] if never)."""
     from gpuyantra.skills import SkillStore
 
     with SkillStore() as store:
-        return store.served_rollbacks(request.skill_id, request.model)
+        return [ServedRollback.from_dict(entry) for entry in store.served_rollbacks(request.skill_id, request.model)]
 
 
 @activity.defn(name="record_served_rollback")
@@ -122,11 +123,13 @@ def learn_skill(request: LearnInput) -> str:
     import torch
     import triton
 
+    from gpuyantra.campaign.policy import campaign_reward, campaign_speedups
     from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.skills import Fingerprint, Skill, SkillStore
 
     ensure_open_target(request.target)
-    verdict, target = VerdictSummary.from_dict(request.verdict), Target.from_dict(request.target)
+    verdict, target = request.verdict, Target.from_dict(request.target)
+    speedup_vs_eager, speedup_vs_compile = campaign_speedups(verdict)
     fingerprint = Fingerprint.from_target(request.target, request.hardware)  # reads profile fields Target omits
     skill = Skill(
         op=target.op,
@@ -134,9 +137,9 @@ def learn_skill(request: LearnInput) -> str:
         source=request.source,
         adapter=target.adapter,
         strategy=request.strategy,
-        reward=float(verdict.reward),
-        speedup_vs_eager=verdict.speedup_vs_eager,
-        speedup_vs_compile=verdict.speedup_vs_compile,
+        reward=float(campaign_reward(verdict)),  # what the campaign judged the target's kernel at
+        speedup_vs_eager=speedup_vs_eager,
+        speedup_vs_compile=speedup_vs_compile,
         shapes=verdict.shapes or target.shapes,
         dtypes=verdict.dtypes or [],
         fingerprint=fingerprint.to_payload(),
@@ -154,7 +157,7 @@ def learn_skill(request: LearnInput) -> str:
 
 
 @activity.defn(name="preflight_campaign")
-async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
+async def preflight_campaign(params: CampaignInput) -> PreflightAnswer:
     """Refuse, before any GPU work, a server this worker does not trust, unknown op names and a
     second campaign on the same server.
     Answers which of gpuyantra's search attributes the namespace has registered: the workflow sets
@@ -183,7 +186,7 @@ async def preflight_campaign(params: CampaignInput) -> dict[str, Any]:
     )
     if running is not None:
         raise ApplicationError(refusal(params.server_url, running), type="CampaignConflict", non_retryable=True)
-    return {"search_attributes": await registered_search_attributes(activity.client(), info.namespace)}
+    return PreflightAnswer(search_attributes=await registered_search_attributes(activity.client(), info.namespace))
 
 
 async def registered_search_attributes(client: Any, namespace: str) -> list[str]:

@@ -12,20 +12,23 @@ from temporalio.exceptions import ApplicationError
 from activities.errors import as_application_error
 from activities.heartbeat import with_heartbeat
 from gpuyantra import config
+from gpuyantra.campaign.records import (
+    BenchmarkInput,
+    CompareInput,
+    DeployInput,
+    RollbackAnswer,
+    RollbackInput,
+    ServerCall,
+    SwapAnswer,
+    Target,
+    VerdictSummary,
+    VerifyFileInput,
+    VerifyInput,
+)
 from gpuyantra.files import write_whole
 from gpuyantra.served_speed import measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
 from gpuyantra.trusted_servers import UntrustedServer, resolve
-from workflows.types import (
-    BenchmarkInput,
-    CompareInput,
-    DeployInput,
-    RollbackInput,
-    ServerCall,
-    Target,
-    VerifyFileInput,
-    VerifyInput,
-)
 
 
 def trusted_client(server_url: str, timeout_s: float = 600.0) -> AdminClient:
@@ -109,7 +112,7 @@ def compare_swap(call: CompareInput) -> dict[str, Any]:
 
 
 @activity.defn(name="deploy_kernel")
-def deploy_kernel(request: DeployInput) -> dict[str, Any]:
+def deploy_kernel(request: DeployInput) -> SwapAnswer:
     target = Target.from_dict(request.target)
     body = {
         "source": request.source,
@@ -120,21 +123,22 @@ def deploy_kernel(request: DeployInput) -> dict[str, Any]:
         body["param_shapes"] = target.param_shapes
     if request.rows_gate:  # the row counts where the verdict timed the kernel slower: the original serves them
         body["rows_gate"] = request.rows_gate
-    return admin_post(request.server_url, "/admin/swap", body)
+    return SwapAnswer.from_dict(admin_post(request.server_url, "/admin/swap", body))
 
 
 @activity.defn(name="rollback_swap")
-def rollback_swap(request: RollbackInput) -> dict[str, Any]:
-    return admin_post(request.server_url, "/admin/rollback", {"swap_id": request.swap_id})
+def rollback_swap(request: RollbackInput) -> RollbackAnswer:
+    answer = admin_post(request.server_url, "/admin/rollback", {"swap_id": request.swap_id})
+    return RollbackAnswer(rolled_back=list(answer.get("rolled_back") or []), active=list(answer.get("active") or []))
 
 
 @activity.defn(name="verify_candidate")
-def verify_candidate(request: VerifyInput) -> dict[str, Any]:
+def verify_candidate(request: VerifyInput) -> VerdictSummary:
     """Write the candidate to a real file (kept: it is the audit trail) and run the trust anchor."""
+    from gpuyantra.campaign.policy import rows_gate, served_decode_judgement
     from gpuyantra.ops.open import ensure_open_target
     from gpuyantra.triton_env import prepare
     from gpuyantra.verifier import reuse, run_verification
-    from gpuyantra.verifier.verdict import judged_on_served_decode, rows_gate
 
     ensure_open_target(request.target)  # an open op travels with its target
 
@@ -178,7 +182,9 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
         result.setdefault("device", device)
         reuse.store(key, result)
     result["candidate_path"] = str(path)
-    return {**judged_on_served_decode(result, request.target), "rows_gate": rows_gate(result)}
+    # The campaign's gates go beside the signed verdict, never over it.
+    judged = served_decode_judgement(result, request.target)
+    return VerdictSummary.from_dict({**result, "judged_on": judged, "rows_gate": rows_gate(result)})
 
 
 @activity.defn(name="verify_file")

@@ -21,8 +21,8 @@ from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 
 from gpuyantra import config
-from workflows.inputs import server_key
-from workflows.types import CampaignInput
+from gpuyantra.campaign.inputs import server_key
+from gpuyantra.campaign.records import CampaignInput
 
 CONNECT_WITHIN_S = 3.0  # a just-started dev server answers within this; a dead address fails fast
 RUNNING = "WorkflowType = 'OptimizeCampaign' AND ExecutionStatus = 'Running'"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuyantra import config
-from workflows.inputs import server_key
+from gpuyantra.campaign.inputs import server_key
 
 SERVERS_ENV = "GPUYANTRA_SERVERS"
 LOCAL_NAME = "local"

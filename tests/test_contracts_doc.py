@@ -8,10 +8,10 @@ import dataclasses
 import re
 from pathlib import Path
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.cli import build_parser
 from gpuyantra.ops import all_ops
 from gpuyantra.verifier.verdict import Verdict
-from workflows.types import CampaignInput
 
 DOC = (Path(__file__).parents[1] / "docs" / "CONTRACTS.md").read_text()
 

@@ -1,6 +1,8 @@
 """Import cycles among the gpuyantra/ and serving/ modules: the module import graph, built with `ast`
 (every import, function-level ones included; `if TYPE_CHECKING:` imports excluded), and its strongly
-connected components. Only the known ones below may remain.
+connected components. Only the known ones below may remain. The library (`gpuyantra/`) and the
+serving process (`serving/`) import nothing of the app (`workflows/`, `activities/`, `workers/`):
+arrows run from the app down to the library, never up.
 
 `python -m tests.test_import_cycles` prints every cycle with its edges."""
 
@@ -11,13 +13,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("gpuyantra", "serving")
+APP_PACKAGES = ("workflows", "activities", "workers")
+# The one arrow up that stays: the CLI's `gpuyantra worker` is the command that starts the app's workers.
+ENTRY_POINTS = {("gpuyantra.commands.worker", "workers.main")}
 # Packages whose cycles are known and kept (none left).
 ALLOWED: tuple[str, ...] = ()
 
 
-def module_files() -> dict[str, Path]:
+def module_files(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     out = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -26,9 +31,9 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
     """Module -> the project modules it imports (`from a import b`: a, and a.b when b is a module)."""
-    modules = module_files()
+    modules = module_files(packages)
 
     def known(name: str) -> str | None:
         while name and name not in modules:
@@ -109,6 +114,27 @@ def allowed(component: list[str]) -> bool:
 def test_no_new_import_cycles():
     unexpected = [c for c in cycles(import_graph()) if not allowed(c)]
     assert unexpected == [], f"import cycles: {unexpected}"
+
+
+def library_to_app_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """`library.module -> app.module` for every import the library makes of the app."""
+    library = {name for name in graph if name.split(".")[0] in PACKAGES}
+    return sorted(
+        f"{name} -> {target}"
+        for name in library
+        for target in graph[name]
+        if target.split(".")[0] in APP_PACKAGES and (name, target) not in ENTRY_POINTS
+    )
+
+
+def test_the_library_imports_nothing_of_the_app():
+    assert library_to_app_arrows(import_graph(PACKAGES + APP_PACKAGES)) == []
+
+
+def test_an_arrow_from_the_library_to_the_app_is_found():
+    # The check itself: a made-up graph with one upward arrow names it.
+    graph = {"gpuyantra.cli": {"workflows.campaign", "gpuyantra.config"}, "workflows.campaign": {"gpuyantra.config"}}
+    assert library_to_app_arrows(graph) == ["gpuyantra.cli -> workflows.campaign"]
 
 
 if __name__ == "__main__":

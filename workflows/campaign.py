@@ -9,22 +9,48 @@ Served speed is measured at each decode batch the server says matters (its profi
 `served_batches`: one row and its batched decode), and a swap is rolled back when served tokens/s at
 any of them dropped by more than that batch's spread measured before and after it, and the drop held
 when the swap was measured off and on in turns (`compare_swap`)
-(gpuyantra/served_speed.py:judge_batches). Activities are called by name so this module imports
-nothing that imports torch.
+(gpuyantra/served_speed.py:judge_batches). Activities are called by reference, so their input and
+result types are checked here; their modules import torch only inside the activities, so importing
+them (passed through the sandbox) brings no torch into the workflow.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities import cpu, gpu  # torch only inside the activities' bodies
+    from gpuyantra.campaign.inputs import InvalidInput, parse_campaign_input, signal_op
+    from gpuyantra.campaign.policy import at_ceiling, campaign_reward, campaign_speedups  # stdlib only
+    from gpuyantra.campaign.records import (
+        BenchmarkInput,
+        CampaignInput,
+        CompareInput,
+        DeployInput,
+        LearnInput,
+        OutcomeInput,
+        RetrieveInput,
+        RollbackInput,
+        ServedMemoryInput,
+        ServedRollback,
+        ServedRollbackInput,
+        ServerCall,
+        SkillSeed,
+        SwapAnswer,
+        Target,
+        VerdictSummary,
+        VerifyInput,
+        WriteInput,
+        WriteResult,
+    )
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
     from gpuyantra.profile_digest import profile_digest  # stdlib only
     from gpuyantra.rewards import ceiling  # stdlib only
@@ -41,28 +67,10 @@ with workflow.unsafe.imports_passed_through():
         paired_reason,
         rollback_reason,
     )
-    from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
-    from workflows.targets import choose_targets, legacy_targets, measured_noise
-    from workflows.types import (
-        BenchmarkInput,
-        CampaignInput,
-        CompareInput,
-        DeployInput,
-        LearnInput,
-        OutcomeInput,
-        RetrieveInput,
-        RetrieveResult,
-        RollbackInput,
-        ServedMemoryInput,
-        ServedRollbackInput,
-        ServerCall,
-        SkillSeed,
-        Target,
-        VerdictSummary,
-        VerifyInput,
-        WriteInput,
-        WriteResult,
-    )
+    from workflows.targets import choose_targets, measured_noise
+
+A = TypeVar("A")  # an activity's input
+R = TypeVar("R")  # an activity's result
 
 # GPU activities heartbeat every few seconds: a crashed GPU worker's task moves to another worker
 # after this long, not after the whole start-to-close timeout.
@@ -99,6 +107,7 @@ VERDICT_KEYS = (
     "shapes",
     "dtypes",
     "candidate_path",
+    "judged_on",
 )
 BENCH_KEYS = ("shape", "kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "bytes")
 
@@ -112,6 +121,14 @@ class Passed:
     verdict: VerdictSummary
     written: WriteResult
     iteration: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One target's end: its result entry (docs/CONTRACTS.md section 6), and whether it was deployed."""
+
+    entry: dict[str, Any]
+    deployed: bool = False
 
 
 @dataclass
@@ -130,7 +147,7 @@ class Search:
         self.history.append(
             {
                 "strategy": written.strategy,
-                "reward": verdict.reward,
+                "reward": campaign_reward(verdict),
                 "failures": verdict.failures,
                 "kernel_us": verdict.kernel_us,
                 "floor_us": verdict.floor_us,
@@ -141,14 +158,14 @@ class Search:
                 "iteration": iteration,
                 "strategy": written.strategy,
                 "author": written.author,
-                "reward": verdict.reward,
+                "reward": campaign_reward(verdict),
                 "failures": verdict.failures[:5],
                 "kernel_us": verdict.kernel_us,
                 "floor_us": verdict.floor_us,
                 "candidate_path": verdict.candidate_path,
             }
         )
-        if verdict.accepted and (self.best is None or verdict.reward > self.best.verdict.reward):
+        if verdict.accepted and (self.best is None or campaign_reward(verdict) > campaign_reward(self.best.verdict)):
             self.best = Passed(verdict, written, iteration)
 
 
@@ -173,7 +190,6 @@ class OptimizeCampaign:
         self._served_current = True  # False once a swap stayed in without being measured
         self._benchmark: BenchmarkInput | None = None  # the server and the decode batches every check measures
         self._warnings: list[str] = []
-        self._sequential = False  # campaigns started before concurrent targets replay one target at a time
         self._searchable: set[str] = set()  # search attributes the namespace has registered (preflight says)
         self._deployed_count = 0
         self._best_speedup: float | None = None
@@ -216,64 +232,50 @@ class OptimizeCampaign:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
         campaign_id = workflow.info().workflow_id
         server = ServerCall(params.server_url)
-        if workflow.patched("preflight"):  # campaigns started before this step replay without it
-            self._stage("preflight")
-            await self._preflight(params)
-            self._search(DEPLOYED_KEY.value_set(0), *([OPS_KEY.value_set(params.ops)] if params.ops else []))
+        self._stage("preflight")
+        await self._preflight(params)
+        self._search(DEPLOYED_KEY.value_set(0), *([OPS_KEY.value_set(params.ops)] if params.ops else []))
         self._stage("profile")
-        profile = await self._gpu("profile_server", server, timedelta(minutes=10))
+        profile = await self._gpu(gpu.profile_server, server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
         self._model, self._campaign_id = str(profile.get("model") or ""), campaign_id
-        skipped: list[dict[str, Any]] = []
         self._benchmark = BenchmarkInput(params.server_url, benchmark_batches(profile))
-        if workflow.patched("targets-above-noise"):
-            # The served speed's noise decides which estimated gains are worth a search.
-            self._stage("e2e-before")
-            before = self._served = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
-            choice = choose_targets(profile.get("targets", []), params.ops, params.max_targets, measured_noise(before))
-            targets, skipped = [Target.from_dict(t) for t in choice.chosen], choice.skipped
-            self._announce_targets(params, profile, targets)
-        else:  # campaigns started before: the top 3 (or max_targets), selected before measuring
-            targets = [
-                Target.from_dict(t) for t in legacy_targets(profile.get("targets", []), params.ops, params.max_targets)
-            ]
-            self._announce_targets(params, profile, targets)
-            self._stage("e2e-before")
-            before = self._served = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
+        # The served speed's noise decides which estimated gains are worth a search.
+        self._stage("e2e-before")
+        before = self._served = await self._gpu(gpu.benchmark_server, self._benchmark, timedelta(minutes=10))
+        choice = choose_targets(profile.get("targets", []), params.ops, params.max_targets, measured_noise(before))
+        targets, skipped = [Target.from_dict(t) for t in choice.chosen], choice.skipped
+        self._announce_targets(params, profile, targets)
 
         self._stage("targets")
-        if workflow.patched("concurrent-targets"):
-            outcomes = await asyncio.gather(
-                *(self._optimize_target(campaign_id, params, target, hardware) for target in targets)
-            )
-        else:
-            self._sequential = True
-            outcomes = [await self._optimize_target(campaign_id, params, target, hardware) for target in targets]
-        deployed = [outcome["entry"] for outcome in outcomes if outcome.get("deployed")]
+        outcomes = await asyncio.gather(
+            *(self._optimize_target(campaign_id, params, target, hardware) for target in targets)
+        )
+        deployed = [outcome.entry for outcome in outcomes if outcome.deployed]
         rejected = [
             {"op": op, "reason": f"the served model has no module computing {op}"}
             for op in (params.ops or [])
             if not any(t.op == op for t in targets) and not any(entry["op"] == op for entry in skipped)
         ]
-        rejected += [outcome["entry"] for outcome in outcomes if not outcome.get("deployed")]
+        rejected += [outcome.entry for outcome in outcomes if not outcome.deployed]
 
         self._stage("e2e-after")
         # The last check measured what is deployed now (a swap kept after its check, or the state a
         # rollback put back): measuring again would cost a benchmark and tell nothing new.
         after_source = "last check"
-        if self._served_current and self._served is not None and workflow.patched("after-from-last-check"):
+        if self._served_current and self._served is not None:
             after = self._served
         else:
             after_source = "measured at the end"
-            after = await self._gpu("benchmark_server", self._benchmark, timedelta(minutes=10))
+            after = await self._gpu(gpu.benchmark_server, self._benchmark, timedelta(minutes=10))
         if deployed:
             for warning in batch_warnings("campaign", before, after, f"{len(deployed)} kernel(s) deployed"):
                 self._warn(warning)
         profile_after = None
         # Where the step's time goes once the kernels are in (the report draws both profiles).
-        if deployed and workflow.patched("profile-after"):
+        if deployed:
             self._stage("profile-after")
-            profile_after = await self._gpu("profile_server", server, timedelta(minutes=10))
+            profile_after = await self._gpu(gpu.profile_server, server, timedelta(minutes=10))
         self._stage("done")
         return {
             "workflow_id": campaign_id,
@@ -304,18 +306,16 @@ class OptimizeCampaign:
             *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]),
         )
 
-    async def _optimize_target(
-        self, campaign_id: str, params: CampaignInput, target: Target, hardware: str
-    ) -> dict[str, Any]:
+    async def _optimize_target(self, campaign_id: str, params: CampaignInput, target: Target, hardware: str) -> Outcome:
         progress = self._progress["targets"].setdefault(target.key, {})
         search = await self._write_and_verify(campaign_id, params, target, hardware, progress)
         best = search.best
         if best is None:
-            return {"entry": not_passed_entry(target, search)}
+            return Outcome(not_passed_entry(target, search))
 
         enter(progress, "learn")
         skill_id = await workflow.execute_activity(
-            "learn_skill",
+            cpu.learn_skill,
             LearnInput(
                 campaign_id=campaign_id,
                 target=target.to_dict(),
@@ -323,23 +323,22 @@ class OptimizeCampaign:
                 iteration=best.iteration,
                 source=best.written.source,
                 strategy=best.written.strategy,
-                verdict=best.verdict.to_dict(),
+                verdict=best.verdict,
                 author=best.written.author,
             ),
-            result_type=str,
             task_queue=CPU_TASK_QUEUE,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RETRY,
         )
         summary = passed_summary(target, search, best, skill_id)
-        if best.verdict.reward < params.min_reward:
-            return {"entry": {**summary, "reason": below_min_reward(best.verdict, params.min_reward)}}
-        if not params.redeploy_rolled_back and workflow.patched("served-memory"):
+        if campaign_reward(best.verdict) < params.min_reward:
+            return Outcome({**summary, "reason": below_min_reward(best.verdict, params.min_reward)})
+        if not params.redeploy_rolled_back:
             earlier = await self._served_rollbacks(skill_id)
             if earlier:
-                return {"entry": {**summary, "reason": not_redeployed(earlier, self._model)}}
+                return Outcome({**summary, "reason": not_redeployed(earlier, self._model)})
         if params.require_approval and not await self._wait_for_approval(target.op, progress):
-            return {"entry": {**summary, "reason": "deployment not approved"}}
+            return Outcome({**summary, "reason": "deployment not approved"})
 
         enter(progress, "waiting-to-deploy")
         async with self._deploy_lock:
@@ -348,7 +347,7 @@ class OptimizeCampaign:
                 outcome = await self._deploy(params, target, summary, best, progress)
             finally:
                 self._progress["deploying"] = None
-            if outcome.get("deployed"):
+            if outcome.deployed:
                 self._count_deployed(best.verdict)
             return outcome
 
@@ -358,10 +357,9 @@ class OptimizeCampaign:
         """Retrieve a seed skill, then write and verify candidates until one reaches its device's
         ceiling reward or max_iterations runs out."""
         enter(progress, "retrieve")
-        retrieved: RetrieveResult = await workflow.execute_activity(
-            "retrieve_skills",
+        retrieved = await workflow.execute_activity(
+            cpu.retrieve_skills,
             RetrieveInput(target=target.to_dict(), hardware=hardware),
-            result_type=RetrieveResult,
             task_queue=CPU_TASK_QUEUE,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RETRY,
@@ -370,8 +368,8 @@ class OptimizeCampaign:
         for iteration in range(1, params.max_iterations + 1):
             progress["iteration"] = iteration
             enter(progress, "write")
-            written: WriteResult = await workflow.execute_activity(
-                "write_candidate",
+            written = await workflow.execute_activity(
+                cpu.write_candidate,
                 WriteInput(
                     target=target.to_dict(),
                     hardware=hardware,
@@ -379,40 +377,38 @@ class OptimizeCampaign:
                     seed=retrieved.seed,
                     history=search.history,
                 ),
-                result_type=WriteResult,
                 task_queue=CPU_TASK_QUEUE,
                 start_to_close_timeout=timedelta(minutes=5),
                 retry_policy=RETRY,
                 summary=f"write {target.op} iteration {iteration}",
             )
             enter(progress, "verify")
-            verdict = VerdictSummary.from_dict(
-                await self._gpu(
-                    "verify_candidate",
-                    VerifyInput(
-                        campaign_id=campaign_id,
-                        target=target.to_dict(),
-                        iteration=iteration,
-                        source=written.source,
-                        device=params.device,
-                    ),
-                    timedelta(minutes=20),
-                    summary=f"verify {target.key} iteration {iteration}: {strategy_text(written.strategy)}",
-                )
+            verdict = await self._gpu(
+                gpu.verify_candidate,
+                VerifyInput(
+                    campaign_id=campaign_id,
+                    target=target.to_dict(),
+                    iteration=iteration,
+                    source=written.source,
+                    device=params.device,
+                ),
+                timedelta(minutes=20),
+                summary=f"verify {target.key} iteration {iteration}: {strategy_text(written.strategy)}",
             )
             # Query state only (no command): the dashboard and `status` show it; replay-safe.
-            progress["best_reward"] = max(verdict.reward, progress.get("best_reward", verdict.reward))
+            reward = campaign_reward(verdict)
+            progress["best_reward"] = max(reward, progress.get("best_reward", reward))
             search.record(iteration, written, verdict)
             if search.seed is not None and iteration == 1:
                 # The seed skill's bandit arm is paid with the attempt it seeded, whatever came of it.
                 await workflow.execute_activity(
-                    "record_outcome",
-                    OutcomeInput(skill_id=search.seed.id, reward=float(verdict.reward)),
+                    cpu.record_outcome,
+                    OutcomeInput(skill_id=search.seed.id, reward=float(reward)),
                     task_queue=CPU_TASK_QUEUE,
                     start_to_close_timeout=timedelta(minutes=1),
                     retry_policy=RETRY,
                 )
-            if verdict.at_ceiling:
+            if at_ceiling(verdict):
                 break
         return search
 
@@ -434,13 +430,13 @@ class OptimizeCampaign:
         summary: dict[str, Any],
         best: Passed,
         progress: dict[str, Any],
-    ) -> dict[str, Any]:
+    ) -> Outcome:
         """Swap, measure served speed, keep or roll back. Called with the deploy lock held."""
         enter(progress, "deploy")
         verdict = best.verdict
         try:
             swap = await self._gpu(
-                "deploy_kernel",
+                gpu.deploy_kernel,
                 DeployInput(
                     server_url=params.server_url,
                     target=target.to_dict(),
@@ -452,27 +448,22 @@ class OptimizeCampaign:
                 summary=f"deploy {target.op}",
             )
         except ActivityError as exc:
-            return {"entry": {**summary, "reason": f"swap failed: {root_message(exc)}"}}
-        summary.update(modules=swap.get("modules", summary["modules"]), swap_id=swap.get("swap_id"))
+            return Outcome({**summary, "reason": f"swap failed: {root_message(exc)}"})
+        summary.update(modules=swap.modules, swap_id=swap.swap_id)
         judged = verdict.speed_judged  # the interpreter's speed says nothing about the server's
-        if self._sequential and not judged:
-            self._served_current = False
-            enter(progress, "deployed")
-            return {"deployed": True, "entry": summary}
         # Served speed is the number users see: a kernel fast in isolation can still slow a
         # launch-bound decode step, or help one row and hurt a batch. Roll back a drop at any
         # measured batch larger than that batch's own spread.
         enter(progress, "e2e-check")
         before = self._served
         after = await self._gpu(
-            "benchmark_server",
+            gpu.benchmark_server,
             self._benchmark or BenchmarkInput(params.server_url),
             timedelta(minutes=10),
             summary=f"served speed after deploying {target.op}",
         )
-        use_spread = not self._sequential
-        first = judge_swap(before, after, use_spread=use_spread)  # the top-level (smallest) batch, as results had
-        judgement = judge_batches(before, after, use_spread=use_spread)
+        first = judge_swap(before, after)  # the top-level (smallest) batch, as results had
+        judgement = judge_batches(before, after)
         summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"), "after": after.get("tokens_per_s")}
         summary["served_speed"] = {
             "before": figures(before),
@@ -485,7 +476,7 @@ class OptimizeCampaign:
         }
         self._warn(lock_warning(f"served speed after deploying {target.op}", after))
         paired = None
-        if judged and judgement["decision"] == "rollback" and workflow.patched("paired-served-check"):
+        if judged and judgement["decision"] == "rollback":
             # `before` may be minutes old: confirm the drop with the swap off and on in one window.
             paired = await self._paired_check(params, target, swap, after)
             if paired is not None:
@@ -493,8 +484,8 @@ class OptimizeCampaign:
                 judgement = paired["judged"]
         if judged and judgement["decision"] == "rollback":
             await self._gpu(
-                "rollback_swap",
-                RollbackInput(server_url=params.server_url, swap_id=str(swap.get("swap_id"))),
+                gpu.rollback_swap,
+                RollbackInput(server_url=params.server_url, swap_id=swap.swap_id),
                 timedelta(minutes=5),
                 summary=f"roll back {target.op}",
             )
@@ -502,9 +493,8 @@ class OptimizeCampaign:
                 reason = f"rolled back: {paired_reason(judgement)}; {target.regime or 'unknown'} regime"
             else:
                 reason = rollback_reason(before, after, judgement, target.regime or "unknown")
-            if workflow.patched("served-memory"):
-                await self._remember_rollback(summary, reason, judgement)
-            return {"entry": {**summary, "reason": reason}}
+            await self._remember_rollback(summary, reason, judgement)
+            return Outcome({**summary, "reason": reason})
         if paired is not None:
             self._warn(f"{target.op} kept: the first check read a drop; {paired_reason(judgement)}")
         else:
@@ -516,14 +506,13 @@ class OptimizeCampaign:
                 self._warn(warning)
         self._served = after
         enter(progress, "deployed")
-        return {"deployed": True, "entry": summary}
+        return Outcome(summary, deployed=True)
 
-    async def _served_rollbacks(self, skill_id: str) -> list[dict[str, Any]]:
+    async def _served_rollbacks(self, skill_id: str) -> list[ServedRollback]:
         """When serving this model rolled the kernel of `skill_id` back for speed before."""
         return await workflow.execute_activity(
-            "served_rollbacks",
+            cpu.served_rollbacks,
             ServedMemoryInput(skill_id=skill_id, model=self._model),
-            result_type=list,
             task_queue=CPU_TASK_QUEUE,
             start_to_close_timeout=timedelta(minutes=1),
             retry_policy=RETRY,
@@ -533,7 +522,7 @@ class OptimizeCampaign:
         """Keep the rollback with the kernel's skill: the next campaign on this model does not deploy
         the same kernel again to measure the same loss."""
         await workflow.execute_activity(
-            "record_served_rollback",
+            cpu.record_served_rollback,
             ServedRollbackInput(
                 skill_id=str(summary.get("skill_id")),
                 model=self._model,
@@ -547,15 +536,15 @@ class OptimizeCampaign:
         )
 
     async def _paired_check(
-        self, params: CampaignInput, target: Target, swap: dict[str, Any], after: dict[str, Any]
+        self, params: CampaignInput, target: Target, swap: SwapAnswer, after: dict[str, Any]
     ) -> dict[str, Any] | None:
         """The swap measured off and on in turns (compare_swap) at the batches `after` measured;
         None when the server cannot (then the first judgement stands)."""
         batches = sorted(int(b.get("batch") or 1) for b in (after.get("batches") or [after]))
         try:
             answer = await self._gpu(
-                "compare_swap",
-                CompareInput(server_url=params.server_url, swap_id=str(swap.get("swap_id")), batches=batches),
+                gpu.compare_swap,
+                CompareInput(server_url=params.server_url, swap_id=swap.swap_id, batches=batches),
                 timedelta(minutes=10),
                 summary=f"paired served speed of {target.op}",
             )
@@ -589,15 +578,13 @@ class OptimizeCampaign:
         client) are checked by an activity; its refusal ends the campaign with the same message."""
         try:
             answer = await workflow.execute_activity(
-                "preflight_campaign",
+                cpu.preflight_campaign,
                 params,
                 task_queue=CPU_TASK_QUEUE,
                 start_to_close_timeout=timedelta(minutes=1),
                 retry_policy=RETRY,
             )
-            # Campaigns preflighted before it answered (None) replay without search attributes.
-            if isinstance(answer, dict):
-                self._searchable = set(answer.get("search_attributes") or [])
+            self._searchable = set(answer.search_attributes)
         except ActivityError as exc:
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.type in ("InvalidInput", "CampaignConflict"):
@@ -606,12 +593,11 @@ class OptimizeCampaign:
                 f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed", non_retryable=True
             ) from exc
 
-    async def _gpu(self, activity: str, arg: Any, timeout: timedelta, summary: str | None = None) -> dict[str, Any]:
+    async def _gpu(self, activity: Callable[[A], R], arg: A, timeout: timedelta, summary: str | None = None) -> R:
         try:
             return await workflow.execute_activity(
                 activity,
                 arg,
-                result_type=dict,
                 task_queue=GPU_TASK_QUEUE,
                 start_to_close_timeout=timeout,
                 retry_policy=RETRY,
@@ -619,8 +605,9 @@ class OptimizeCampaign:
                 summary=summary,
             )
         except ActivityError as exc:
-            if activity in ("profile_server", "benchmark_server"):
-                raise ApplicationError(f"{activity} failed: {root_message(exc)}", non_retryable=True) from exc
+            if activity in (gpu.profile_server, gpu.benchmark_server):
+                name = getattr(activity, "__name__", "activity")
+                raise ApplicationError(f"{name} failed: {root_message(exc)}", non_retryable=True) from exc
             raise
 
     def _stage(self, stage: str) -> None:
@@ -637,14 +624,6 @@ class OptimizeCampaign:
             workflow.upsert_search_attributes(kept)
 
 
-def select_targets(
-    targets: list[dict[str, Any]], ops: list[str] | None, max_targets: int | None
-) -> list[dict[str, Any]]:
-    """The profile's ranked targets restricted to `ops` (all of them) or else the top few (3 unless
-    `max_targets`): how campaigns started before gain-based selection chose (`workflows/targets.py`)."""
-    return legacy_targets(targets, ops, max_targets)
-
-
 def not_passed_entry(target: Target, search: Search) -> dict[str, Any]:
     """The result's entry of a target no candidate of which passed: why, from the last failures."""
     last = search.history[-1]["failures"] if search.history else []
@@ -654,18 +633,18 @@ def not_passed_entry(target: Target, search: Search) -> dict[str, Any]:
         "module_class": target.module_class,
         "reason": f"no candidate passed verification in {len(search.history)} iterations ({reason})",
         "iterations": len(search.history),
-        "verdict": verdict_digest(search.last.to_dict()),
+        "verdict": verdict_digest(search.last),
         "attempts": search.attempts,
     }
 
 
-def not_redeployed(earlier: list[dict[str, Any]], model: str) -> str:
+def not_redeployed(earlier: list[ServedRollback], model: str) -> str:
     """Why a verified kernel is kept out: serving rolled the same kernel back before."""
     last = earlier[-1]
     times = f"{len(earlier)} times" if len(earlier) > 1 else "once"
     return (
         f"not deployed: serving {model or 'this model'} rolled this same kernel back for speed {times} "
-        f"(last in campaign {last.get('campaign') or '?'}: {last.get('reason') or 'no reason kept'}); "
+        f"(last in campaign {last.campaign or '?'}: {last.reason or 'no reason kept'}); "
         "redeploy_rolled_back tries it again"
     )
 
@@ -673,18 +652,19 @@ def not_redeployed(earlier: list[dict[str, Any]], model: str) -> str:
 def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) -> dict[str, Any]:
     """The result's entry of a target with an accepted candidate (deployed or not: a reason says why not)."""
     verdict = best.verdict
+    speedup_vs_eager, speedup_vs_compile = campaign_speedups(verdict)  # what the campaign decided on
     return {
         "op": target.op,
         "module_class": target.module_class,
         **({"variant": target.variant} if target.variant else {}),  # linear: which projection shape
         "modules": target.modules,
-        "reward": verdict.reward,
-        "speedup_vs_eager": verdict.speedup_vs_eager,
-        "speedup_vs_compile": verdict.speedup_vs_compile,
+        "reward": campaign_reward(verdict),
+        "speedup_vs_eager": speedup_vs_eager,
+        "speedup_vs_compile": speedup_vs_compile,
         "skill_id": skill_id,
         "iterations": len(search.history),
         "seed_skill_id": search.seed.id if search.seed else None,
-        "verdict": verdict_digest(verdict.to_dict()),
+        "verdict": verdict_digest(verdict),
         "best_iteration": best.iteration,
         "attempts": search.attempts,
     }
@@ -698,7 +678,7 @@ def kept_note(noise: float | None) -> str:
 
 
 def below_min_reward(verdict: VerdictSummary, min_reward: int) -> str:
-    reason = f"best reward {verdict.reward} is below min_reward {min_reward}"
+    reason = f"best reward {campaign_reward(verdict)} is below min_reward {min_reward}"
     if not verdict.speed_judged:
         reason += f" (on CPU speed is not judged: {ceiling('cpu'):+d} is the most a kernel can score)"
     return reason
@@ -710,10 +690,11 @@ def strategy_text(strategy: dict[str, Any] | None, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def verdict_digest(verdict: dict[str, Any]) -> dict[str, Any]:
-    """The figures of a verdict the result reports (no attestation, no per-stage timings)."""
-    digest = {key: verdict.get(key) for key in VERDICT_KEYS if key in verdict}
-    digest["bench"] = [{key: row.get(key) for key in BENCH_KEYS if key in row} for row in verdict.get("bench") or []]
+def verdict_digest(verdict: VerdictSummary) -> dict[str, Any]:
+    """The figures of a verdict the result reports (no attestation, no per-stage timings); the
+    campaign's served decode judgement only where there is one."""
+    digest = {key: getattr(verdict, key) for key in VERDICT_KEYS if key != "judged_on" or verdict.judged_on}
+    digest["bench"] = [{key: row.get(key) for key in BENCH_KEYS if key in row} for row in verdict.bench]
     return digest
 
 

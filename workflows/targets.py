@@ -12,8 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-LEGACY_MAX_TARGETS = 3  # the cap campaigns started before gain-based selection replay with
-
 
 @dataclass(frozen=True)
 class TargetChoice:
@@ -93,13 +91,3 @@ def choose_targets(
         else:
             chosen.append(dict(target))
     return TargetChoice(chosen, skipped)
-
-
-def legacy_targets(
-    targets: Sequence[Mapping[str, Any]], ops: Sequence[str] | None, max_targets: int | None
-) -> list[dict[str, Any]]:
-    """The selection of campaigns started before gain-based selection (their replay must match):
-    the profile's targets of `ops`, else its top `max_targets` (3 when not given)."""
-    if ops:
-        return [dict(t) for t in targets if t["op"] in ops]
-    return [dict(t) for t in targets[: max_targets or LEGACY_MAX_TARGETS]]

@@ -15,8 +15,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities import gpu  # torch only inside the activities' bodies
+    from gpuyantra.campaign.inputs import InvalidInput, parse_verify_input
     from gpuyantra.config import GPU_TASK_QUEUE  # stdlib only
-    from workflows.inputs import InvalidInput, parse_verify_input
 
 # The sandbox's own limit on CUDA when the request names none (gpuyantra/verifier/sandbox.py).
 DEFAULT_SANDBOX_TIMEOUT_S = 600.0
@@ -37,9 +38,8 @@ class VerifyKernel:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
         limit = (request.timeout or DEFAULT_SANDBOX_TIMEOUT_S) + VERIFY_MARGIN_S
         return await workflow.execute_activity(
-            "verify_file",
+            gpu.verify_file,
             request,
-            result_type=dict,
             task_queue=GPU_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=limit),
             heartbeat_timeout=timedelta(seconds=30),

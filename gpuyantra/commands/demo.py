@@ -20,7 +20,7 @@ from gpuyantra.commands.up import add_stack_arguments, save_admin_token, start_s
 from gpuyantra.processes import StartupError, exit_on_sigterm, free_port, start_server
 
 if TYPE_CHECKING:
-    from workflows.types import CampaignInput
+    from gpuyantra.campaign.records import CampaignInput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,11 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuyantra import config
+    from gpuyantra.campaign.records import CampaignInput
     from gpuyantra.campaign_client import new_workflow_id
     from gpuyantra.report import write_report
     from gpuyantra.rewards import ceiling
     from gpuyantra.triton_env import cuda_available
-    from workflows.types import CampaignInput
 
     os.environ.setdefault("GPUYANTRA_ADMIN_TOKEN", secrets.token_urlsafe(16))
     device = "cuda" if cuda_available() else "cpu"

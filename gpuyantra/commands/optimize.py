@@ -16,7 +16,7 @@ from gpuyantra.server_client import ServerError, check_reachable
 if TYPE_CHECKING:
     from temporalio.client import WorkflowHandle
 
-    from workflows.types import CampaignInput
+    from gpuyantra.campaign.records import CampaignInput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,7 +100,7 @@ def targets(text: str) -> int:
 
 
 def bounded(text: str, field: str) -> int:
-    from workflows.inputs import RANGES  # the workflow's own bounds: refuse here what it would refuse
+    from gpuyantra.campaign.inputs import RANGES  # the workflow's own bounds: refuse here what it would refuse
 
     value, (low, high) = int(text), RANGES[field]
     if not low <= value <= high:
@@ -112,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
     """Start the campaign. With --wait: its id, Web UI link and CLI commands first, one line per
     progress change, then a summary (or with --json the result, last on stdout; the other lines then
     go to stderr) and the path of its HTML report. Ctrl-C stops following, not the campaign (130)."""
+    from gpuyantra.campaign.records import CampaignInput
     from gpuyantra.campaign_client import follow_commands, new_workflow_id
     from gpuyantra.server_client import served_model
-    from workflows.types import CampaignInput
 
     try:
         check_reachable(args.server)

@@ -53,7 +53,7 @@ def server_urls(flag: str | None) -> list[str]:
     every server running from this state folder (`serve` registers itself in `<state>/servers/`)."""
     if flag:
         return [flag]
-    from workflows.inputs import server_key
+    from gpuyantra.campaign.inputs import server_key
 
     urls, seen = [], set()
     for url in [config.server_url(), *registered_server_urls()]:

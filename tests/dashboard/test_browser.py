@@ -27,11 +27,11 @@ import httpx
 import pytest
 from temporalio.client import Client
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.config import CONTROL_TASK_QUEUE
 from gpuyantra.processes import Managed
 from tests.dashboard.browser import CHROMIUM, Chromium, Page
 from tests.dashboard.conftest import ADMIN_TOKEN, Dashboard
-from workflows.types import CampaignInput
 
 pytestmark = [
     pytest.mark.integration,

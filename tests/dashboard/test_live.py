@@ -16,11 +16,11 @@ import httpx
 import pytest
 from temporalio.client import Client
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.config import CONTROL_TASK_QUEUE
 from gpuyantra.processes import Managed
 from tests.dashboard.conftest import ADMIN_TOKEN, REPO, Dashboard, wait_for
 from tests.serving.helpers import RMS_NORM_KERNEL, attested
-from workflows.types import CampaignInput
 
 pytestmark = pytest.mark.integration
 

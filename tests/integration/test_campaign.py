@@ -12,9 +12,9 @@ import httpx
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.config import CONTROL_TASK_QUEUE
 from gpuyantra.processes import Managed, free_port, start_server, temporal_binary
-from workflows.types import CampaignInput
 
 PROMPT = "The quick brown fox"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import httpx
 
+from gpuyantra.campaign.records import CampaignInput
 from tests.integration.test_campaign import run_campaign
-from workflows.types import CampaignInput
 
 
 async def test_a_second_campaign_skips_what_the_first_swapped(temporal, workers, served_model, admin_headers):

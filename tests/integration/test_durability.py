@@ -11,10 +11,10 @@ import uuid
 
 from temporalio.client import Client
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.config import CONTROL_TASK_QUEUE
 from gpuyantra.processes import Managed, free_port, start_temporal, start_worker
 from gpuyantra.verifier.reuse import FRESH_ENV
-from workflows.types import CampaignInput
 
 
 def crash(managed: Managed) -> None:

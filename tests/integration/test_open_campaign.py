@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import httpx
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.processes import free_port, start_server
 from tests.integration.conftest import ADMIN_TOKEN
 from tests.integration.test_campaign import completion, logits, max_abs_diff, run_campaign
-from workflows.types import CampaignInput
 
 
 def _open_gelu_op(url: str, headers: dict[str, str]) -> str:

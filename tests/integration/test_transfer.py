@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 
 from gpuyantra.authors.template import render
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.processes import free_port, start_server
 from gpuyantra.skills import Fingerprint, Skill, SkillStore
 from tests.integration.conftest import ADMIN_TOKEN
 from tests.integration.test_campaign import run_campaign
-from workflows.types import CampaignInput
 
 RMS_ADAPTER = [
     {"kernel_param": "weight", "module_attr": "weight"},

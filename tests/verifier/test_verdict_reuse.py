@@ -8,8 +8,8 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.gpu import verify_candidate
+from gpuyantra.campaign.records import VerifyInput
 from gpuyantra.verifier import reuse
-from workflows.types import VerifyInput
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "gpuyantra" / "kernels" / "rms_norm.py"
 QUESTION = {

@@ -11,9 +11,9 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import activities.gpu as gpu
+from gpuyantra.campaign.records import BenchmarkInput
 from gpuyantra.verifier.gpu_locks import hold_lock
 from tests.verifier.conftest import can_take
-from workflows.types import BenchmarkInput
 
 
 @pytest.fixture

@@ -19,14 +19,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from gpuyantra.campaign.inputs import InvalidInput, parse_campaign_input
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.campaign_client import CampaignRefused, start_campaign
 from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
 from gpuyantra.processes import temporal_binary
 from tests.errors_table import matches, rows
 from tests.workflow.test_campaign_logic import Script
 from workflows.campaign import OptimizeCampaign
-from workflows.inputs import InvalidInput, parse_campaign_input
-from workflows.types import CampaignInput
 
 HANG_GUARD_S = 60  # generous; each run here ends in well under a second
 

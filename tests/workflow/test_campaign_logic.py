@@ -13,11 +13,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.cpu import preflight_campaign  # the real one: op names and one campaign per server
-from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
-from gpuyantra.report.page import render_html
-from gpuyantra.served_speed import measurement_of
-from workflows.campaign import OptimizeCampaign, select_targets
-from workflows.types import (
+from gpuyantra.campaign.records import (
     BenchmarkInput,
     CampaignInput,
     CompareInput,
@@ -26,14 +22,22 @@ from workflows.types import (
     OutcomeInput,
     RetrieveInput,
     RetrieveResult,
+    RollbackAnswer,
     RollbackInput,
     ServedMemoryInput,
+    ServedRollback,
     ServedRollbackInput,
     ServerCall,
+    SwapAnswer,
+    VerdictSummary,
     VerifyInput,
     WriteInput,
     WriteResult,
 )
+from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
+from gpuyantra.report.page import render_html
+from gpuyantra.served_speed import measurement_of
+from workflows.campaign import OptimizeCampaign
 
 TARGET = {
     "op": "rms_norm",
@@ -121,31 +125,31 @@ class Script:
             return measurement_of([self.served(batch, swapped) for batch in call.batches or [1]])
 
         @activity.defn(name="verify_candidate")
-        def verify_candidate(request: VerifyInput) -> dict:
+        def verify_candidate(request: VerifyInput) -> VerdictSummary:
             reward = self.rewards[min(request.iteration - 1, len(self.rewards) - 1)]
             self.calls.append(f"verify{request.iteration}")
             self.event("verify-start", request.target["op"])
             if self.meet is not None and request.iteration == 1:
                 self.meet.wait()
             self.event("verify-end", request.target["op"])
-            return {
-                "reward": reward,
-                "accepted": reward >= 1,
-                "device": self.device,
-                "failures": [] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
-                "speedup_vs_eager": 2.0,
-                "speedup_vs_compile": 1.1,
-                "rows_gate": {"kernel": [1], "original": [request.iteration * 8]},
-            }
+            return VerdictSummary(
+                reward=reward,
+                accepted=reward >= 1,
+                device=self.device,
+                failures=[] if reward >= 1 else [{"layer": "correctness", "rule": "mismatch", "message": "m"}],
+                speedup_vs_eager=2.0,
+                speedup_vs_compile=1.1,
+                rows_gate={"kernel": [1], "original": [request.iteration * 8]},
+            )
 
         @activity.defn(name="deploy_kernel")
-        def deploy_kernel(request: DeployInput) -> dict:
+        def deploy_kernel(request: DeployInput) -> SwapAnswer:
             self.deployed_gates.append(request.rows_gate)
             self.event("deploy-start", request.target["op"])
             time.sleep(0.05)
             self.event("deploy-end", request.target["op"])
             self.calls.append("deploy")
-            return {"swap_id": "s1", "modules": 5}
+            return SwapAnswer(swap_id="s1", modules=5)
 
         @activity.defn(name="retrieve_skills")
         def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
@@ -165,8 +169,9 @@ class Script:
             return "skill-1"
 
         @activity.defn(name="served_rollbacks")
-        def served_rollbacks(request: ServedMemoryInput) -> list:
-            return [r for r in self.memory.get(request.skill_id, []) if r["model"] == request.model]
+        def served_rollbacks(request: ServedMemoryInput) -> list[ServedRollback]:
+            kept = self.memory.get(request.skill_id, [])
+            return [ServedRollback.from_dict(r) for r in kept if r["model"] == request.model]
 
         @activity.defn(name="record_served_rollback")
         def record_served_rollback(request: ServedRollbackInput) -> None:
@@ -174,9 +179,9 @@ class Script:
             self.memory.setdefault(request.skill_id, []).append({**entry, "batches": request.batches})
 
         @activity.defn(name="rollback_swap")
-        def rollback_swap(request: RollbackInput) -> dict:
+        def rollback_swap(request: RollbackInput) -> RollbackAnswer:
             self.calls.append("rollback")
-            return {"rolled_back": [request.swap_id]}
+            return RollbackAnswer(rolled_back=[{"swap_id": request.swap_id}])
 
         @activity.defn(name="compare_swap")
         def compare_swap(request: CompareInput) -> dict:
@@ -266,12 +271,6 @@ async def test_requested_op_missing_from_model_is_rejected_with_reason(env):
     script = Script(rewards=[3])
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm", "rope"]))
     assert {"op": "rope", "reason": "the served model has no module computing rope"} in result["rejected"]
-
-
-def test_select_targets_keeps_profile_ranking():
-    targets = [{"op": "softmax"}, {"op": "rms_norm"}, {"op": "silu_mul"}]
-    assert select_targets(targets, ["rms_norm", "softmax"], 1) == [{"op": "softmax"}, {"op": "rms_norm"}]
-    assert select_targets(targets, None, 2) == targets[:2]
 
 
 async def test_swap_that_slows_served_decode_is_rolled_back(env):

@@ -1,6 +1,6 @@
-"""The typed views of what crosses the workflow boundary (workflows/types.py): they read the JSON the
-activities exchange and give it back unchanged, so running campaigns replay with the payloads they
-recorded; and the reward ceiling they stop at (gpuyantra/rewards.py)."""
+"""The records that cross the workflow boundary (gpuyantra/campaign/records.py): a target gives back
+the profile's JSON unchanged (the skill store reads fields the campaign does not model), a verdict
+keeps what the campaign carries; and the reward ceiling they stop at (gpuyantra/rewards.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
+from gpuyantra.campaign.policy import at_ceiling
+from gpuyantra.campaign.records import SkillSeed, Target, VerdictSummary
 from gpuyantra.rewards import CEILING, REWARD_ACCEPTED, REWARD_MAX, ceiling
-from workflows.types import SkillSeed, Target, VerdictSummary
 
 PROFILE_TARGET = {
     "op": "linear",
@@ -38,10 +39,17 @@ CPU_VERDICT = {
 }
 
 
-@pytest.mark.parametrize("record, data", [(Target, PROFILE_TARGET), (VerdictSummary, CPU_VERDICT)])
-def test_records_give_back_the_json_they_read(record, data):
-    out = record.from_dict(data).to_dict()
-    assert out == data and list(out) == list(data)
+def test_a_target_gives_back_the_json_it_read():
+    out = Target.from_dict(PROFILE_TARGET).to_dict()
+    assert out == PROFILE_TARGET and list(out) == list(PROFILE_TARGET)
+
+
+def test_a_verdict_keeps_what_the_campaign_carries_and_leaves_the_rest_to_the_verifier():
+    verdict = VerdictSummary.from_dict({**CPU_VERDICT, "checks": 40, "timings": {"static": 0.1}})
+    out = verdict.to_dict()
+    assert {key: out[key] for key in CPU_VERDICT} == CPU_VERDICT  # nulls stay present: the report shows them
+    assert "checks" not in out and "timings" not in out
+    assert VerdictSummary.from_dict(out) == verdict
 
 
 def test_target_reads_the_fields_the_campaign_uses():
@@ -61,7 +69,6 @@ def test_a_record_built_in_code_writes_what_it_holds():
     built = Target(op="softmax", module_class="S", shapes=[[4, 64]])
     assert built.to_dict() == {"op": "softmax", "module_class": "S", "shapes": [[4, 64]]}  # defaults left out
     assert Target.from_dict(built.to_dict()) == built
-    assert VerdictSummary().to_dict() == {}
 
 
 def test_a_target_without_its_class_is_refused():
@@ -71,10 +78,10 @@ def test_a_target_without_its_class_is_refused():
 
 def test_verdict_stops_at_its_devices_ceiling():
     cpu = VerdictSummary.from_dict(CPU_VERDICT)
-    assert cpu.at_ceiling and not cpu.speed_judged
+    assert at_ceiling(cpu) and not cpu.speed_judged
     cuda = VerdictSummary.from_dict({**CPU_VERDICT, "device": "cuda", "reward": 2.0})
-    assert cuda.reward == 2 and isinstance(cuda.reward, int) and not cuda.at_ceiling and cuda.speed_judged
-    assert VerdictSummary.from_dict({"device": "cuda", "reward": 3}).at_ceiling
+    assert cuda.reward == 2 and isinstance(cuda.reward, int) and not at_ceiling(cuda) and cuda.speed_judged
+    assert at_ceiling(VerdictSummary.from_dict({"device": "cuda", "reward": 3}))
     assert VerdictSummary.from_dict({}).reward == -1  # no reward: a rejection
 
 

@@ -13,6 +13,7 @@ import uuid
 from temporalio import activity
 from temporalio.worker import Worker
 
+from gpuyantra.campaign.records import CampaignInput
 from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE, SEARCH_ATTRIBUTES, indexed_value_type
 from gpuyantra.processes import temporal_binary
 from tests.workflow.test_campaign_logic import Script, run
@@ -25,7 +26,6 @@ from workflows.campaign import (
     SEARCH_KEYS,
     OptimizeCampaign,
 )
-from workflows.types import CampaignInput
 
 QUERY = 'GpuyantraModel="tiny-qwen2"'  # docs/usage.md's query
 

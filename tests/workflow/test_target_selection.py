@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuyantra.campaign.inputs import parse_campaign_input
+from gpuyantra.campaign.records import CampaignInput
 from tests.workflow.test_campaign_logic import TARGET, Script, run
-from workflows.inputs import parse_campaign_input
-from workflows.targets import choose_targets, estimated_gain, legacy_targets, measured_noise
-from workflows.types import CampaignInput
+from workflows.targets import choose_targets, estimated_gain, measured_noise
 
 
 def target(op: str, gain: float | None, swapped: list[str] | None = None, **extra: Any) -> dict[str, Any]:
@@ -67,11 +67,6 @@ def test_the_noise_is_the_widest_spread_over_the_measured_batches():
     measured = {"relative_spread": 0.01, "batches": [{"relative_spread": 0.01}, {"relative_spread": 0.04}]}
     assert measured_noise(measured) == 0.04
     assert measured_noise(None) == 0.0 and measured_noise({"tokens_per_s": 5.0}) == 0.0
-
-
-def test_campaigns_started_before_replay_the_top_three():
-    assert len(legacy_targets(RANKED, None, None)) == 3
-    assert ops_of(legacy_targets(RANKED, None, 5)) == ops_of(RANKED[:5])
 
 
 def test_max_targets_is_optional_in_the_input():

@@ -15,10 +15,17 @@ from temporalio.testing import ActivityEnvironment
 
 import activities.gpu as gpu
 from activities.cpu import preflight_campaign
+from gpuyantra.campaign.records import (
+    BenchmarkInput,
+    CampaignInput,
+    CompareInput,
+    DeployInput,
+    RollbackInput,
+    ServerCall,
+)
 from gpuyantra.commands.worker import trust_servers
 from gpuyantra.processes import free_port
 from gpuyantra.trusted_servers import remember_server, resolve, token_env
-from workflows.types import BenchmarkInput, CampaignInput, CompareInput, DeployInput, RollbackInput, ServerCall
 
 TOKEN = "the-real-admin-token"
 

@@ -19,9 +19,9 @@ from temporalio.worker import Worker
 
 from activities.gpu import verify_file
 from gpuyantra import config
+from gpuyantra.campaign.inputs import InvalidInput, parse_verify_input
 from gpuyantra.config import GPU_TASK_QUEUE
 from tests.errors_table import matches, rows
-from workflows.inputs import InvalidInput, parse_verify_input
 from workflows.verify import VerifyKernel
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "gpuyantra" / "kernels" / "rms_norm.py"

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from gpuyantra.campaign.records import CampaignInput, VerifyFileInput
 from gpuyantra.rewards import REWARD_MAX, REWARD_MIN  # stdlib only
-from workflows.types import CampaignInput, VerifyFileInput
 
 T = TypeVar("T")
 

@@ -1,12 +1,14 @@
-"""Small typed inputs and outputs shared by the workflow and its activities (no torch here).
+"""The campaign's records: what crosses the workflow-activity boundary, shared by the workflow, its
+activities and the clients (stdlib only: the workflow sandbox imports it).
 
-Two kinds of types live here:
-- the activity inputs and results (`WriteInput`, `RetrieveResult`, ...): what Temporal serializes. Their
-  `target`, `verdict` and `seed` fields stay plain JSON dicts, exactly as running campaigns recorded
-  them in their histories (a campaign replays its history after a worker restart);
-- typed views of those dicts (`Target`, `VerdictSummary`, `SkillSeed`): what the workflow and the
-  activities read fields from. Convert at the edges: `Target.from_dict(request.target)` where a
-  dict comes in, `target.to_dict()` where one goes out; `from_dict(d).to_dict() == d`.
+Three kinds of types live here:
+- the activity inputs (`WriteInput`, `DeployInput`, ...) and results (`RetrieveResult`, `VerdictSummary`,
+  `SwapAnswer`, ...): what Temporal serializes (dataclasses; the activities' annotations say which);
+- `Target` and `SkillSeed`, typed views of the profile's and the skill store's JSON objects that keep
+  every key they came with (`raw`): inputs carry them as those objects, so the skill store and the
+  report see the profile's fields the campaign does not model. Convert at the edges:
+  `Target.from_dict(request.target)` where one comes in, `target.to_dict()` where one goes out;
+  `from_dict(d).to_dict() == d`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
-from gpuyantra.rewards import REWARD_MAX, REWARD_MIN, ceiling  # stdlib only
+from gpuyantra.rewards import REWARD_MAX, REWARD_MIN  # stdlib only
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -43,6 +45,12 @@ class JsonRecord:
             if f.name != "raw" and (f.name in out or _required(f) or value != _default(f)):
                 out[f.name] = value
         return out
+
+
+def known_fields(cls: type[Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `data` that are fields of the dataclass `cls` (an answer may say more)."""
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
 
 
 def _required(f: Field[Any]) -> bool:
@@ -76,33 +84,47 @@ class Target(JsonRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
-class VerdictSummary(JsonRecord):
-    """The fields of a verifier verdict (gpuyantra/verifier/verdict.py: Verdict.to_dict, plus the
-    activity's `device` and `candidate_path`) the workflow and learn_skill read; the rest is in `raw`."""
+class VerdictSummary:
+    """A verifier verdict as the campaign carries it: what verify_candidate returns, the workflow
+    decides on, learn_skill stores and the result reports (gpuyantra/verifier/verdict.py:
+    Verdict.to_dict's figures, plus the activity's `device`, `candidate_path`, and the campaign's
+    gates beside the signed reward: `rows_gate`, `judged_on`). The verdict's other fields (checks,
+    timings, isolation) stay with the verifier's own output."""
 
-    reward: int = REWARD_MIN  # a verdict without a reward counts as a rejection
+    op: str | None = None
     accepted: bool = False
-    device: str | None = None
+    reward: int = REWARD_MIN  # the signed reward; a verdict without one counts as a rejection
     failures: list[dict[str, Any]] = field(default_factory=list)  # layer, rule, message
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    device: str | None = None
     kernel_us: float | None = None
+    eager_us: float | None = None
+    compile_us: float | None = None
+    compile_ro_us: float | None = None
     floor_us: float | None = None
     shapes: list[list[int]] | None = None
     dtypes: list[str] | None = None
+    bench: list[dict[str, Any]] = field(default_factory=list)  # per timed shape: shape, kernel_us, eager_us, ...
     candidate_path: str | None = None
     attestation: dict[str, Any] | None = None  # the signed record the server checks before swapping
     rows_gate: dict[str, list[int]] | None = None  # row counts where the kernel lost: the original serves them
+    # The campaign's judgement on the target's served decode shapes (gpuyantra/campaign/policy.py), beside
+    # the signed reward: {"shapes", "why", "reward", "speedup_vs_eager", "speedup_vs_compile"}.
+    judged_on: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> VerdictSummary:
-        # int(): the workflow always read the reward as int(verdict["reward"]); a 3.0 is rung +3.
-        return super().from_dict({**data, "reward": int(data["reward"])} if "reward" in data else data)
+        """The fields above of a verdict object; the rest is left out."""
+        kept = known_fields(cls, data)
+        if kept.get("reward") is not None:  # a 3.0 is rung +3
+            kept["reward"] = int(kept["reward"])
+        else:
+            kept.pop("reward", None)
+        return cls(**kept)
 
-    @property
-    def at_ceiling(self) -> bool:
-        """No later candidate can beat it: the best reward its device can give (+1 on CPU, +3 on CUDA)."""
-        return self.reward >= ceiling(self.device)
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
     def speed_judged(self) -> bool:
@@ -250,7 +272,7 @@ class LearnInput:
     iteration: int
     source: str
     strategy: dict[str, Any]
-    verdict: dict[str, Any]
+    verdict: VerdictSummary
     author: str
 
 
@@ -267,3 +289,53 @@ class DeployInput:
 class RollbackInput:
     server_url: str
     swap_id: str
+
+
+# ====================================================================== activity answers
+@dataclass(frozen=True, kw_only=True)
+class SwapAnswer:
+    """deploy_kernel's answer: what /admin/swap answered (serving/admin_schema.py: SwapAnswer)."""
+
+    swap_id: str
+    op: str | None = None
+    module_class: str | None = None
+    qualified_class: str | None = None
+    modules: int = 0  # how many modules the kernel was bound into
+    parity: dict[str, Any] | None = None  # the parity check on the live weights
+    status: str = "committed"
+    file: str | None = None
+    digest: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SwapAnswer:
+        return cls(**known_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RollbackAnswer:
+    """rollback_swap's answer: the swaps /admin/rollback rolled back and those still bound (swap records)."""
+
+    rolled_back: list[dict[str, Any]] = field(default_factory=list)
+    active: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightAnswer:
+    """preflight_campaign's answer: which of gpuyantra's search attributes the namespace has registered."""
+
+    search_attributes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedRollback:
+    """One rollback for served speed kept with a kernel's skill (served_rollbacks' answer, oldest first)."""
+
+    model: str = ""
+    campaign: str | None = None
+    reason: str | None = None
+    batches: list[int] = field(default_factory=list)  # the batches whose served speed dropped
+    at: str | None = None  # when it was kept (ISO 8601, UTC)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServedRollback:
+        return cls(**known_fields(cls, data))

@@ -1,9 +1,12 @@
-"""A served target is judged on its decode shapes: served tokens/s is decode steps, one call per
-shape per step, while the prefill shape runs once per request."""
+"""The campaign's gates (gpuyantra/campaign/policy.py): a served target is judged on its decode shapes
+(served tokens/s is decode steps, one call per shape per step, while the prefill shape runs once per
+request), beside the signed reward, never over it; the rows gate."""
 
 from __future__ import annotations
 
-from gpuyantra.verifier.verdict import judged_on_served_decode, reward_on_shapes, rows_gate
+from gpuyantra.campaign.policy import campaign_reward, rows_gate, served_decode_judgement
+from gpuyantra.campaign.records import VerdictSummary
+from gpuyantra.verifier.verdict import reward_on_shapes
 
 DECODE_1, DECODE_8, PREFILL = [1, 1, 1536], [8, 1, 1536], [1, 54, 1536]
 
@@ -23,28 +26,36 @@ TARGET = {"op": "linear", "served_shapes": {"decode@1": [DECODE_1], "decode@8": 
 
 
 def test_decode_gains_decide_for_a_served_target():
-    judged = judged_on_served_decode(GEMV, TARGET)
-    assert judged["reward"] == 3
+    judged = served_decode_judgement(GEMV, TARGET)
+    assert judged is not None and judged["reward"] == 3
     assert judged["speedup_vs_eager"] == reward_on_shapes(GEMV, [DECODE_1, DECODE_8])["speedup_vs_eager"]
     assert 1.28 < judged["speedup_vs_eager"] < 1.32
-    # The whole verdict is kept beside it, and the page says which shapes decided.
-    assert judged["all_shapes"]["reward"] == 1
-    assert judged["judged_on"]["shapes"] == [DECODE_8, DECODE_1]
-    assert [r["shape"] for r in judged["bench"]] == [DECODE_8, PREFILL, DECODE_1]
+    assert judged["shapes"] == [DECODE_8, DECODE_1]  # the judgement says which shapes decided
+    # The signed verdict is the verdict: its reward stays, the campaign acts on the judgement beside it.
+    verdict = VerdictSummary.from_dict({**GEMV, "judged_on": judged})
+    assert verdict.reward == 1 and campaign_reward(verdict) == 3
+    assert campaign_reward(VerdictSummary.from_dict(GEMV)) == 1
+
+
+def test_a_verdict_recorded_with_its_reward_rewritten_is_decided_on_that_reward():
+    # Histories of running campaigns hold verdicts whose `reward` the judgement had replaced.
+    recorded = {**GEMV, "reward": 3, "judged_on": {"shapes": [DECODE_8, DECODE_1], "why": "served decode shapes"}}
+    assert campaign_reward(VerdictSummary.from_dict(recorded)) == 3
 
 
 def test_a_decode_loss_is_not_outvoted_by_prefill():
     verdict = _verdict(_row(DECODE_1, 7.0, 5.8, 9.0), _row(PREFILL, 2.0, 5.9, 9.0))
-    assert judged_on_served_decode(verdict, TARGET)["reward"] == 1
+    judged = served_decode_judgement(verdict, TARGET)
+    assert judged is not None and judged["reward"] == 1
 
 
-def test_unchanged_without_decode_shapes_or_with_failures():
-    assert judged_on_served_decode(GEMV, {"op": "linear"}) is GEMV
-    assert judged_on_served_decode(GEMV, {"served_shapes": {"prefill": [PREFILL]}}) is GEMV
+def test_no_judgement_without_decode_shapes_or_with_failures():
+    assert served_decode_judgement(GEMV, {"op": "linear"}) is None
+    assert served_decode_judgement(GEMV, {"served_shapes": {"prefill": [PREFILL]}}) is None
     failed = _verdict(*GEMV["bench"], failures=[{"layer": "correctness", "rule": "wrong-values"}])
-    assert judged_on_served_decode(failed, TARGET) is failed
+    assert served_decode_judgement(failed, TARGET) is None
     only_decode = _verdict(_row(DECODE_1, 4.5, 5.8, 9.0))
-    assert judged_on_served_decode(only_decode, TARGET) is only_decode  # decided on the same shapes
+    assert served_decode_judgement(only_decode, TARGET) is None  # decided on the same shapes
 
 
 def test_compile_speedup_needs_every_decode_shape_compiled():
