@@ -19,6 +19,7 @@ from gpuyantra.campaign.records import (
     RollbackAnswer,
     RollbackInput,
     ServerCall,
+    ServerProfile,
     SwapAnswer,
     Target,
     VerdictSummary,
@@ -26,7 +27,7 @@ from gpuyantra.campaign.records import (
     VerifyInput,
 )
 from gpuyantra.files import write_whole
-from gpuyantra.served_speed import measurement_of
+from gpuyantra.served_speed import Measurement, PairedAnswer, measurement_of
 from gpuyantra.server_client import AdminClient, ServerError
 from gpuyantra.trusted_servers import UntrustedServer, resolve
 
@@ -51,8 +52,8 @@ def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, An
 
 
 @activity.defn(name="profile_server")
-def profile_server(call: ServerCall) -> dict[str, Any]:
-    return admin_post(call.server_url, "/admin/profile", {})
+def profile_server(call: ServerCall) -> ServerProfile:
+    return ServerProfile.from_answer(admin_post(call.server_url, "/admin/profile", {}))
 
 
 # Five repeats of at least a quarter second each: the campaign judges a swap against their spread.
@@ -63,7 +64,7 @@ TIMING_LOCK_WAIT_S = 180.0
 
 
 @activity.defn(name="benchmark_server")
-def benchmark_server(call: BenchmarkInput) -> dict[str, Any]:
+def benchmark_server(call: BenchmarkInput) -> Measurement:
     """Served speed at each of `call.batches` (batch 1 when none), with the GPU timing lock held."""
     batches = sorted(set(call.batches or [1]))
     trusted_client(call.server_url)  # refused before any lock is taken
@@ -73,7 +74,7 @@ def benchmark_server(call: BenchmarkInput) -> dict[str, Any]:
         raise as_application_error(exc) from exc
 
 
-def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TIMING_LOCK_WAIT_S) -> dict[str, Any]:
+def measure_served_speed(server_url: str, batches: list[int], wait_s: float = TIMING_LOCK_WAIT_S) -> Measurement:
     """/admin/benchmark at each batch, one after another, while holding the GPU's locks (turnstile,
     timing, quiet; gpuyantra/verifier/gpu_locks.py): queued verifications let this check go first, and
     while it measures no verification times or runs its correctness cases on this GPU."""
@@ -92,7 +93,7 @@ COMPARE = {"rounds": 3, "repeats": 2, "min_repeat_s": 0.2, "max_tokens": 16, "pr
 
 
 @activity.defn(name="compare_swap")
-def compare_swap(call: CompareInput) -> dict[str, Any]:
+def compare_swap(call: CompareInput) -> PairedAnswer:
     """/admin/compare: served speed with the swap off and on in turns, the GPU's locks held as for
     benchmark_server. A server that predates the route answers 404 without a swap `detail`: then
     `{"measured": "none"}`, and the campaign keeps its first judgement."""
@@ -106,9 +107,9 @@ def compare_swap(call: CompareInput) -> dict[str, Any]:
             answer = with_heartbeat(lambda: client.post("/admin/compare", body))
     except ServerError as exc:
         if "answered 404: Not Found" in str(exc):
-            return {"measured": "none", "reason": "the server has no /admin/compare"}
+            return PairedAnswer(measured="none", reason="the server has no /admin/compare")
         raise as_application_error(exc) from exc
-    return {**answer, "timing_lock": lock}
+    return PairedAnswer.from_dict({**answer, "timing_lock": lock})
 
 
 @activity.defn(name="deploy_kernel")

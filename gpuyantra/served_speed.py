@@ -8,8 +8,10 @@ and a swap is judged batch by batch against that batch's own spread (`judge_batc
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 # The smallest drop ever called a slowdown: two measurements minutes apart also differ by drift
@@ -41,46 +43,75 @@ def repeat_spread(samples: list[float]) -> dict[str, Any]:
     }
 
 
-def figures(measurement: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The figures of one /admin/benchmark answer that a campaign result reports."""
-    if not measurement:
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """Served decode speed: one /admin/benchmark answer at one batch, or benchmark_server's measurement
+    at several (the smallest batch's figures on top, as results held before batches were measured
+    apart; every batch's answer under `batches`; how the GPU's locks were held under `timing_lock`).
+    The one record of it the server's answer, the GPU activity, the workflow and the result share."""
+
+    tokens_per_s: float | None = None  # the median repeat
+    tokens_per_s_min: float | None = None
+    tokens_per_s_max: float | None = None
+    tokens_per_s_samples: list[float] = field(default_factory=list)
+    relative_spread: float | None = None  # (max - min) / median
+    relative_mad: float | None = None
+    repeats: int | None = None
+    measured: str = "benchmark"  # or "live": observed from served traffic, never compared with a benchmark
+    batch: int | None = None
+    timing_lock: dict[str, Any] | None = None  # gpu_locks.hold_lock: held, waited_s, locks
+    batches: list[Measurement] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """An answer's figures; keys the campaign does not read are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kept = {key: value for key, value in data.items() if key in names and value is not None}
+        kept["batches"] = [cls.from_dict(answer) for answer in data.get("batches") or [] if isinstance(answer, Mapping)]
+        return cls(**kept)
+
+
+def figures(measurement: Measurement | None) -> dict[str, Any] | None:
+    """The figures of one measurement that a campaign result reports."""
+    if measurement is None:
         return None
-    tokens = measurement.get("tokens_per_s")
+    tokens = measurement.tokens_per_s
     return {
         "tokens_per_s": tokens,
-        "min": measurement.get("tokens_per_s_min", tokens),
-        "max": measurement.get("tokens_per_s_max", tokens),
-        "relative_spread": measurement.get("relative_spread", 0.0),
-        "repeats": measurement.get("repeats", 1),
-        "measured": measurement.get("measured", "benchmark"),
-        **{key: measurement[key] for key in ("batch", "timing_lock") if key in measurement},
+        "min": tokens if measurement.tokens_per_s_min is None else measurement.tokens_per_s_min,
+        "max": tokens if measurement.tokens_per_s_max is None else measurement.tokens_per_s_max,
+        "relative_spread": measurement.relative_spread or 0.0,
+        "repeats": 1 if measurement.repeats is None else measurement.repeats,
+        "measured": measurement.measured,
+        **({"batch": measurement.batch} if measurement.batch is not None else {}),
+        **({"timing_lock": measurement.timing_lock} if measurement.timing_lock is not None else {}),
     }
 
 
 def judge_swap(
-    before: dict[str, Any] | None, after: dict[str, Any] | None, floor: float = NOISE_FLOOR, use_spread: bool = True
+    before: Measurement | None, after: Measurement | None, floor: float = NOISE_FLOOR, use_spread: bool = True
 ) -> dict[str, Any]:
     """Keep or roll back a swap by served tokens/s: roll back only when the drop from `before` to
     `after` is larger than the spread measured in both (and than `floor`); anything smaller is noise.
-    `use_spread=False` judges by `floor` alone (campaigns started before the spread was measured)."""
-    before, after = before or {}, after or {}
-    b, a = before.get("tokens_per_s"), after.get("tokens_per_s")
+    `use_spread=False` judges by `floor` alone."""
+    before, after = before or Measurement(), after or Measurement()
+    b, a = before.tokens_per_s, after.tokens_per_s
     if not b or a is None:
         return {"decision": "keep", "drop": None, "noise": None}
-    if before.get("measured", "benchmark") != after.get("measured", "benchmark"):
+    if before.measured != after.measured:
         # Live traffic and a paused benchmark measure different things: never roll back on that.
         return {"decision": "keep", "drop": (b - a) / b, "noise": None, "note": "measured differently"}
     drop = (b - a) / b
     noise = floor
     if use_spread:
-        noise = max(floor, before.get("relative_spread") or 0.0, after.get("relative_spread") or 0.0)
+        noise = max(floor, before.relative_spread or 0.0, after.relative_spread or 0.0)
     return {"decision": "rollback" if drop > noise else "keep", "drop": drop, "noise": noise}
 
 
-def slowdown_warning(what: str, before: dict[str, Any] | None, after: dict[str, Any] | None, note: str) -> str | None:
+def slowdown_warning(what: str, before: Measurement | None, after: Measurement | None, note: str) -> str | None:
     """A warning when served tokens/s went down by any amount, even one too small to roll back."""
-    b = (before or {}).get("tokens_per_s")
-    a = (after or {}).get("tokens_per_s")
+    b = before.tokens_per_s if before is not None else None
+    a = after.tokens_per_s if after is not None else None
     if not b or a is None or a >= b:
         return None
     return f"{what}: served speed went from {b:.1f} to {a:.1f} tokens/s ({(b - a) / b:.1%} slower; {note})"
@@ -97,34 +128,31 @@ def benchmark_batches(profile: Mapping[str, Any] | None) -> list[int] | None:
     return kept or None
 
 
-def measurement_of(answers: list[dict[str, Any]], timing_lock: dict[str, Any] | None = None) -> dict[str, Any]:
+def measurement_of(answers: Sequence[Mapping[str, Any]], timing_lock: dict[str, Any] | None = None) -> Measurement:
     """One served-speed measurement from the /admin/benchmark answers at each batch: the smallest
     batch's answer at the top (the figures results held before batches were measured apart), every
     answer under `batches`, and how the GPU's locks were held while they were measured (`gpu_locks.hold_lock`)."""
-    ordered = sorted(answers, key=lambda answer: int(answer.get("batch") or 1))
-    return {**ordered[0], "batches": ordered, **({"timing_lock": timing_lock} if timing_lock else {})}
+    ordered = sorted((Measurement.from_dict(answer) for answer in answers), key=lambda answer: answer.batch or 1)
+    return dataclasses.replace(ordered[0], batches=ordered, timing_lock=timing_lock or None)
 
 
-def per_batch(measurement: Mapping[str, Any] | None) -> dict[int, dict[str, Any]]:
-    """Each batch's answer in one measurement. A measurement from before batches were measured
-    apart is the answer of its own batch (1)."""
-    if not measurement:
+def per_batch(measurement: Measurement | None) -> dict[int, Measurement]:
+    """Each batch's answer in one measurement. A measurement of one answer is that of its own batch (1
+    when it names none)."""
+    if measurement is None:
         return {}
-    answers = measurement.get("batches") or [measurement]
-    return {int(answer.get("batch") or 1): dict(answer) for answer in answers if isinstance(answer, Mapping)}
+    return {answer.batch or 1: answer for answer in measurement.batches or [measurement]}
 
 
-def paired(
-    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
-) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+def paired(before: Measurement | None, after: Measurement | None) -> dict[int, tuple[Measurement, Measurement]]:
     """(before, after) answers of each batch measured in both, smallest batch first."""
     befores, afters = per_batch(before), per_batch(after)
     return {batch: (befores[batch], afters[batch]) for batch in sorted(befores) if batch in afters}
 
 
 def judge_batches(
-    before: Mapping[str, Any] | None,
-    after: Mapping[str, Any] | None,
+    before: Measurement | None,
+    after: Measurement | None,
     floor: float = NOISE_FLOOR,
     use_spread: bool = True,
 ) -> dict[str, Any]:
@@ -136,7 +164,7 @@ def judge_batches(
     return {"decision": "rollback" if dropped else "keep", "dropped": dropped, "batches": judged}
 
 
-def batch_figures(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any]:
+def batch_figures(before: Measurement | None, after: Measurement | None) -> dict[str, Any]:
     """The result's per-batch figures, keyed by batch ("1", "8": JSON keys are text)."""
     befores, afters = per_batch(before), per_batch(after)
     return {
@@ -145,9 +173,7 @@ def batch_figures(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
     }
 
 
-def judged_figures(
-    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, judged: Mapping[str, Any]
-) -> dict[str, Any]:
+def judged_figures(before: Measurement | None, after: Measurement | None, judged: Mapping[str, Any]) -> dict[str, Any]:
     """`batch_figures` with each batch's drop, noise and decision (a swap's entry in the result)."""
     out = batch_figures(before, after)
     for batch, judgement in judged["batches"].items():
@@ -156,7 +182,7 @@ def judged_figures(
 
 
 def rollback_reason(
-    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, judged: Mapping[str, Any], regime: str
+    before: Measurement | None, after: Measurement | None, judged: Mapping[str, Any], regime: str
 ) -> str:
     """Why a swap was rolled back, naming each batch that dropped beyond its noise, then how the
     other batches fared."""
@@ -165,11 +191,12 @@ def rollback_reason(
     for batch in judged["dropped"]:
         (b, a), judgement = pairs[batch], judged["batches"][batch]
         parts.append(
-            f"served decode at batch {batch} went from {b['tokens_per_s']:.1f} to {a['tokens_per_s']:.1f} tokens/s "
+            f"served decode at batch {batch} went from {b.tokens_per_s or 0.0:.1f} to "
+            f"{a.tokens_per_s or 0.0:.1f} tokens/s "
             f"({judgement['drop']:.1%} slower, beyond that batch's measured noise of {judgement['noise']:.1%})"
         )
     others = [
-        f"batch {batch}: {b.get('tokens_per_s') or 0.0:.1f} -> {a.get('tokens_per_s') or 0.0:.1f} tokens/s"
+        f"batch {batch}: {b.tokens_per_s or 0.0:.1f} -> {a.tokens_per_s or 0.0:.1f} tokens/s"
         for batch, (b, a) in pairs.items()
         if batch not in judged["dropped"]
     ]
@@ -177,7 +204,7 @@ def rollback_reason(
 
 
 def batch_warnings(
-    what: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, note: str | Mapping[int, str]
+    what: str, before: Measurement | None, after: Measurement | None, note: str | Mapping[int, str]
 ) -> list[str]:
     """`slowdown_warning` for each batch that went down by any amount; `note` may differ per batch."""
     warnings = []
@@ -189,11 +216,11 @@ def batch_warnings(
     return warnings
 
 
-def lock_warning(what: str, measurement: Mapping[str, Any] | None) -> str | None:
+def lock_warning(what: str, measurement: Measurement | PairedAnswer | None) -> str | None:
     """A warning when a measurement could not hold the GPU's locks: a verification may have been
     timing or checking correctness on the same GPU meanwhile, so its spread may hold that load.
     `locks` (measurements since the GPU has three) names the ones missed."""
-    lock = (measurement or {}).get("timing_lock")
+    lock = measurement.timing_lock if measurement is not None else None
     if not isinstance(lock, Mapping) or lock.get("held", True):
         return None
     held = lock.get("locks")
@@ -238,14 +265,56 @@ def judge_pairs(drops: list[float], floor: float = PAIRED_FLOOR) -> dict[str, An
     return {"decision": "rollback" if drop > noise else "keep", "drop": drop, "noise": noise}
 
 
-def judge_paired(answer: Mapping[str, Any] | None, floor: float = PAIRED_FLOOR) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class PairedBatch:
+    """One batch of a paired measurement: the swap on (`with` in the server's answer) and off."""
+
+    batch: int = 1
+    with_swap: Measurement | None = None
+    without: Measurement | None = None
+    drops: list[float] | None = None  # each round's relative drop with the swap (None: the answer gave none)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PairedBatch:
+        with_swap, without = data.get("with"), data.get("without")
+        return cls(
+            batch=int(data.get("batch") or 1),
+            with_swap=Measurement.from_dict(with_swap) if isinstance(with_swap, Mapping) else None,
+            without=Measurement.from_dict(without) if isinstance(without, Mapping) else None,
+            drops=[float(d) for d in data["drops"]] if isinstance(data.get("drops"), list) else None,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairedAnswer:
+    """compare_swap's answer: /admin/compare's paired measurement (`measured` "paired"), or
+    `measured` "none" with the `reason` when the server cannot measure one."""
+
+    measured: str = "none"
+    reason: str | None = None
+    seconds: float | None = None
+    batches: list[PairedBatch] = field(default_factory=list)
+    timing_lock: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PairedAnswer:
+        return cls(
+            measured=str(data.get("measured") or "none"),
+            reason=data.get("reason"),
+            seconds=data.get("seconds"),
+            batches=[PairedBatch.from_dict(entry) for entry in data.get("batches") or [] if isinstance(entry, Mapping)],
+            timing_lock=data.get("timing_lock"),
+        )
+
+
+def judge_paired(answer: PairedAnswer | None, floor: float = PAIRED_FLOOR) -> dict[str, Any]:
     """`judge_batches` for a paired measurement (/admin/compare): each batch by its own pairs; roll
     back when any batch dropped beyond its noise."""
     judged: dict[int, dict[str, Any]] = {}
-    for entry in (answer or {}).get("batches") or []:
-        with_swap = list((entry.get("with") or {}).get("tokens_per_s_samples") or [])
-        without = list((entry.get("without") or {}).get("tokens_per_s_samples") or [])
-        judged[int(entry.get("batch") or 1)] = judge_pairs(paired_drops(with_swap, without), floor)
+    for entry in answer.batches if answer is not None else []:
+        with_swap = entry.with_swap.tokens_per_s_samples if entry.with_swap else []
+        without = entry.without.tokens_per_s_samples if entry.without else []
+        judged[entry.batch] = judge_pairs(paired_drops(with_swap, without), floor)
     dropped = [batch for batch, judgement in sorted(judged.items()) if judgement["decision"] == "rollback"]
     return {"decision": "rollback" if dropped else "keep", "dropped": dropped, "batches": judged}
 

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         ServedRollback,
         ServedRollbackInput,
         ServerCall,
+        ServerProfile,
         SkillSeed,
         SwapAnswer,
         Target,
@@ -52,12 +53,11 @@ with workflow.unsafe.imports_passed_through():
         WriteResult,
     )
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
-    from gpuyantra.profile_digest import profile_digest  # stdlib only
     from gpuyantra.rewards import ceiling  # stdlib only
     from gpuyantra.served_speed import (  # stdlib only
+        Measurement,
         batch_figures,
         batch_warnings,
-        benchmark_batches,
         figures,
         judge_batches,
         judge_paired,
@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
         judged_figures,
         lock_warning,
         paired_reason,
+        per_batch,
         rollback_reason,
     )
     from workflows.targets import choose_targets, measured_noise
@@ -186,7 +187,7 @@ class OptimizeCampaign:
         self._rejected_by_user: set[str] = set()
         self._target_ops: set[str] = set()  # known once the profile is in; signals naming others get a notice
         self._deploy_lock = asyncio.Lock()  # one swap and its served-speed check at a time
-        self._served: dict[str, Any] | None = None  # latest served-speed measurement of what is deployed now
+        self._served: Measurement | None = None  # latest served-speed measurement of what is deployed now
         self._served_current = True  # False once a swap stayed in without being measured
         self._benchmark: BenchmarkInput | None = None  # the server and the decode batches every check measures
         self._warnings: list[str] = []
@@ -237,13 +238,13 @@ class OptimizeCampaign:
         self._search(DEPLOYED_KEY.value_set(0), *([OPS_KEY.value_set(params.ops)] if params.ops else []))
         self._stage("profile")
         profile = await self._gpu(gpu.profile_server, server, timedelta(minutes=10))
-        hardware = profile.get("hardware", "unknown")
-        self._model, self._campaign_id = str(profile.get("model") or ""), campaign_id
-        self._benchmark = BenchmarkInput(params.server_url, benchmark_batches(profile))
+        hardware = profile.hardware
+        self._model, self._campaign_id = profile.model or "", campaign_id
+        self._benchmark = BenchmarkInput(params.server_url, profile.served_batches)
         # The served speed's noise decides which estimated gains are worth a search.
         self._stage("e2e-before")
         before = self._served = await self._gpu(gpu.benchmark_server, self._benchmark, timedelta(minutes=10))
-        choice = choose_targets(profile.get("targets", []), params.ops, params.max_targets, measured_noise(before))
+        choice = choose_targets(profile.targets, params.ops, params.max_targets, measured_noise(before))
         targets, skipped = [Target.from_dict(t) for t in choice.chosen], choice.skipped
         self._announce_targets(params, profile, targets)
 
@@ -280,29 +281,29 @@ class OptimizeCampaign:
         return {
             "workflow_id": campaign_id,
             "server": params.server_url,
-            "model": profile.get("model"),
+            "model": profile.model,
             "hardware": hardware,
             "deployed": deployed,
             "rejected": rejected,
             **({"skipped": skipped} if skipped else {}),
-            "e2e": {"tokens_per_s_before": before.get("tokens_per_s"), "tokens_per_s_after": after.get("tokens_per_s")},
+            "e2e": {"tokens_per_s_before": before.tokens_per_s, "tokens_per_s_after": after.tokens_per_s},
             "served_speed": {
                 "before": figures(before),
                 "after": figures(after),
                 "after_source": after_source,
                 "batches": batch_figures(before, after),
             },
-            "profile": profile_digest(profile),
-            "profile_after": profile_digest(profile_after),
+            "profile": profile.digest,
+            "profile_after": profile_after.digest if profile_after is not None else None,
             "warnings": self._warnings,
         }
 
-    def _announce_targets(self, params: CampaignInput, profile: dict[str, Any], targets: list[Target]) -> None:
+    def _announce_targets(self, params: CampaignInput, profile: ServerProfile, targets: list[Target]) -> None:
         """The targets' ops answer signals; the model, hardware and ops become search attributes."""
         self._target_ops = {t.op for t in targets}
         self._search(
-            HARDWARE_KEY.value_set(str(profile.get("hardware", "unknown"))),
-            *([MODEL_KEY.value_set(str(profile["model"]))] if profile.get("model") else []),
+            HARDWARE_KEY.value_set(profile.hardware),
+            *([MODEL_KEY.value_set(profile.model)] if profile.model else []),
             *([] if params.ops else [OPS_KEY.value_set(sorted(self._target_ops))]),
         )
 
@@ -464,7 +465,7 @@ class OptimizeCampaign:
         )
         first = judge_swap(before, after)  # the top-level (smallest) batch, as results had
         judgement = judge_batches(before, after)
-        summary["e2e_tokens_per_s"] = {"before": (before or {}).get("tokens_per_s"), "after": after.get("tokens_per_s")}
+        summary["e2e_tokens_per_s"] = {"before": before.tokens_per_s if before else None, "after": after.tokens_per_s}
         summary["served_speed"] = {
             "before": figures(before),
             "after": figures(after),
@@ -536,11 +537,11 @@ class OptimizeCampaign:
         )
 
     async def _paired_check(
-        self, params: CampaignInput, target: Target, swap: SwapAnswer, after: dict[str, Any]
+        self, params: CampaignInput, target: Target, swap: SwapAnswer, after: Measurement
     ) -> dict[str, Any] | None:
-        """The swap measured off and on in turns (compare_swap) at the batches `after` measured;
-        None when the server cannot (then the first judgement stands)."""
-        batches = sorted(int(b.get("batch") or 1) for b in (after.get("batches") or [after]))
+        """The swap measured off and on in turns (compare_swap) at the batches `after` measured: the
+        result's `paired` figures; None when the server cannot (then the first judgement stands)."""
+        batches = sorted(per_batch(after))
         try:
             answer = await self._gpu(
                 gpu.compare_swap,
@@ -551,19 +552,19 @@ class OptimizeCampaign:
         except ActivityError as exc:
             self._warn(f"paired served speed of {target.op} failed ({root_message(exc)}): the first check decides")
             return None
-        if answer.get("measured") != "paired":
+        if answer.measured != "paired":
             return None
         self._warn(lock_warning(f"paired served speed of {target.op}", answer))
         return {
             "judged": judge_paired(answer),
-            "seconds": answer.get("seconds"),
+            "seconds": answer.seconds,
             "batches": {
-                str(entry.get("batch")): {
-                    "with": figures(entry.get("with")),
-                    "without": figures(entry.get("without")),
-                    "drops": entry.get("drops"),
+                str(entry.batch): {
+                    "with": figures(entry.with_swap),
+                    "without": figures(entry.without),
+                    "drops": entry.drops,
                 }
-                for entry in answer.get("batches") or []
+                for entry in answer.batches
             },
         }
 

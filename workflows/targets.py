@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuyantra.served_speed import Measurement  # stdlib only
+
 
 @dataclass(frozen=True)
 class TargetChoice:
@@ -31,13 +33,12 @@ def estimated_gain(target: Mapping[str, Any]) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
-def measured_noise(benchmark: Mapping[str, Any] | None) -> float:
+def measured_noise(benchmark: Measurement | None) -> float:
     """The largest relative spread of served tokens/s over the measured batches (0 when unmeasured)."""
-    if not benchmark:
+    if benchmark is None:
         return 0.0
-    spreads = [benchmark.get("relative_spread")]
-    spreads += [batch.get("relative_spread") for batch in benchmark.get("batches") or [] if isinstance(batch, Mapping)]
-    return max((float(s) for s in spreads if isinstance(s, (int, float))), default=0.0)
+    spreads = [benchmark.relative_spread, *(batch.relative_spread for batch in benchmark.batches)]
+    return max((float(s) for s in spreads if s is not None), default=0.0)
 
 
 def swapped_by(target: Mapping[str, Any]) -> list[str]:

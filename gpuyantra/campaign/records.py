@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
+from gpuyantra.profile_digest import profile_digest  # stdlib only
 from gpuyantra.rewards import REWARD_MAX, REWARD_MIN  # stdlib only
+from gpuyantra.served_speed import benchmark_batches  # stdlib only
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -292,6 +294,30 @@ class RollbackInput:
 
 
 # ====================================================================== activity answers
+@dataclass(frozen=True, kw_only=True)
+class ServerProfile:
+    """profile_server's answer: what a campaign reads of the server's /admin/profile."""
+
+    hardware: str = "unknown"
+    model: str | None = None
+    # The decode batches a kernel is judged at (the profile's `served_batches`); None: batch 1 alone.
+    served_batches: list[int] | None = None
+    # The profile's targets, best first, each its whole JSON object (`Target.from_dict` reads it; the
+    # skill store's fingerprint and the selection read fields `Target` does not model).
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    digest: dict[str, Any] | None = None  # what the campaign result reports (gpuyantra/profile_digest.py)
+
+    @classmethod
+    def from_answer(cls, answer: Mapping[str, Any]) -> ServerProfile:
+        return cls(
+            hardware=str(answer.get("hardware") or "unknown"),
+            model=str(answer["model"]) if answer.get("model") else None,
+            served_batches=benchmark_batches(answer),
+            targets=[dict(t) for t in answer.get("targets") or [] if isinstance(t, Mapping)],
+            digest=profile_digest(dict(answer)),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SwapAnswer:
     """deploy_kernel's answer: what /admin/swap answered (serving/admin_schema.py: SwapAnswer)."""

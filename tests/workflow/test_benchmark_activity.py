@@ -55,17 +55,18 @@ def test_each_batch_is_measured_with_the_timing_lock_held(lock_path, monkeypatch
     assert server.lock_free_while_measuring == [False, False]  # a verification would have waited
     assert server.gpu_shareable_while_measuring == [False, False]  # to time, and to check correctness
     assert can_take(lock_path)  # and may time again once the check is done
-    assert result["batch"] == 1 and result["tokens_per_s"] == 100.0
-    assert [answer["tokens_per_s"] for answer in result["batches"]] == [100.0, 800.0]
-    assert result["timing_lock"]["held"] is True and result["timing_lock"]["waited_s"] >= 0
-    assert result["timing_lock"]["locks"] == {"turn": True, "timing": True, "quiet": True}
+    assert result.batch == 1 and result.tokens_per_s == 100.0
+    assert [answer.tokens_per_s for answer in result.batches] == [100.0, 800.0]
+    assert result.timing_lock is not None
+    assert result.timing_lock["held"] is True and result.timing_lock["waited_s"] >= 0
+    assert result.timing_lock["locks"] == {"turn": True, "timing": True, "quiet": True}
 
 
 def test_a_campaign_recorded_before_batches_measures_batch_one(lock_path, monkeypatch):
     server = FakeServer(lock_path)
     monkeypatch.setattr(gpu, "AdminClient", server)
     result = ActivityEnvironment().run(gpu.benchmark_server, BenchmarkInput("http://x"))
-    assert [body["batch"] for body in server.asked] == [1] and result["tokens_per_s"] == 100.0
+    assert [body["batch"] for body in server.asked] == [1] and result.tokens_per_s == 100.0
 
 
 def test_the_wait_for_the_lock_is_bounded_and_recorded(lock_path, monkeypatch):
@@ -77,9 +78,10 @@ def test_the_wait_for_the_lock_is_bounded_and_recorded(lock_path, monkeypatch):
         result = gpu.measure_served_speed("http://x", [1], wait_s=0.2)
     finally:
         os.close(fd)
-    assert result["timing_lock"]["held"] is False and result["timing_lock"]["waited_s"] >= 0.2
-    assert result["timing_lock"]["locks"] == {"turn": True, "timing": False, "quiet": True}
-    assert result["tokens_per_s"] == 100.0  # measured anyway, and said so
+    assert result.timing_lock is not None
+    assert result.timing_lock["held"] is False and result.timing_lock["waited_s"] >= 0.2
+    assert result.timing_lock["locks"] == {"turn": True, "timing": False, "quiet": True}
+    assert result.tokens_per_s == 100.0  # measured anyway, and said so
 
 
 def test_the_lock_is_taken_once_it_is_released(tmp_path):

@@ -28,6 +28,7 @@ from gpuyantra.campaign.records import (
     ServedRollback,
     ServedRollbackInput,
     ServerCall,
+    ServerProfile,
     SwapAnswer,
     VerdictSummary,
     VerifyInput,
@@ -36,7 +37,7 @@ from gpuyantra.campaign.records import (
 )
 from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE
 from gpuyantra.report.page import render_html
-from gpuyantra.served_speed import measurement_of
+from gpuyantra.served_speed import Measurement, PairedAnswer, measurement_of
 from workflows.campaign import OptimizeCampaign
 
 TARGET = {
@@ -106,17 +107,19 @@ class Script:
 
     def activities(self) -> tuple[list[Any], list[Any]]:
         @activity.defn(name="profile_server")
-        def profile_server(call: ServerCall) -> dict:
+        def profile_server(call: ServerCall) -> ServerProfile:
             self.calls.append("profile")
-            return {
-                "hardware": "test-gpu",
-                "targets": self.targets,
-                "served_batches": [1, 8],
-                **({"model": self.model} if self.model else {}),
-            }
+            return ServerProfile.from_answer(
+                {
+                    "hardware": "test-gpu",
+                    "targets": self.targets,
+                    "served_batches": [1, 8],
+                    **({"model": self.model} if self.model else {}),
+                }
+            )
 
         @activity.defn(name="benchmark_server")
-        def benchmark_server(call: BenchmarkInput) -> dict:
+        def benchmark_server(call: BenchmarkInput) -> Measurement:
             self.event("benchmark-start")
             self.benchmarked.append(call.batches)
             time.sleep(0.05)  # a window another deploy could land in, were deploys not serialized
@@ -184,10 +187,10 @@ class Script:
             return RollbackAnswer(rolled_back=[{"swap_id": request.swap_id}])
 
         @activity.defn(name="compare_swap")
-        def compare_swap(request: CompareInput) -> dict:
+        def compare_swap(request: CompareInput) -> PairedAnswer:
             self.compared.append(request)
             if self.paired_drops is None:
-                return {"measured": "none", "reason": "the server has no /admin/compare"}
+                return PairedAnswer(measured="none", reason="the server has no /admin/compare")
             batches = []
             for batch in request.batches or [1]:
                 without = [100.0 * batch] * len(self.paired_drops)
@@ -199,7 +202,7 @@ class Script:
                         "without": {"tokens_per_s": without[0], "tokens_per_s_samples": without},
                     }
                 )
-            return {"measured": "paired", "seconds": 1.0, "batches": batches}
+            return PairedAnswer.from_dict({"measured": "paired", "seconds": 1.0, "batches": batches})
 
         return (
             [profile_server, benchmark_server, verify_candidate, deploy_kernel, rollback_swap, compare_swap],

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuyantra.served_speed import (
     NOISE_FLOOR,
     PAIRED_FLOOR,
+    Measurement,
+    PairedAnswer,
     batch_figures,
     batch_warnings,
     benchmark_batches,
@@ -27,7 +31,8 @@ from gpuyantra.served_speed import (
 )
 
 
-def measured(*samples: float, batch: int | None = None) -> dict:
+def answer(*samples: float, batch: int | None = None) -> dict:
+    """An /admin/benchmark answer of these repeats."""
     return {
         **repeat_spread(list(samples)),
         "repeats": len(samples),
@@ -36,9 +41,23 @@ def measured(*samples: float, batch: int | None = None) -> dict:
     }
 
 
-def served(one_row: dict, batched: dict) -> dict:
+def measured(*samples: float, batch: int | None = None) -> Measurement:
+    return Measurement.from_dict(answer(*samples, batch=batch))
+
+
+def speed(**figures: object) -> Measurement:
+    """A measurement of just these figures (tokens_per_s=..., relative_spread=..., measured=...)."""
+    return Measurement.from_dict(figures)
+
+
+def served(one_row: Measurement, batched: Measurement) -> Measurement:
     """A measurement at batch 1 and batch 8, as benchmark_server answers."""
-    return measurement_of([{**batched, "batch": 8}, {**one_row, "batch": 1}], {"held": True, "waited_s": 0.0})
+    answers = [{**as_answer(batched), "batch": 8}, {**as_answer(one_row), "batch": 1}]
+    return measurement_of(answers, {"held": True, "waited_s": 0.0})
+
+
+def as_answer(measurement: Measurement) -> dict:
+    return {key: value for key, value in dataclasses.asdict(measurement).items() if value is not None}
 
 
 def test_repeat_spread_reports_median_min_max_and_relative_figures():
@@ -69,26 +88,27 @@ def test_the_wider_spread_of_before_and_after_counts():
 
 def test_floor_applies_when_repeats_agree_and_without_spread():
     assert judge_swap(measured(100.0, 100.0), measured(98.0, 98.0))["decision"] == "keep"  # 2 % < floor
-    assert judge_swap({"tokens_per_s": 100.0}, {"tokens_per_s": 96.0})["noise"] == NOISE_FLOOR
-    assert judge_swap({"tokens_per_s": 100.0}, {"tokens_per_s": 96.0})["decision"] == "rollback"
-    wide = {"tokens_per_s": 100.0, "relative_spread": 0.5}
-    assert judge_swap(wide, {"tokens_per_s": 90.0}, use_spread=False)["decision"] == "rollback"
+    assert judge_swap(speed(tokens_per_s=100.0), speed(tokens_per_s=96.0))["noise"] == NOISE_FLOOR
+    assert judge_swap(speed(tokens_per_s=100.0), speed(tokens_per_s=96.0))["decision"] == "rollback"
+    wide = speed(tokens_per_s=100.0, relative_spread=0.5)
+    assert judge_swap(wide, speed(tokens_per_s=90.0), use_spread=False)["decision"] == "rollback"
 
 
 def test_missing_measurement_keeps():
     assert judge_swap(None, measured(1.0))["decision"] == "keep"
-    assert judge_swap(measured(1.0), {})["decision"] == "keep"
+    assert judge_swap(measured(1.0), Measurement())["decision"] == "keep"
 
 
 def test_slowdown_warning_for_any_drop():
-    assert slowdown_warning("x", {"tokens_per_s": 100.0}, {"tokens_per_s": 100.0}, "n") is None
-    assert slowdown_warning("x", {"tokens_per_s": 100.0}, {"tokens_per_s": 110.0}, "n") is None
-    warning = slowdown_warning("rms_norm deployed", {"tokens_per_s": 100.0}, {"tokens_per_s": 99.5}, "kept")
+    hundred = speed(tokens_per_s=100.0)
+    assert slowdown_warning("x", hundred, speed(tokens_per_s=100.0), "n") is None
+    assert slowdown_warning("x", hundred, speed(tokens_per_s=110.0), "n") is None
+    warning = slowdown_warning("rms_norm deployed", hundred, speed(tokens_per_s=99.5), "kept")
     assert warning == "rms_norm deployed: served speed went from 100.0 to 99.5 tokens/s (0.5% slower; kept)"
 
 
-def test_figures_of_an_old_style_measurement():
-    assert figures({"tokens_per_s": 5.0}) == {
+def test_figures_of_a_measurement_of_one_figure():
+    assert figures(speed(tokens_per_s=5.0)) == {
         "tokens_per_s": 5.0,
         "min": 5.0,
         "max": 5.0,
@@ -100,21 +120,22 @@ def test_figures_of_an_old_style_measurement():
 
 
 def test_live_and_benchmark_figures_are_never_compared():
-    before = {"tokens_per_s": 700.0, "relative_spread": 0.01, "measured": "live"}
-    after = {"tokens_per_s": 500.0, "relative_spread": 0.01, "measured": "benchmark"}
+    before = speed(tokens_per_s=700.0, relative_spread=0.01, measured="live")
+    after = speed(tokens_per_s=500.0, relative_spread=0.01, measured="benchmark")
     verdict = judge_swap(before, after)
     assert verdict["decision"] == "keep" and verdict["note"] == "measured differently"
-    assert judge_swap(before, {**after, "measured": "live"})["decision"] == "rollback"
+    assert judge_swap(before, dataclasses.replace(after, measured="live"))["decision"] == "rollback"
 
 
 # ---------------------------------------------------------------------- several batches
 def test_a_measurement_keeps_batch_one_on_top_and_every_batch_below():
     measurement = served(measured(400.0, 410.0), measured(3800.0, 3900.0))
-    assert measurement["batch"] == 1 and measurement["tokens_per_s"] == 405.0
-    assert [answer["batch"] for answer in measurement["batches"]] == [1, 8]
+    assert measurement.batch == 1 and measurement.tokens_per_s == 405.0
+    assert [one.batch for one in measurement.batches] == [1, 8]
     assert figures(measurement)["timing_lock"] == {"held": True, "waited_s": 0.0}
     assert set(per_batch(measurement)) == {1, 8}
-    assert per_batch({"tokens_per_s": 5.0}) == {1: {"tokens_per_s": 5.0}}  # before batches were measured apart
+    one_figure = speed(tokens_per_s=5.0)
+    assert per_batch(one_figure) == {1: one_figure}  # one answer naming no batch: batch 1
     assert per_batch(None) == {}
 
 
@@ -170,13 +191,13 @@ def test_the_profile_names_the_batches_to_measure():
 
 
 def test_a_measurement_without_the_timing_lock_is_named():
-    assert lock_warning("check", {"timing_lock": {"held": True, "waited_s": 3.0}}) is None
-    assert lock_warning("check", {"tokens_per_s": 1.0}) is None
-    warning = lock_warning("check", {"timing_lock": {"held": False, "waited_s": 180.0}})
+    assert lock_warning("check", speed(timing_lock={"held": True, "waited_s": 3.0})) is None
+    assert lock_warning("check", speed(tokens_per_s=1.0)) is None
+    warning = lock_warning("check", speed(timing_lock={"held": False, "waited_s": 180.0}))
     assert warning is not None and "without the GPU timing lock" in warning and "180 s" in warning
     # Since the GPU has three locks, the measurement says which it missed.
     held = {"turn": True, "timing": True, "quiet": False}
-    missed = {"timing_lock": {"held": False, "waited_s": 180.0, "locks": held}}
+    missed = speed(timing_lock={"held": False, "waited_s": 180.0, "locks": held})
     warning = lock_warning("check", missed)
     assert warning is not None and "(not held: quiet)" in warning
 
@@ -206,14 +227,14 @@ def test_judge_pairs_rolls_back_only_a_drop_the_rounds_agree_on(drops, decision)
 
 
 def test_judge_paired_reads_each_batch_of_a_compare_answer():
-    answer = {
+    compared = {
         "batches": [
             {"batch": 1, "with": {"tokens_per_s_samples": [95, 96]}, "without": {"tokens_per_s_samples": [100, 100]}},
             {"batch": 8, "with": {"tokens_per_s_samples": [800, 790]}, "without": {"tokens_per_s_samples": [780, 800]}},
         ]
     }
     assert paired_drops([95, 96], [100, 100]) == pytest.approx([0.05, 0.04])
-    judged = judge_paired(answer)
+    judged = judge_paired(PairedAnswer.from_dict(compared))
     assert judged["decision"] == "rollback" and judged["dropped"] == [1]
     assert judged["batches"][8]["decision"] == "keep"
     assert judge_paired(None) == {"decision": "keep", "dropped": [], "batches": {}}

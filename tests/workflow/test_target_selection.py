@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuyantra.campaign.inputs import parse_campaign_input
 from gpuyantra.campaign.records import CampaignInput
+from gpuyantra.served_speed import Measurement
 from tests.workflow.test_campaign_logic import TARGET, Script, run
 from workflows.targets import choose_targets, estimated_gain, measured_noise
 
@@ -65,8 +66,8 @@ def test_a_profile_without_gain_estimates_is_ranked_by_share():
 
 def test_the_noise_is_the_widest_spread_over_the_measured_batches():
     measured = {"relative_spread": 0.01, "batches": [{"relative_spread": 0.01}, {"relative_spread": 0.04}]}
-    assert measured_noise(measured) == 0.04
-    assert measured_noise(None) == 0.0 and measured_noise({"tokens_per_s": 5.0}) == 0.0
+    assert measured_noise(Measurement.from_dict(measured)) == 0.04
+    assert measured_noise(None) == 0.0 and measured_noise(Measurement(tokens_per_s=5.0)) == 0.0
 
 
 def test_max_targets_is_optional_in_the_input():
