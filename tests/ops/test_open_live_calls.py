@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from gpuyantra.authors.open_author import spec_from_target
@@ -22,7 +23,6 @@ from gpuyantra.candidate import import_file
 from gpuyantra.ops.open import build_open_target, register_open
 from gpuyantra.verifier import run_verification
 
-transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's masked lanes
 
 CANDIDATE = Path(__file__).parent / "open_candidates" / "rotary.py"
