@@ -244,8 +244,9 @@ class OptimizeCampaign:
         # The served speed's noise decides which estimated gains are worth a search.
         self._stage("e2e-before")
         before = self._served = await self._gpu(gpu.benchmark_server, self._benchmark, timedelta(minutes=10))
-        choice = choose_targets(profile.targets, params.ops, params.max_targets, measured_noise(before))
-        targets, skipped = [Target.from_dict(t) for t in choice.chosen], choice.skipped
+        ranked = [Target.from_dict(t) for t in profile.targets]
+        choice = choose_targets(ranked, params.ops, params.max_targets, measured_noise(before))
+        targets, skipped = choice.chosen, choice.skipped
         self._announce_targets(params, profile, targets)
 
         self._stage("targets")

@@ -8,10 +8,11 @@ reported `already swapped`, so a second campaign continues where the first stopp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuyantra.campaign.records import Target  # stdlib only
 from gpuyantra.served_speed import Measurement  # stdlib only
 
 
@@ -19,18 +20,8 @@ from gpuyantra.served_speed import Measurement  # stdlib only
 class TargetChoice:
     """The targets to optimize, in the profile's order, and those left out with the reason."""
 
-    chosen: list[dict[str, Any]] = field(default_factory=list)
+    chosen: list[Target] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
-
-
-def estimated_gain(target: Mapping[str, Any]) -> float:
-    """The fraction of the served step a swap of `target` is estimated to save: the profiler's
-    `est_gain`, else (the fallback profile, which estimates nothing) its measured `share`, the most
-    a swap could save."""
-    value = target.get("est_gain")
-    if value is None:
-        value = target.get("share")
-    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def measured_noise(benchmark: Measurement | None) -> float:
@@ -41,16 +32,11 @@ def measured_noise(benchmark: Measurement | None) -> float:
     return max((float(s) for s in spreads if s is not None), default=0.0)
 
 
-def swapped_by(target: Mapping[str, Any]) -> list[str]:
-    """The committed swaps serving `target` now (the profile's `swapped`: swap ids)."""
-    return [str(swap) for swap in target.get("swapped") or [] if swap]
-
-
-def skip_entry(target: Mapping[str, Any], reason: str) -> dict[str, Any]:
+def skip_entry(target: Target, reason: str) -> dict[str, Any]:
     """The result's entry of a target the campaign did not go after."""
-    entry = {"op": target.get("op"), "module_class": target.get("module_class"), "reason": reason}
-    if target.get("variant"):
-        entry["variant"] = target["variant"]
+    entry: dict[str, Any] = {"op": target.op, "module_class": target.module_class, "reason": reason}
+    if target.variant:
+        entry["variant"] = target.variant
     return entry
 
 
@@ -66,7 +52,7 @@ def below_noise_reason(gain: float, noise: float) -> str:
 
 
 def choose_targets(
-    targets: Sequence[Mapping[str, Any]],
+    targets: Sequence[Target],
     ops: Sequence[str] | None,
     max_targets: int | None,
     noise: float,
@@ -76,19 +62,18 @@ def choose_targets(
     With `ops`: every target of those ops. Without: every target whose estimated gain is above
     `noise`, the first `max_targets` of them when given. Either way a target already served by a
     committed swap is skipped."""
-    chosen: list[dict[str, Any]] = []
+    chosen: list[Target] = []
     skipped: list[dict[str, Any]] = []
     for target in targets:
-        if ops and target.get("op") not in ops:
+        if ops and target.op not in ops:
             continue
-        swaps = swapped_by(target)
-        gain = estimated_gain(target)
-        if swaps:
-            skipped.append(skip_entry(target, already_swapped_reason(swaps)))
+        gain = target.estimated_gain
+        if target.swapped:
+            skipped.append(skip_entry(target, already_swapped_reason(target.swapped)))
         elif not ops and gain <= noise:
             skipped.append(skip_entry(target, below_noise_reason(gain, noise)))
         elif not ops and max_targets is not None and len(chosen) >= max_targets:
             skipped.append(skip_entry(target, f"beyond max_targets {max_targets}"))
         else:
-            chosen.append(dict(target))
+            chosen.append(target)
     return TargetChoice(chosen, skipped)

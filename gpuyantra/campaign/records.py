@@ -66,7 +66,9 @@ def _default(f: Field[Any]) -> Any:
 @dataclass(frozen=True, kw_only=True)
 class Target(JsonRecord):
     """One profile target (gpuyantra/profiler/): an op family bound to a module class (and, for a
-    linear, to one projection shape). The profile carries more (`share`, `est_gain`, `why`, ...): in `raw`."""
+        linear, to one projection shape): the one typed view of a profile target (gpuyantra/profiler/targets.py
+    and the server's fallback gpuyantra/profile_targets.py write them). The profile carries more
+    (`served_shapes`, `why`, ...): in `raw`."""
 
     op: str
     module_class: str
@@ -78,6 +80,16 @@ class Target(JsonRecord):
     param_shapes: dict[str, list[int] | None] | None = None  # linear: the live weight/bias shapes
     variant: str | None = None  # linear: names the projection shape; several targets share a class
     regime: str | None = None  # memory-bound, compute-bound or launch-bound
+    share: float | None = None  # the measured fraction of the served step the target's modules take
+    est_gain: float | None = None  # the fraction of the step a swap is estimated to save (the profiler's)
+    swapped: list[str] = field(default_factory=list)  # the committed swaps serving it now (swap ids)
+
+    @property
+    def estimated_gain(self) -> float:
+        """`est_gain`, else (the fallback profile, which estimates nothing) `share`, the most a swap
+        could save; 0 when the profile says neither."""
+        value = self.est_gain if self.est_gain is not None else self.share
+        return float(value) if isinstance(value, (int, float)) else 0.0
 
     @property
     def key(self) -> str:

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from gpuyantra.campaign.policy import at_ceiling
-from gpuyantra.campaign.records import SkillSeed, Target, VerdictSummary
+from gpuyantra.campaign.records import RollbackAnswer, SkillSeed, SwapAnswer, Target, VerdictSummary
 from gpuyantra.rewards import CEILING, REWARD_ACCEPTED, REWARD_MAX, ceiling
 
 PROFILE_TARGET = {
@@ -95,3 +95,14 @@ def test_ceiling_per_device() -> None:
     assert ceiling(None) == ceiling("rocm") == REWARD_MAX  # unknown devices are judged like CUDA
     with pytest.raises(TypeError):
         CEILING["cpu"] = 3  # type: ignore[index]  # one table, read-only
+
+
+def test_the_swap_and_rollback_answers_are_the_servers_own():
+    # The server declares its answers in serving/admin_schema.py (pydantic, in the OpenAPI schema); the
+    # workflow side reads them as these records (no pydantic in the sandbox). One field list, checked.
+    from serving import admin_schema
+
+    assert {f.name for f in dataclasses.fields(SwapAnswer)} == set(admin_schema.SwapAnswer.model_fields)
+    assert {f.name for f in dataclasses.fields(RollbackAnswer)} == set(admin_schema.RollbackAnswer.model_fields)
+    answer = {"swap_id": "s1", "op": "rms_norm", "modules": 3, "status": "committed", "new_key": 1}
+    assert SwapAnswer.from_dict(answer) == SwapAnswer(swap_id="s1", op="rms_norm", modules=3)  # a new key: ignored

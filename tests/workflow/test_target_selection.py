@@ -6,19 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from gpuyantra.campaign.inputs import parse_campaign_input
-from gpuyantra.campaign.records import CampaignInput
+from gpuyantra.campaign.records import CampaignInput, Target
 from gpuyantra.served_speed import Measurement
 from tests.workflow.test_campaign_logic import TARGET, Script, run
-from workflows.targets import choose_targets, estimated_gain, measured_noise
+from workflows.targets import choose_targets, measured_noise
 
 
-def target(op: str, gain: float | None, swapped: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+def target(op: str, gain: float | None, swapped: list[str] | None = None, **extra: Any) -> Target:
+    """A profile target as the profile writes it, read as the campaign reads it."""
     entry: dict[str, Any] = {**TARGET, "op": op, "module_class": f"{op}_class", **extra}
     if gain is not None:
         entry["est_gain"] = gain
     if swapped is not None:
         entry["swapped"] = swapped
-    return entry
+    return Target.from_dict(entry)
 
 
 RANKED = [
@@ -32,8 +33,8 @@ RANKED = [
 ]
 
 
-def ops_of(targets: list[dict[str, Any]]) -> list[str]:
-    return [f"{t['op']}:{t['variant']}" if t.get("variant") else t["op"] for t in targets]
+def ops_of(targets: list[Target]) -> list[str]:
+    return [f"{t.op}:{t.variant}" if t.variant else t.op for t in targets]
 
 
 def test_every_gain_above_the_noise_is_chosen_not_a_fixed_three():
@@ -59,9 +60,12 @@ def test_named_ops_ignore_the_noise_but_never_redeploy_a_swapped_target():
 
 
 def test_a_profile_without_gain_estimates_is_ranked_by_share():
-    fallback = [{**TARGET, "share": 0.3}, {**TARGET, "op": "softmax", "share": 0.001}]
-    assert estimated_gain(fallback[0]) == 0.3
-    assert ops_of(choose_targets(fallback, None, None, noise=0.01).chosen) == ["rms_norm"]
+    fallback = [
+        Target.from_dict({**TARGET, "share": 0.3}),
+        Target.from_dict({**TARGET, "op": "softmax", "share": 0.001}),
+    ]
+    assert fallback[0].estimated_gain == 0.3 and target("x", None).estimated_gain == 0.0
+    assert ops_of(choose_targets(fallback, None, None, noise=0.02).chosen) == ["rms_norm"]
 
 
 def test_the_noise_is_the_widest_spread_over_the_measured_batches():
@@ -84,7 +88,7 @@ async def test_a_campaign_without_flags_goes_after_every_target_above_the_noise(
         target("silu_mul", 0.05),
         target("softmax", 0.01),
     ]
-    script = Script(rewards=[3], targets=profile, batch8_spread=0.04)
+    script = Script(rewards=[3], targets=[t.to_dict() for t in profile], batch8_spread=0.04)
     result = await run(env.client, script, CampaignInput(server_url="http://x"))
     assert sorted(entry["op"] for entry in result["deployed"]) == ["rms_norm", "silu_mul"]
     skipped = {entry["op"]: entry["reason"] for entry in result["skipped"]}
@@ -94,7 +98,7 @@ async def test_a_campaign_without_flags_goes_after_every_target_above_the_noise(
 
 
 async def test_a_named_op_already_swapped_is_reported_not_redeployed(env):
-    script = Script(rewards=[3], targets=[target("rms_norm", 0.1, swapped=["s1"])])
+    script = Script(rewards=[3], targets=[target("rms_norm", 0.1, swapped=["s1"]).to_dict()])
     result = await run(env.client, script, CampaignInput(server_url="http://x", ops=["rms_norm"]))
     assert result["deployed"] == [] and result["rejected"] == []
     assert result["skipped"][0]["reason"].startswith("already swapped (swap s1")
