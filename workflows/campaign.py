@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuyantra.campaign.records import (
         BenchmarkInput,
         CampaignInput,
+        CampaignResult,
         CompareInput,
         DeployInput,
         LearnInput,
@@ -188,7 +189,6 @@ class OptimizeCampaign:
         self._target_ops: set[str] = set()  # known once the profile is in; signals naming others get a notice
         self._deploy_lock = asyncio.Lock()  # one swap and its served-speed check at a time
         self._served: Measurement | None = None  # latest served-speed measurement of what is deployed now
-        self._served_current = True  # False once a swap stayed in without being measured
         self._benchmark: BenchmarkInput | None = None  # the server and the decode batches every check measures
         self._warnings: list[str] = []
         self._searchable: set[str] = set()  # search attributes the namespace has registered (preflight says)
@@ -264,12 +264,7 @@ class OptimizeCampaign:
         self._stage("e2e-after")
         # The last check measured what is deployed now (a swap kept after its check, or the state a
         # rollback put back): measuring again would cost a benchmark and tell nothing new.
-        after_source = "last check"
-        if self._served_current and self._served is not None:
-            after = self._served
-        else:
-            after_source = "measured at the end"
-            after = await self._gpu(gpu.benchmark_server, self._benchmark, timedelta(minutes=10))
+        after = self._served or before
         if deployed:
             for warning in batch_warnings("campaign", before, after, f"{len(deployed)} kernel(s) deployed"):
                 self._warn(warning)
@@ -279,25 +274,25 @@ class OptimizeCampaign:
             self._stage("profile-after")
             profile_after = await self._gpu(gpu.profile_server, server, timedelta(minutes=10))
         self._stage("done")
-        return {
-            "workflow_id": campaign_id,
-            "server": params.server_url,
-            "model": profile.model,
-            "hardware": hardware,
-            "deployed": deployed,
-            "rejected": rejected,
-            **({"skipped": skipped} if skipped else {}),
-            "e2e": {"tokens_per_s_before": before.tokens_per_s, "tokens_per_s_after": after.tokens_per_s},
-            "served_speed": {
+        return CampaignResult(
+            workflow_id=campaign_id,
+            server=params.server_url,
+            model=profile.model,
+            hardware=hardware,
+            deployed=deployed,
+            rejected=rejected,
+            skipped=skipped,
+            e2e={"tokens_per_s_before": before.tokens_per_s, "tokens_per_s_after": after.tokens_per_s},
+            served_speed={
                 "before": figures(before),
                 "after": figures(after),
-                "after_source": after_source,
+                "after_source": "last check",
                 "batches": batch_figures(before, after),
             },
-            "profile": profile.digest,
-            "profile_after": profile_after.digest if profile_after is not None else None,
-            "warnings": self._warnings,
-        }
+            profile=profile.digest,
+            profile_after=profile_after.digest if profile_after is not None else None,
+            warnings=self._warnings,
+        ).to_dict()
 
     def _announce_targets(self, params: CampaignInput, profile: ServerProfile, targets: list[Target]) -> None:
         """The targets' ops answer signals; the model, hardware and ops become search attributes."""

@@ -377,3 +377,32 @@ class ServedRollback:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ServedRollback:
         return cls(**known_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignResult:
+    """OptimizeCampaign's result (docs/CONTRACTS.md section 6); `to_dict()` is the JSON it returns and
+    `from_dict` reads it back (a client, the report)."""
+
+    workflow_id: str
+    server: str
+    model: str | None = None
+    hardware: str = "unknown"
+    deployed: list[dict[str, Any]] = field(default_factory=list)  # one entry per kept deployment
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # one entry, with its reason, per op not deployed
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # targets not searched; absent from the JSON when none
+    e2e: dict[str, float | None] = field(default_factory=dict)  # tokens_per_s_before, tokens_per_s_after
+    served_speed: dict[str, Any] = field(default_factory=dict)  # before, after, after_source, batches
+    profile: dict[str, Any] | None = None  # digests (gpuyantra/profile_digest.py)
+    profile_after: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CampaignResult:
+        return cls(**known_fields(cls, data))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.skipped:
+            del out["skipped"]
+        return out
