@@ -21,6 +21,7 @@ from gpuyantra.campaign.records import (
     ServedMemoryInput,
     ServedRollback,
     ServedRollbackInput,
+    SkillCandidate,
     SkillSeed,
     Target,
     WriteInput,
@@ -40,11 +41,11 @@ def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
     chosen = ucb1_choose(skills)
     return RetrieveResult(
         candidates=[
-            {"id": s.id, "op": s.op, "hardware": s.hardware, "reward": s.reward, "pulls": s.pulls} for s in skills
+            SkillCandidate(id=s.id, op=s.op, hardware=s.hardware, reward=s.reward, pulls=s.pulls) for s in skills
         ],
         seed=None
         if chosen is None
-        else {"id": chosen.id, "op": chosen.op, "source": chosen.source, "strategy": chosen.strategy},
+        else SkillSeed(id=chosen.id, op=chosen.op, source=chosen.source, strategy=chosen.strategy),
     )
 
 
@@ -81,7 +82,7 @@ def write_candidate(request: WriteInput) -> WriteResult:
 
     ensure_open_target(request.target)  # an open op travels with its target
     target = Target.from_dict(request.target)
-    seed = SkillSeed.from_dict(request.seed) if request.seed else None
+    seed = request.seed
     # A seed from another family (transfer) contributes the knobs both families share, not its source.
     same_family = seed is not None and seed.op == target.op
     seed_strategy = seed.strategy if seed is not None else None

@@ -361,7 +361,7 @@ class OptimizeCampaign:
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RETRY,
         )
-        search = Search(seed=SkillSeed.from_dict(retrieved.seed) if retrieved.seed else None)
+        search = Search(seed=retrieved.seed)
         for iteration in range(1, params.max_iterations + 1):
             progress["iteration"] = iteration
             enter(progress, "write")

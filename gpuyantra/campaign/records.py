@@ -4,11 +4,10 @@ activities and the clients (stdlib only: the workflow sandbox imports it).
 Three kinds of types live here:
 - the activity inputs (`WriteInput`, `DeployInput`, ...) and results (`RetrieveResult`, `VerdictSummary`,
   `SwapAnswer`, ...): what Temporal serializes (dataclasses; the activities' annotations say which);
-- `Target` and `SkillSeed`, typed views of the profile's and the skill store's JSON objects that keep
-  every key they came with (`raw`): inputs carry them as those objects, so the skill store and the
-  report see the profile's fields the campaign does not model. Convert at the edges:
-  `Target.from_dict(request.target)` where one comes in, `target.to_dict()` where one goes out;
-  `from_dict(d).to_dict() == d`.
+- `Target`, the typed view of a profile target that keeps every key it came with (`raw`): inputs
+  carry it as the profile's JSON object, so the skill store and the report see the profile's fields
+  the campaign does not model. Convert at the edges: `Target.from_dict(request.target)` where one
+  comes in, `target.to_dict()` where one goes out; `from_dict(d).to_dict() == d`.
 """
 
 from __future__ import annotations
@@ -147,13 +146,24 @@ class VerdictSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SkillSeed(JsonRecord):
+class SkillSeed:
     """The stored skill UCB1 chose to seed a target's first attempt (RetrieveResult.seed)."""
 
     id: str
     op: str | None = None
     source: str | None = None
     strategy: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkillCandidate:
+    """One stored skill retrieve_skills found for a target (RetrieveResult.candidates)."""
+
+    id: str
+    op: str
+    hardware: str
+    reward: float | None = None
+    pulls: int = 0
 
 
 # ====================================================================== activity inputs and results
@@ -205,8 +215,8 @@ class RetrieveInput:
 
 @dataclass
 class RetrieveResult:
-    candidates: list[dict[str, Any]] = field(default_factory=list)  # id, op, reward, pulls, distance
-    seed: dict[str, Any] | None = None  # the skill UCB1 chose: id, source, strategy
+    candidates: list[SkillCandidate] = field(default_factory=list)
+    seed: SkillSeed | None = None  # the skill UCB1 chose
 
 
 @dataclass
@@ -214,7 +224,7 @@ class WriteInput:
     target: dict[str, Any]
     hardware: str
     iteration: int
-    seed: dict[str, Any] | None = None
+    seed: SkillSeed | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -9,7 +9,15 @@ import dataclasses
 import pytest
 
 from gpuyantra.campaign.policy import at_ceiling
-from gpuyantra.campaign.records import RollbackAnswer, SkillSeed, SwapAnswer, Target, VerdictSummary
+from gpuyantra.campaign.records import (
+    RetrieveResult,
+    RollbackAnswer,
+    SkillCandidate,
+    SkillSeed,
+    SwapAnswer,
+    Target,
+    VerdictSummary,
+)
 from gpuyantra.rewards import CEILING, REWARD_ACCEPTED, REWARD_MAX, ceiling
 
 PROFILE_TARGET = {
@@ -85,9 +93,10 @@ def test_verdict_stops_at_its_devices_ceiling():
     assert VerdictSummary.from_dict({}).reward == -1  # no reward: a rejection
 
 
-def test_seed_reads_the_chosen_skill():
-    seed = SkillSeed.from_dict({"id": "s1", "op": "rms_norm", "source": "x", "strategy": {"BLOCK": 64}})
-    assert (seed.id, seed.op, seed.strategy) == ("s1", "rms_norm", {"BLOCK": 64})
+def test_a_seed_and_its_candidates_travel_typed():
+    seed = SkillSeed(id="s1", op="rms_norm", source="x", strategy={"BLOCK": 64})
+    found = RetrieveResult(candidates=[SkillCandidate(id="s1", op="rms_norm", hardware="h", reward=3.0)], seed=seed)
+    assert dataclasses.asdict(found)["seed"] == {"id": "s1", "op": "rms_norm", "source": "x", "strategy": {"BLOCK": 64}}
 
 
 def test_ceiling_per_device() -> None:

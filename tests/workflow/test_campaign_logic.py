@@ -29,6 +29,7 @@ from gpuyantra.campaign.records import (
     ServedRollbackInput,
     ServerCall,
     ServerProfile,
+    SkillSeed,
     SwapAnswer,
     VerdictSummary,
     VerifyInput,
@@ -156,7 +157,7 @@ class Script:
 
         @activity.defn(name="retrieve_skills")
         def retrieve_skills(request: RetrieveInput) -> RetrieveResult:
-            return RetrieveResult(candidates=[], seed={"id": "seed-1", "op": "rms_norm", "source": "", "strategy": {}})
+            return RetrieveResult(candidates=[], seed=SkillSeed(id="seed-1", op="rms_norm", source="", strategy={}))
 
         @activity.defn(name="write_candidate")
         def write_candidate(request: WriteInput) -> WriteResult:
