@@ -9,6 +9,8 @@ arrows run from the app down to the library, never up.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -135,6 +137,18 @@ def test_an_arrow_from_the_library_to_the_app_is_found():
     # The check itself: a made-up graph with one upward arrow names it.
     graph = {"gpuyantra.cli": {"workflows.campaign", "gpuyantra.config"}, "workflows.campaign": {"gpuyantra.config"}}
     assert library_to_app_arrows(graph) == ["gpuyantra.cli -> workflows.campaign"]
+
+
+def test_the_workflows_and_the_activities_they_call_import_no_torch():
+    # The workflows import the activity modules (passed through the sandbox) to call activities by
+    # reference: those modules must leave torch to the activities' bodies. A fresh interpreter, since
+    # this one has imported torch long ago.
+    code = (
+        "import sys, workflows.campaign, workflows.verify; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'transformers', 'numpy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 if __name__ == "__main__":
