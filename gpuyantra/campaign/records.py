@@ -125,6 +125,9 @@ class VerdictSummary:
     # The campaign's judgement on the target's served decode shapes (gpuyantra/campaign/policy.py), beside
     # the signed reward: {"shapes", "why", "reward", "speedup_vs_eager", "speedup_vs_compile"}.
     judged_on: dict[str, Any] | None = None
+    # Set when the worker reused the verdict of the same bytes asked the same question before
+    # (gpuyantra/verifier/reuse.py): its key and when it was verified.
+    reused: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> VerdictSummary:

@@ -59,12 +59,12 @@ def test_the_activity_verifies_once_then_reuses_and_fresh_verdicts_can_be_asked(
     request = VerifyInput(campaign_id="c1", target=target, iteration=1, source=TEMPLATE.read_text(), device="cpu")
     env = ActivityEnvironment()
     first = env.run(verify_candidate, request)
-    assert first["accepted"] and "reused" not in first
+    assert first.accepted and first.reused is None
     second = env.run(verify_candidate, VerifyInput(**{**request.__dict__, "iteration": 2}))
-    assert second["reused"]["verified_at"] and second["reward"] == first["reward"]
-    assert second["candidate_path"].endswith("_2.py") and Path(second["candidate_path"]).exists()
-    assert second.get("attestation") == first.get("attestation")
+    assert second.reused is not None and second.reused["verified_at"] and second.reward == first.reward
+    assert second.candidate_path is not None and second.candidate_path.endswith("_2.py")
+    assert Path(second.candidate_path).exists() and second.attestation == first.attestation
     # Asked for fresh verdicts, the worker verifies again (and the new verdict is its own).
     monkeypatch.setenv(reuse.FRESH_ENV, "1")
     third = env.run(verify_candidate, VerifyInput(**{**request.__dict__, "iteration": 3}))
-    assert third["accepted"] and "reused" not in third
+    assert third.accepted and third.reused is None
