@@ -3,8 +3,10 @@ Temporal): the server computes the spread of its benchmark repeats with `repeat_
 campaign workflow decides with `judge_swap` and words its warnings with `slowdown_warning`.
 
 A campaign measures served speed at every decode batch that matters (one row and the server's
-batched decode, `benchmark_batches`): one measurement holds each batch's answer (`measurement_of`),
-and a swap is judged batch by batch against that batch's own spread (`judge_batches`)."""
+batched decode, `benchmark_batches`): one `Measurement` holds each batch's answer (`measurement_of`),
+and a swap is judged batch by batch against that batch's own spread (`judge_batches`). The records
+that cross the workflow boundary (`Measurement`, `PairedAnswer`) live here with the rules that read
+them; the judgements are the JSON objects the campaign result reports."""
 
 from __future__ import annotations
 
