@@ -119,11 +119,20 @@ def _import_model_code_in_background() -> threading.Thread:
 
 
 def _measure_copy_bandwidth() -> None:
+    import dataclasses
+
     import torch
 
+    from gpuyantra.hardware import announce, announced
     from gpuyantra.verifier import baselines, bench
 
-    baselines.measure_bandwidth_if_missing(torch.cuda.get_device_name(), bench.measure_copy_bandwidth)
+    name = torch.cuda.get_device_name()
+    baselines.measure_bandwidth_if_missing(name, bench.measure_copy_bandwidth)
+    facts = announced()
+    if facts is not None and facts.copy_gb_per_s is None:  # announced before it was measured: again, with it
+        measured = dataclasses.replace(facts, copy_gb_per_s=baselines.bandwidth_cache().get(name))
+        announce(measured)
+        log.info("device facts %s", measured.to_dict())
 
 
 def _measure_copy_bandwidth_in_background() -> threading.Thread:
@@ -165,11 +174,11 @@ async def run_workers(
     if role in ("gpu", "all"):
         _import_model_code_in_background()
     slots = gpu_slots if gpu_slots is not None else default_gpu_slots(device)
+    if facts is not None:
+        announce(facts)
     if role in ("gpu", "all") and device == "cuda":
         _start_sandbox_spares(slots)
         _measure_copy_bandwidth_in_background()
-    if facts is not None:
-        announce(facts)
     gpu_threads = slots * len(gpu_queues(facts)) if role in ("gpu", "all") else 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=4 + gpu_threads) as executor:
         workers = build_workers(client, role, executor, slots, facts)
