@@ -80,14 +80,21 @@ class Fleet:
     """Scripted GPU and CPU work. Each server's profile names its hardware kind; each GPU-role worker
     records the verifications it ran (worker name, task queue)."""
 
-    def __init__(self, kinds: dict[str, str]) -> None:
+    def __init__(self, kinds: dict[str, str], serving_devices: dict[str, str] | None = None) -> None:
         self.kinds = kinds  # server URL -> the hardware kind its profile reports
+        self.serving_devices = serving_devices or {}  # server URL -> the GPU its profile names (device_key)
         self.verified: list[tuple[str, str, str]] = []  # (campaign id, worker, task queue)
 
     def gpu_activities(self, worker: str) -> list[Any]:
         @activity.defn(name="profile_server")
         def profile_server(call: records.ServerCall) -> dict:
-            return {"hardware": "Scripted GPU", "hardware_kind": self.kinds[call.server_url], "targets": [TARGET]}
+            device = self.serving_devices.get(call.server_url)
+            return {
+                "hardware": "Scripted GPU",
+                "hardware_kind": self.kinds[call.server_url],
+                "device_key": device,
+                "targets": [TARGET],
+            }
 
         @activity.defn(name="benchmark_server")
         def benchmark_server(call: records.BenchmarkInput) -> dict:
@@ -249,6 +256,19 @@ async def test_with_no_worker_of_its_kind_a_campaign_waits_and_says_so(env) -> N
     assert result["deployed"][0]["op"] == "rms_norm"
     assert {worker for _, worker, _ in fleet.verified} == {"worker-late"}
     assert trail[trail.index("waiting-for-gpu-worker (iteration 1)") + 1] == "verify (iteration 1)"
+
+
+async def test_verifications_go_to_the_gpu_the_server_does_not_use(env) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    kind = f"kind-two-{suffix}"
+    fleet = Fleet({"http://x": kind}, serving_devices={"http://x": "on-server:cpu"})  # the server's GPU
+    control = CONTROL_TASK_QUEUE + suffix
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        async with fleet_workers(env.client, control, fleet, {"on-server": kind, "spare": kind}, pool):
+            handle = await start(env.client, control, "http://x")
+            result = await handle.result()
+    assert result["deployed"][0]["op"] == "rms_norm"
+    assert {(worker, queue) for _, worker, queue in fleet.verified} == {("spare", gpu_device_queue(kind, "spare:cpu"))}
 
 
 async def test_a_gpu_worker_with_device_facts_polls_its_kind_and_device_queues(env) -> None:
