@@ -6,7 +6,6 @@ under Triton's interpreter, at a few hundred elements."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,9 @@ import pytest
 from gpuyantra.cli import main
 from gpuyantra.ops.open import open_family
 from gpuyantra.verifier.static import check_source
+from tests.verify_open.test_verify_command import state  # noqa: F401 - a state folder of the test's own
+
+pytestmark = pytest.mark.usefixtures("state")
 
 CONV_RELU_PROBLEM = """
 import torch
@@ -86,37 +88,25 @@ def entry(x, *, conv_weight, conv_bias):
 """
 
 
-@pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A state folder of the test's own; no warm sandbox child is left behind."""
-    from gpuyantra.verifier import fork_server
-    from gpuyantra.verifier import sandbox as sandbox_module
-
-    monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path / "state"))
-    yield tmp_path / "state"
-    sandbox_module.close_spares()
-    fork_server.close_all()
-
-
 def family_of(file_name: str, source: str):  # noqa: ANN201 - an OpFamily
     from gpuyantra.verify_target import problem_target
 
     return open_family(problem_target(file_name, source))
 
 
-def test_the_target_permits_only_the_library_kinds_its_forward_computes(state: Path) -> None:
+def test_the_target_permits_only_the_library_kinds_its_forward_computes() -> None:
     assert family_of("conv_relu.py", CONV_RELU_PROBLEM).open_target.library_kinds() == {"convolution"}
     assert family_of("row_sum.py", ROW_SUM_PROBLEM).open_target.library_kinds() == frozenset()
 
 
-def test_a_library_convolution_with_a_triton_epilogue_passes_the_static_rules_named_as_library(state: Path) -> None:
+def test_a_library_convolution_with_a_triton_epilogue_passes_the_static_rules_named_as_library() -> None:
     family = family_of("conv_relu.py", CONV_RELU_PROBLEM)
     report = check_source(CONV_EPILOGUE_CANDIDATE.replace("OPNAME", family.name), family=family)
     assert report.ok, report.failures
     assert report.library_calls == ["torch.nn.functional.conv2d"]
 
 
-def test_torch_compute_outside_the_allowlist_stays_a_cheat(state: Path) -> None:
+def test_torch_compute_outside_the_allowlist_stays_a_cheat() -> None:
     family = family_of("conv_relu.py", CONV_RELU_PROBLEM)
     relu_in_torch = CONV_EPILOGUE_CANDIDATE.replace(
         "    return out\n", "    return torch.relu(out)\n"
@@ -126,7 +116,7 @@ def test_torch_compute_outside_the_allowlist_stays_a_cheat(state: Path) -> None:
     assert report.library_calls == ["torch.nn.functional.conv2d"]  # the convolution itself was fine
 
 
-def test_a_library_kind_the_forward_does_not_compute_is_rejected_with_its_rule(state: Path) -> None:
+def test_a_library_kind_the_forward_does_not_compute_is_rejected_with_its_rule() -> None:
     # A GEMM against ones would hand a sum reduction to cuBLAS: not a library primitive of this target.
     family = family_of("row_sum.py", ROW_SUM_PROBLEM)
     gemm = CONV_EPILOGUE_CANDIDATE.replace(
@@ -145,7 +135,7 @@ def test_a_registered_family_permits_no_library_call() -> None:
 
 
 def test_the_verifier_accepts_the_library_convolution_and_says_so(
-    state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     problem = tmp_path / "conv_relu.py"
     problem.write_text(CONV_RELU_PROBLEM)
