@@ -199,7 +199,7 @@ def check_model_new(
         inputs = make_inputs(problem_module, device, SEED + 1000 + draw, sizes)
         with torch.no_grad(), ieee_float32():
             want = model(*inputs)
-        with torch.no_grad():
+        with torch.no_grad(), ieee_float32():  # a library convolution in ModelNew: IEEE, as Model's and the verifier's
             got = model_new(*inputs)
         # The buffers after the call (a training-mode BatchNorm's running statistics): ModelNew keeps
         # Model's state semantics.
@@ -242,6 +242,8 @@ def check_model_new(
                 err, within = compare_chunked(g, w, atol, rtol)
             worst, close = max(worst, err), close and bool(within)
         del want, got, want_t, got_t, want64_t, inputs
+        if device == "cuda":  # the next draw's float64 copies need the memory this one held
+            torch.cuda.empty_cache()
         if not close:
             against = (
                 f"of Model in float64 plus {CONDITIONING_SLACK:g}x Model's own float32 error"

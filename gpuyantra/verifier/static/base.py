@@ -239,7 +239,7 @@ class _CheckerBase:
                 self.report.library_calls.append(path)
             return
         self.fail(
-            "library-not-permitted",
+            "torch-compute",
             node,
             f"{path}: a {kind} library call, permitted only for open targets whose forward computes a {kind}; "
             "the op must run in the candidate's Triton kernel",
