@@ -453,6 +453,20 @@ def test_fast_p_counts_every_problem_in_the_denominator():
     assert kb.fast_p(results, 1, "cpu") is None
 
 
+def test_the_layers_of_a_whole_model_bind_by_their_index():
+    """Level 3's nn.Sequential layers are `network.0.weight`: a valid ADAPTER path, read in ModelNew."""
+    from gpuyantra.candidate import validate_adapter
+    from gpuyantra.kernelbench.model_new import attribute_code
+
+    binding = {"kernel_param": "network_0_weight", "module_attr": "network.0.weight"}
+    assert validate_adapter([binding]) == [binding]
+    code = attribute_code("self", binding["module_attr"])
+    assert code == "getattr(self.network, '0').weight"
+    model = torch.nn.Module()
+    model.network = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    assert eval(code, {"self": model}) is model.network[0].weight  # noqa: S307 - our own generated code
+
+
 def test_fast_1_against_compile_and_the_better_of_both_and_the_geometric_means():
     results = [
         # faster than eager, slower than torch.compile: a win against eager only
