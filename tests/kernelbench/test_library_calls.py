@@ -177,3 +177,11 @@ def test_the_verifier_accepts_the_library_convolution_and_says_so(
     verdict = json.loads([line for line in capsys.readouterr().out.splitlines() if line.strip()][-1])
     assert code == 0 and verdict["accepted"] is True, verdict["failures"]
     assert verdict["library_calls"] == ["torch.nn.functional.conv2d"]
+
+
+def test_an_llm_author_is_told_which_library_calls_this_target_permits() -> None:
+    from gpuyantra.authors.llm import library_rule
+
+    (rule,) = library_rule(family_of("conv_relu.py", CONV_RELU_PROBLEM))
+    assert "`torch.nn.functional.conv2d`" in rule and "torch.matmul" not in rule
+    assert library_rule(family_of("row_sum.py", ROW_SUM_PROBLEM)) == []
