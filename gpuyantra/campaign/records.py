@@ -128,6 +128,7 @@ class VerdictSummary:
     # Set when the worker reused the verdict of the same bytes asked the same question before
     # (gpuyantra/verifier/reuse.py): its key and when it was verified.
     reused: dict[str, Any] | None = None
+    timed_on: dict[str, Any] | None = None  # the device it was timed on (gpuyantra/hardware.py: DeviceFacts)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> VerdictSummary:
@@ -331,6 +332,8 @@ class ServerProfile:
     # skill store's fingerprint and the selection read fields `Target` does not model).
     targets: list[dict[str, Any]] = field(default_factory=list)
     digest: dict[str, Any] | None = None  # what the campaign result reports (gpuyantra/profile_digest.py)
+    hardware_kind: str | None = None  # the served GPU's kind, when the server names it
+    device_key: str | None = None  # the served GPU itself: verifications go to another of its kind
 
     @classmethod
     def from_answer(cls, answer: Mapping[str, Any]) -> ServerProfile:
@@ -340,6 +343,8 @@ class ServerProfile:
             served_batches=benchmark_batches(answer),
             targets=[dict(t) for t in answer.get("targets") or [] if isinstance(t, Mapping)],
             digest=profile_digest(dict(answer)),
+            hardware_kind=str(answer["hardware_kind"]) if answer.get("hardware_kind") else None,
+            device_key=str(answer["device_key"]) if answer.get("device_key") else None,
         )
 
 

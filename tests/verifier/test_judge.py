@@ -36,6 +36,7 @@ EXTRA_KEYS = [
     "source_sha256",
     "attestation",
     "timings",
+    "library_calls",
 ]
 
 
@@ -160,6 +161,7 @@ def test_scrubbed_environment_drops_secrets(monkeypatch, tmp_path):
         "PYTHONNOUSERSITE",
         "OMP_NUM_THREADS",
         "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
         "TRITON_HOME",
         "TRITON_INTERPRET",
         "TRITON_CACHE_DIR",
