@@ -21,7 +21,9 @@ import gpuyantra.verifier.cases as case_plan
 import gpuyantra.verifier.precompile_beside as precompile_beside
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
+from gpuyantra.config import state_dir
 from gpuyantra.ops.open import stage_open_target
+from gpuyantra.verifier import compiler_cache
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import Judgement, OutputValues, References, judge, sandbox_failures
 from gpuyantra.verifier.sandbox import Sandbox, SandboxOutcome, keep_spare, protect_parent, take_sandbox, take_spare
@@ -306,6 +308,11 @@ def _run(
         if verdict.failures:
             verdict.speedup_vs_eager = verdict.speedup_vs_compile = None
     finally:
+        if device == "cuda" and compiler_cache.is_template(source):
+            # A repository template ran, byte for byte: its kernels warm the shared cache for every
+            # later verdict (a candidate's artefacts never leave its folder: `compiler_cache`).
+            with contextlib.suppress(Exception):
+                compiler_cache.promote(sandbox.workdir, state_dir())
         sandbox.close()
         if beside is not None:
             beside.stop()
