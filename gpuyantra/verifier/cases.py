@@ -83,6 +83,14 @@ FULL_SIZE = {"prefill_rows": 1024, "large_tensor": 2**20}
 # Values that belong to logits only (softmax-like families: `logits_input`).
 LOGIT_DISTRIBUTIONS = ("masked_rows", "late_peak")
 VIEW_LAYOUT = "view"
+# The served model's own layouts (the profile target's `layouts`): each activation the server handed
+# the op strided or at an offset, drawn with exactly those strides (rows capped as for live shapes).
+LIVE_LAYOUT = "live"
+# (input index, live shape, strides, storage offset) of one served activation.
+LiveLayout = tuple[int, tuple[int, ...], tuple[int, ...], int]
+# A live layout's buffer may hold at most this many elements beyond the case's own (h[:, -1:, :] of a
+# long prompt strides rows a whole prompt apart): past it the gaps shrink (the class runs reduced).
+LIVE_LAYOUT_SLACK = {"cpu": 2**18, "cuda": 2**24}
 # Activations a family's modules always pass freshly made (rope's cos and sin, from the rotary
 # embedding): left contiguous in view cases.
 VIEW_KEEPS_CONTIGUOUS = {"rope": (2, 3)}
@@ -109,6 +117,8 @@ class Case:
     klass: str = ""  # the plan class of an extra case (see WIDE_SHAPES), "" for the seeds x scales grid
     layout: str = "contiguous"  # "contiguous" or VIEW_LAYOUT (activations as slices of a wider buffer)
     variant: str = ""  # "no_optional" (optional tensors None) or "partial_rotary" (rope), else ""
+    # LIVE_LAYOUT cases: (input index, live shape, strides, storage offset) per strided activation.
+    live_layout: tuple[LiveLayout, ...] = ()
 
     def describe(self) -> str:
         inputs = (
@@ -117,6 +127,8 @@ class Case:
         extra = ""
         if self.layout == VIEW_LAYOUT:
             extra += " as strided views (each activation a slice of a buffer twice as wide, at an offset)"
+        for index, _, stride, offset in self.live_layout:
+            extra += f" with input {index} in the served layout (strides {list(stride)}, offset {offset})"
         if self.variant:
             extra += {"no_optional": " with optional tensors None", "partial_rotary": " with partial rotary"}.get(
                 self.variant, f" ({self.variant})"
@@ -128,6 +140,7 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["shape"] = list(self.shape)
+        data["live_layout"] = [[i, list(shape), list(stride), offset] for i, shape, stride, offset in self.live_layout]
         return data
 
     @classmethod
@@ -145,6 +158,10 @@ class Case:
             klass=str(data.get("klass", "")),
             layout=str(data.get("layout", "contiguous")),
             variant=str(data.get("variant", "")),
+            live_layout=tuple(
+                (int(i), tuple(int(d) for d in shape), tuple(int(d) for d in stride), int(offset))
+                for i, shape, stride, offset in data.get("live_layout") or ()
+            ),
         )
 
 
@@ -233,6 +250,7 @@ class ClassCase:
     dist: str = "normal"
     layout: str = "contiguous"
     variant: str = ""
+    live_layout: tuple[LiveLayout, ...] = ()
 
 
 # Classes an open target does not run: its shapes are keys of several inputs, sized by the target.
@@ -252,16 +270,25 @@ def class_cases(
     dtypes: Sequence[str],
     param_specs: Sequence[dict[str, Any]] = (),
     live_params: Mapping[str, Any] | None = None,
+    live_layouts: Sequence[Mapping[str, Any]] = (),
 ) -> list[ClassCase]:
     """The plan classes' cases for `family` on `device`: shapes adapted to the family's rules,
     value classes where the family defines them, the view layout and the optional parameters'
-    other state on the first correctness shape (the live one where there is one)."""
+    other state on the first correctness shape (the live one where there is one), and each served
+    layout (`live_layouts`, the profile target's `layouts`) in every dtype."""
     out: list[ClassCase] = []
     adapt = getattr(family, "adapt_shape", None)
 
-    def add(klass: str, dtype: str, shape: Sequence[int], dist: str = "normal", **kw: str) -> None:
+    def add(
+        klass: str,
+        dtype: str,
+        shape: Sequence[int],
+        dist: str = "normal",
+        layout: str = "contiguous",
+        variant: str = "",
+    ) -> None:
         fitted = list(adapt(list(shape))) if adapt is not None else list(shape)
-        out.append(ClassCase(klass, dtype, tuple(int(d) for d in fitted), dist, **kw))
+        out.append(ClassCase(klass, dtype, tuple(int(d) for d in fitted), dist, layout, variant))
 
     logits = bool(getattr(family, "logits_input", False))
     first = dtypes[0]
@@ -290,6 +317,59 @@ def class_cases(
             add("no_optional", dtype, base, variant="no_optional")
         if getattr(family, "name", "") == "rope":  # Phi-3's partial rotary beside the full one
             add("partial_rotary", dtype, base, variant="partial_rotary")
+    for served_shape, layouts in live_layout_cases(device, live_layouts):
+        for dtype in dtypes:
+            out.append(ClassCase("live_layout", dtype, served_shape, layout=LIVE_LAYOUT, live_layout=layouts))
+    return out
+
+
+def live_layout_cases(
+    device: str, live_layouts: Sequence[Mapping[str, Any]]
+) -> list[tuple[tuple[int, ...], tuple[LiveLayout, ...]]]:
+    """(case shape, layouts) per served shape of input 0 that came strided or at an offset: the
+    shape's rows capped as for live shapes, every input's layout of that call kept together. A
+    layout of a later input alone (rope's k) runs at input 0's shape where the shapes agree."""
+    grouped: dict[tuple[int, ...], list[LiveLayout]] = {}
+    for layout in live_layouts:
+        entry = (
+            int(layout["input"]),
+            tuple(int(d) for d in layout["shape"]),
+            tuple(int(d) for d in layout["stride"]),
+            int(layout["offset"]),
+        )
+        grouped.setdefault(entry[1], [])
+        if entry not in grouped[entry[1]]:
+            grouped[entry[1]].append(entry)
+    out = []
+    for shape, layouts in grouped.items():
+        capped = (
+            cap_rows(list(shape), CPU_MAX_ROWS) if device == "cpu" else cap_elements(list(shape), CUDA_MAX_ELEMENTS)
+        )
+        out.append((tuple(capped), tuple(sorted(layouts))))
+    return out
+
+
+def check_live_layouts(layouts: Any) -> list[dict[str, Any]]:
+    """The profile target's `layouts` checked: a list of {"input", "shape", "stride", "offset"} with
+    non-negative integers, as many strides as dims. Raises ValueError naming the bad field."""
+    if not isinstance(layouts, (list, tuple)):
+        raise ValueError(f"layouts must be a list of {{input, shape, stride, offset}}, got {layouts!r}")
+    out = []
+    for n, layout in enumerate(layouts):
+        where = f"layouts[{n}]"
+        if not isinstance(layout, Mapping) or set(layout) < {"input", "shape", "stride", "offset"}:
+            raise ValueError(f"{where} must hold input, shape, stride and offset, got {layout!r}")
+        shape, stride = layout["shape"], layout["stride"]
+        if not isinstance(shape, (list, tuple)) or not shape or any(not isinstance(d, int) or d < 1 for d in shape):
+            raise ValueError(f"{where}.shape must be a list of positive sizes, got {shape!r}")
+        if not isinstance(stride, (list, tuple)) or len(stride) != len(shape):
+            raise ValueError(f"{where}.stride must give one stride per dim of {list(shape)}, got {stride!r}")
+        if any(not isinstance(d, int) or d < 0 for d in stride):
+            raise ValueError(f"{where}.stride must hold non-negative integers, got {stride!r}")
+        for key in ("input", "offset"):
+            if not isinstance(layout[key], int) or layout[key] < 0:
+                raise ValueError(f"{where}.{key} must be a non-negative integer, got {layout[key]!r}")
+        out.append({k: layout[k] for k in ("input", "shape", "stride", "offset")})
     return out
 
 
@@ -330,6 +410,7 @@ def plan_classes(device: str, cases: Sequence[Case], family: Any = None) -> dict
             (case.klass == "prefill_rows" and rows < FULL_SIZE["prefill_rows"])
             or (case.klass == "large_tensor" and size < FULL_SIZE["large_tensor"])
             or (case.klass == "wide_rows" and device == "cpu")  # 2 rows, and no bfloat16 under the interpreter
+            or (case.klass == "live_layout" and not _served_as_is(case, device))
         )
         if out.get(case.klass) != "reduced":
             out[case.klass] = "reduced" if reduced else "full"
@@ -337,6 +418,17 @@ def plan_classes(device: str, cases: Sequence[Case], family: Any = None) -> dict
         for klass in OPEN_TARGET_SKIPS:
             out.setdefault(klass, "not run (open target: its shapes are the target's own)")
     return out
+
+
+def _served_as_is(case: Case, device: str) -> bool:
+    """Whether a live-layout case runs the served shape with the served strides (else rows capped or
+    gaps shrunk: `fit_layout`)."""
+    for _, shape, stride, offset in case.live_layout:
+        if shape != case.shape:
+            return False
+        if fit_layout(shape, stride, offset, LIVE_LAYOUT_SLACK[device]) != (stride, offset):
+            return False
+    return True
 
 
 def plan(
@@ -392,6 +484,7 @@ def plan(
                 klass=extra.klass,
                 layout=extra.layout,
                 variant=extra.variant,
+                live_layout=extra.live_layout,
             )
         )
     if recheck:
@@ -454,7 +547,62 @@ def make_case(
     if case.layout == VIEW_LAYOUT:
         kept = VIEW_KEEPS_CONTIGUOUS.get(getattr(family, "name", ""), ())
         activations = tuple(a if i in kept else strided_view(a) for i, a in enumerate(activations))
+    if case.layout == LIVE_LAYOUT:
+        device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+        layouts = {index: (stride, offset) for index, _, stride, offset in case.live_layout}
+        activations = tuple(
+            live_view(a, *fit_layout(list(a.shape), *layouts[i], LIVE_LAYOUT_SLACK[device_type])) if i in layouts else a
+            for i, a in enumerate(activations)
+        )
     return activations, params
+
+
+def fit_layout(shape: Sequence[int], stride: Sequence[int], offset: int, slack: int) -> tuple[tuple[int, ...], int]:
+    """(strides, offset) of a served layout for a case of `shape` (rows capped: strides stay valid as
+    dims shrink), the gaps between dims shrunk where the buffer would exceed the case's elements by
+    more than `slack`: each dim then lies just past the ones inside it in memory, plus a gap of the
+    same size modulo 64 (so the kernel still meets a row stride that is not the row's width), and
+    the offset keeps its value modulo 64."""
+    stride, size = tuple(int(s) for s in stride), 1
+    for d in shape:
+        size *= int(d)
+    if _buffer_elements(shape, stride, offset) <= size + slack:
+        return stride, int(offset)
+    fitted = list(stride)
+    span = 1  # elements the dims inside this one cover
+    for d in sorted(range(len(shape)), key=lambda i: (stride[i], i)):
+        gap = max(stride[d] - span, 0)
+        fitted[d] = span + (gap % 64 if gap else 0) + (64 if gap >= 64 else 0)
+        span = fitted[d] * (int(shape[d]) - 1) + span
+    return tuple(fitted), int(offset) % 64
+
+
+def _buffer_elements(shape: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    return int(offset) + sum((int(n) - 1) * int(s) for n, s in zip(shape, stride)) + 1
+
+
+def live_view(t: torch.Tensor, stride: Sequence[int], offset: int) -> torch.Tensor:
+    """`t`'s values in a NaN-filled buffer at `stride` and `offset` (a served layout): a kernel that
+    assumes contiguous rows or no offset reads NaN. `t` as it is where the strides do not fit it."""
+    if not t.is_floating_point() or len(stride) != t.dim() or t.numel() == 0:
+        return t
+    buffer = torch.full((_buffer_elements(t.shape, stride, offset),), float("nan"), dtype=t.dtype, device=t.device)
+    view = buffer.as_strided(tuple(t.shape), tuple(int(s) for s in stride), int(offset))
+    if _overlaps(view):
+        return t
+    view.copy_(t)
+    return view
+
+
+def _overlaps(view: torch.Tensor) -> bool:
+    """Whether two elements of `view` share memory (strides from another shape can collide)."""
+    dims = sorted((int(s), int(n)) for s, n in zip(view.stride(), view.shape) if n > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return True
+        span = stride * (size - 1) + span
+    return False
 
 
 def strided_view(t: torch.Tensor) -> torch.Tensor:

@@ -137,6 +137,7 @@ class References:
             case.stress,
             case.layout,
             case.variant,
+            case.live_layout,
         )
         return _reference_cache(device.type).get(plan, key, lambda: self._compute_judged(case))
 
