@@ -253,8 +253,26 @@ class ClassCase:
     live_layout: tuple[LiveLayout, ...] = ()
 
 
-# Classes an open target does not run: its shapes are keys of several inputs, sized by the target.
-OPEN_TARGET_SKIPS = ("wide_rows", "prefill_rows", "large_tensor", "rank4")
+# Classes an open target does not run: its inputs keep their live ranks.
+OPEN_TARGET_SKIPS = ("rank4",)
+SIXTEEN_BIT = ("float16", "bfloat16")
+STRESS_VALUE_ROWS_CPU = 64  # on the CPU, stress shapes of at most this many rows take activation-like values
+
+
+def stress_value_shapes(device: str, family: Any) -> list[list[int]]:
+    """The stress shapes that take activation-like values in 16-bit: every one on CUDA; on the CPU
+    those of few rows (the wide one: the interpreter runs a program per row)."""
+    shapes = stress_shapes(device, family)
+    if device != "cpu":
+        return shapes
+    out = []
+    for shape in shapes:
+        rows = 1
+        for d in shape[:-1]:
+            rows *= int(d)
+        if rows <= STRESS_VALUE_ROWS_CPU:
+            out.append(shape)
+    return out
 
 
 def classes_enabled() -> bool:
@@ -292,7 +310,8 @@ def class_cases(
 
     logits = bool(getattr(family, "logits_input", False))
     first = dtypes[0]
-    if getattr(family, "open_target", None) is None:
+    target = getattr(family, "open_target", None)
+    if target is None:
         for dtype in dtypes:
             for shape in WIDE_SHAPES[device]:
                 for dist in _wide_distributions(device, dtype, dtype == first, logits):
@@ -303,6 +322,20 @@ def class_cases(
             add("prefill_rows", first, shape)
         for shape in LARGE_SHAPES[device]:
             add("large_tensor", first, shape)
+    else:  # the same classes along the dims the module lets change (`OpenTarget.class_keys`)
+        keys = target.class_keys(device)
+        for dtype in dtypes if "wide_rows" in keys else ():
+            for dist in _wide_distributions(device, dtype, dtype == first, logits):
+                add("wide_rows", dtype, keys["wide_rows"], dist)
+        for klass in ("prefill_rows", "large_tensor"):
+            if klass in keys:
+                add(klass, first, keys[klass])
+    # Activation-like values in each 16-bit dtype on the stress shapes (16-bit sums of squares and
+    # exp overflow past a tile); on the CPU only those of few rows (each row a program of the interpreter).
+    for dtype in [d for d in dtypes if d in SIXTEEN_BIT]:
+        for shape in stress_value_shapes(device, family):
+            for dist in ACTIVATION_DISTRIBUTIONS:
+                add("stress_values", dtype, shape, dist)
     base = _first_multi_row(shapes)
     optional = [
         s["name"]
@@ -406,9 +439,12 @@ def plan_classes(device: str, cases: Sequence[Case], family: Any = None) -> dict
         for d in case.shape:
             size *= d
         rows = size // max(case.shape[-1], 1)
+        open_target = getattr(family, "open_target", None) is not None
         reduced = (
-            (case.klass == "prefill_rows" and rows < FULL_SIZE["prefill_rows"])
-            or (case.klass == "large_tensor" and size < FULL_SIZE["large_tensor"])
+            (open_target and device == "cpu" and case.klass in ("wide_rows", "prefill_rows", "large_tensor"))
+            or (case.klass == "stress_values" and device == "cpu")  # the few-row stress shapes only
+            or (not open_target and case.klass == "prefill_rows" and rows < FULL_SIZE["prefill_rows"])
+            or (not open_target and case.klass == "large_tensor" and size < FULL_SIZE["large_tensor"])
             or (case.klass == "wide_rows" and device == "cpu")  # 2 rows, and no bfloat16 under the interpreter
             or (case.klass == "live_layout" and not _served_as_is(case, device))
         )
@@ -416,7 +452,9 @@ def plan_classes(device: str, cases: Sequence[Case], family: Any = None) -> dict
             out[case.klass] = "reduced" if reduced else "full"
     if getattr(family, "open_target", None) is not None:
         for klass in OPEN_TARGET_SKIPS:
-            out.setdefault(klass, "not run (open target: its shapes are the target's own)")
+            out.setdefault(klass, "not applicable (an open target's inputs keep their live ranks)")
+        for klass in ("wide_rows", "prefill_rows", "large_tensor"):
+            out.setdefault(klass, "not run (the module fixes the dims it would change)")
     return out
 
 
@@ -833,9 +871,11 @@ def realistic(tensor: torch.Tensor, role: str, dist: str, dtype: str, generator:
 def _value_class(base: torch.Tensor, dist: str, row_shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """`base` (N(0, 1)-like, float32) with the rows of a value class: every other row zero
     (`zero_rows`); rows partly -inf, a random prefix (left padding) in even rows and about half the
-    elements in odd ones, the last element always finite (`masked_rows`: a fully -inf row has no
-    softmax); the last element of each row 100 above the row's max (`late_peak`: exp(100) overflows
-    float32, so a max taken over the first chunks only fails)."""
+    elements in odd ones, the last element finite, and every fourth row (of four or more) -inf
+    whole (`masked_rows`: a fully masked row has no softmax; the module gives NaN there and so
+    must the kernel, judged against the float64 reference's NaN positions); the last element of
+    each row 100 above the row's max (`late_peak`: exp(100) overflows float32, so a max taken over
+    the first chunks only fails)."""
     where = generator.device
     if base.dim() == 0:
         return base
@@ -848,6 +888,7 @@ def _value_class(base: torch.Tensor, dist: str, row_shape: tuple[int, ...], gene
         prefix = (torch.rand(row_shape, generator=generator, device=where) * 0.9 * width).long()
         scattered = torch.rand(base.shape, generator=generator, device=where) < 0.5
         masked = torch.where(row_index % 2 == 0, cols < prefix, scattered) & (cols < width - 1)
+        masked |= row_index % 4 == 3  # a row masked whole
         return base.masked_fill(masked, float("-inf"))
     peak = base.amax(dim=-1, keepdim=True) + 100.0
     return torch.where(cols == width - 1, peak, base)

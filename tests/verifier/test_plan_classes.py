@@ -147,7 +147,10 @@ def test_value_classes_hold_zero_rows_masked_rows_and_late_peaks():
     (zero,), _ = make_case(family, Case(0, "main", "float32", (4, 100), 0, 1.0, "zero_rows"), [])
     assert bool((zero[0::2] == 0).all()) and bool((zero[1::2] != 0).any())
     (masked,), _ = make_case(family, Case(0, "main", "float32", (6, 300), 0, 1.0, "masked_rows"), [])
-    assert bool(torch.isneginf(masked).any(dim=-1).all()) and bool(torch.isfinite(masked[:, -1]).all())
+    assert bool(torch.isneginf(masked).any(dim=-1).all())
+    whole = torch.isneginf(masked).all(dim=-1)
+    assert whole.tolist() == [False, False, False, True, False, False]  # every fourth row masked whole
+    assert bool(torch.isfinite(masked[~whole, -1]).all())
     (late,), _ = make_case(family, Case(0, "main", "float32", (3, 300), 0, 1.0, "late_peak"), [])
     assert bool((late[:, -1] - late[:, :-1].amax(-1) > 88.8).all())
 
@@ -187,6 +190,23 @@ def test_layer_norm_error_model_takes_every_correct_order_and_not_a_one_pass_var
     bound = layer_norm_bound(x, params["weight"], params["bias"], 1e-5, torch.float32)
     finding = compare_values(got, want, family.tolerance(torch.float32), 0, "test", bound=bound)
     assert (finding is None) == honest, finding
+
+
+def test_a_row_masked_whole_must_give_nan_as_the_module_does():
+    """softmax of a row of -inf is NaN in float64 and in the module: a kernel must give NaN there (not
+    zeros, not a uniform row); every other row is judged as before."""
+    family = get_op("softmax")
+    (x,), params = make_case(family, Case(0, "main", "float32", (8, 64), 0, 1.0, "masked_rows"), [])
+    want = torch.softmax(x.double(), dim=-1)
+    honest = torch.softmax(x, dim=-1)
+    assert bool(torch.isnan(honest[3]).all())
+    assert compare_values(honest, want, (1e-5, 1e-5), 0, "case") is None
+    zeroed = honest.nan_to_num(0.0)
+    finding = compare_values(zeroed, want, (1e-5, 1e-5), 0, "case")
+    assert finding is not None and "want nan" in finding.message
+    wrong_elsewhere = honest.clone()
+    wrong_elsewhere[0, -1] += 0.5
+    assert compare_values(wrong_elsewhere, want, (1e-5, 1e-5), 0, "case") is not None
 
 
 def test_softmax_error_model_is_zero_where_masked():
