@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gpuyantra.binding import ModuleGroup, find_open_groups
+from gpuyantra.hardware import gpu_uuid
 from gpuyantra.profile_targets import (
     add_served_shapes,
     function_target_fields,
@@ -200,6 +201,7 @@ class Profiling(Scheduler):
         result["targets"] = targets
         result.setdefault("device", str(self.device))
         result.setdefault("hardware", _hardware_name(self.device))
+        result.setdefault("device_key", gpu_uuid(self.device))  # which GPU: campaigns verify on others
         result["source"] = source
         if error:
             result["profiler_error"] = error

@@ -186,6 +186,7 @@ def _run(
     verdict.timings["static"] = round(time.monotonic() - clock, 3)
     if report.op:
         verdict.op = report.op
+    verdict.library_calls = list(report.library_calls)
     static_failures = [f for f in report.failures if not skip_static or f.rule == "syntax-error"]
     verdict.failures.extend(static_failures)
     if not report.parsed:

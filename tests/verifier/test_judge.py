@@ -36,6 +36,7 @@ EXTRA_KEYS = [
     "source_sha256",
     "attestation",
     "timings",
+    "library_calls",
 ]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gpuyantra.ops.base import Tensor, numel
+from gpuyantra.ops.open.library import kinds_in_forward
 from gpuyantra.ops.open.spec import (
     CPU_CASE_ELEMENTS,
     CUDA_CASE_ELEMENTS,
@@ -64,6 +65,7 @@ class OpenTarget:
     calls: tuple[tuple[tuple[int, ...], ...], ...] = ()
     _copies: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict, repr=False)
     _meta_cache: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    _library_kinds: frozenset[str] | None = field(default=None, repr=False)
 
     # --- what authors read (the OpenSpec fields) ---
     @property
@@ -427,6 +429,20 @@ class OpenTarget:
             except Exception:  # noqa: BLE001 - the module refuses these sizes
                 cache[first] = None
         return cache[first]
+
+    def library_kinds(self) -> frozenset[str]:
+        """The library primitives (convolution, gemm, attention) the forward computes, found by
+        running it on the meta device; what a candidate may call the library for (`library.py`)."""
+        if self._library_kinds is None:  # one meta run per target
+            shapes = self.shapes_for(tuple(self.inputs[0].shape))
+            args = [torch.empty(s, dtype=_dtype(i.dtype), device="meta") for s, i in zip(shapes, self.inputs)]
+            try:
+                module = self.copy_for(torch.float32, "meta")
+                kinds = kinds_in_forward(lambda: module(*forward_args(args, self.live_arguments())))
+            except Exception:  # noqa: BLE001 - a forward meta cannot run permits no library call
+                kinds = frozenset()
+            self._library_kinds = kinds
+        return self._library_kinds
 
     def shapes_for(self, key: Sequence[int]) -> list[tuple[int, ...]]:
         """Every input's shape for a case key: input 0's shape (the others follow, see
