@@ -71,13 +71,13 @@ def test_compare_captures_each_side_once_and_serves_the_swap_after(tmp_path):
         record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result()
         captures = engine.graphs.captures
         seen = []
-        real_benchmark = engine.benchmark
+        real_benchmark = engine.speed.benchmark
 
         def benchmark(*args):  # which forwards each phase measures
             seen.append(swapped_id(engine.model.model.norm))
             return real_benchmark(*args)
 
-        engine.benchmark = benchmark
+        engine.speed.benchmark = benchmark  # type: ignore[method-assign]
         answer = engine.call(
             lambda: engine.compare_swap(record.swap_id, [1, 2], rounds=2, max_tokens=3, repeats=1), exclusive=True
         ).result()
@@ -227,13 +227,13 @@ def test_prefill_batches_stay_within_the_token_budget(tmp_path, monkeypatch):
         engine.submit(GenRequest(p, 2))
 
     def admit_lengths():
-        admitted = engine._admit()
+        admitted = engine.scheduler._admit()
         return [len(r.prompt_ids) for _, r in admitted]
 
     assert admit_lengths() == [5, 3]  # 2 rows x 5 tokens = 10 fits; adding 7 would pad to 3 x 7
     assert admit_lengths() == [7]  # a lone prompt always fits; 7 + 3 would pad to 2 x 7 = 14
     assert admit_lengths() == [3]
-    assert engine._admit() == []
+    assert engine.scheduler._admit() == []
 
 
 def test_live_speed_reads_served_steps_without_pausing_traffic(tmp_path):
