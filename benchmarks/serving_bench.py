@@ -1,3 +1,4 @@
+# Over 600 lines: a self-contained serving benchmark with many sections, one script for a GPU host.
 """Served decode speed of the serving engine at batch 1 and 8: eager (transformers' SDPA), eager with
 the engine's Triton decode attention, the same plus the campaign's swaps (rms_norm, rope, silu_mul),
 CUDA graphs (SDPA), graphs + rms_norm, graphs with the Triton decode attention, adding the swaps

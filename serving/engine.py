@@ -61,7 +61,8 @@ from serving.models import LoadedModel
 from serving.profiling import Profiling
 from serving.request import EngineObserver, GenRequest, RequestError
 from serving.runner import ModelRunner
-from serving.scheduler import Scheduler, token_logprobs
+from serving.sampling import token_logprobs
+from serving.scheduler import Scheduler
 from serving.shapes import ShapeRecorder
 from serving.speed import ServedSpeed
 

@@ -210,10 +210,10 @@ class Profiling:
                 live = [list(s) for s in self.shapes.shapes_for(group.key)]
                 if live:
                     t.setdefault("live_shapes", live)
-                t["swapped"] = sorted({self.swaps._owner.get(n) for n in group.names} - {None})
+                t["swapped"] = self.swaps.swaps_bound_at(modules=group.names)
                 _attach_open_payload(t)
             elif t.get("functions"):  # function-level target (rope): which swaps hold its globals
-                t["swapped"] = sorted({self.swaps._fn_owner.get(f) for f in t["functions"]} - {None})
+                t["swapped"] = self.swaps.swaps_bound_at(functions=t["functions"])
             targets.append(t)
         result["targets"] = targets
         result.setdefault("device", str(self.runner.device))

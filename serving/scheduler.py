@@ -1,3 +1,4 @@
+# Over 600 lines: one state machine (slots, queues, the step queued ahead) whose passes share its lock and slots.
 """The scheduler: one model thread, continuous batching over cache slots, admin operations between passes.
 
 See `serving.engine` for the threading model and batching. The scheduler owns the requests, the
@@ -46,6 +47,7 @@ from serving.graphs import GraphDecoder, PendingTokens
 from serving.plan import StepPlan
 from serving.request import EngineNotReady, GenRequest, RequestError, _AdminOp, _Slot
 from serving.runner import ModelRunner
+from serving.sampling import choose_tokens, greedy_request, token_logprobs
 
 log = logging.getLogger("gpuyantra.serving")
 
@@ -255,7 +257,7 @@ class Scheduler:
                     self._pending.popleft()
                     self._finish(req, "cancelled")
                     continue
-                if greedy_only and not _greedy(req):
+                if greedy_only and not greedy_request(req):
                     break
                 if mixed_room is not None:
                     if len(req.prompt_ids) > mixed_room:
@@ -383,7 +385,7 @@ class Scheduler:
         picked = logits.index_select(0, torch.tensor([*range(len(decode_rows)), *last_rows], device=logits.device))
         joining = [self._new_slot(index, req) for index, req in admitted]
         rows = [*decode_rows, *joining]
-        chosen = self._select(picked, rows)
+        chosen = choose_tokens(picked, rows)
         logprobs = token_logprobs(picked, [s.request.logprobs if s is not None else None for s in rows], chosen)
         n = len(decode_rows)
         seconds = time.perf_counter() - started
@@ -422,7 +424,7 @@ class Scheduler:
         plan = StepPlan.prefill(rows, prompts)
         logits = self._clean_pass(lambda: self.runner.run(plan))
         slots = [self._new_slot(index, req) for index, req in admitted]
-        tokens = self._select(logits, slots)
+        tokens = choose_tokens(logits, slots)
         logprobs = token_logprobs(logits, [s.request.logprobs for s in slots], tokens)
         elapsed = time.perf_counter() - started
         self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), elapsed)
@@ -447,7 +449,7 @@ class Scheduler:
         kv_len = max(s.pos for s in rows if s is not None) + 1
         plan = StepPlan.decode(tokens, positions, kv_len=kv_len)
         logits = self._clean_pass(lambda: self.runner.run(plan))
-        chosen = self._select(logits, rows)
+        chosen = choose_tokens(logits, rows)
         logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
         self._finish_step(started, list(rows), chosen, logprobs)
 
@@ -468,7 +470,7 @@ class Scheduler:
             plan = StepPlan.decode(tokens, positions, graph_bucket=graphs.bucket_for(len(tokens)))
             logits = self._clean_pass(lambda: self.runner.run(plan))
             if not self._greedy_rows(rows):
-                chosen = self._select(logits, rows, greedy=graphs.greedy(len(rows)))
+                chosen = choose_tokens(logits, rows, greedy=graphs.greedy(len(rows)))
                 logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
                 self._finish_step(started, list(rows), chosen, logprobs)
                 return
@@ -630,7 +632,7 @@ class Scheduler:
 
     def _greedy_rows(self, rows: Sequence[_Slot | None]) -> bool:
         """Every live row takes the argmax token and wants no logprobs (the graph's token suffices)."""
-        return all(s is None or _greedy(s.request) for s in rows)
+        return all(s is None or greedy_request(s.request) for s in rows)
 
     def _may_run_ahead(self, step: _Step) -> bool:
         """Queue the next step now? Only when it is certainly wanted and nothing else waits to run
@@ -666,7 +668,7 @@ class Scheduler:
                 return False, False  # a request joined this row: its inputs come from the host
             assert slot is not None
             req = slot.request
-            if req.cancelled or not _greedy(req):
+            if req.cancelled or not greedy_request(req):
                 return False, False
             continuing |= len(req.output_ids) + 2 <= req.max_tokens and slot.pos + 2 <= self.usable_len
         return True, continuing
@@ -689,24 +691,6 @@ class Scheduler:
             if slot is not None:
                 slot.pos += 1
                 self._accept(index, slot, chosen[index], logprobs[index])
-
-    def _select(
-        self, logits: torch.Tensor, slots: Sequence[_Slot | None], greedy: torch.Tensor | None = None
-    ) -> list[int]:
-        """Each row's token: the argmax (`greedy`, when the step computed it already), or a sample."""
-        out: list[int] = (logits.argmax(dim=-1) if greedy is None else greedy).tolist()
-        for r, slot in enumerate(slots):
-            if slot is None or slot.request.temperature <= 0:
-                continue
-            req = slot.request
-            probs = torch.softmax(logits[r].float() / max(req.temperature, 1e-5), dim=-1).cpu()
-            if req.top_p < 1.0:
-                sorted_p, order = probs.sort(descending=True)
-                keep = sorted_p.cumsum(0) - sorted_p < req.top_p
-                keep[0] = True
-                probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-            out[r] = int(torch.multinomial(probs, 1, generator=slot.generator))
-        return out
 
     def _accept(
         self, index: int, slot: _Slot, token: int, logprob: tuple[float, list[tuple[int, float]]] | None = None
@@ -758,30 +742,3 @@ class _Step:
     tokens: PendingTokens
     joined: dict[int, _Slot] = field(default_factory=dict)
     queued_at: float = field(default_factory=time.perf_counter)
-
-
-def _greedy(req: GenRequest) -> bool:
-    """The request takes the argmax token and wants no logprobs (a graph step's token suffices)."""
-    return req.temperature <= 0 and not req.logprobs
-
-
-def token_logprobs(
-    logits: torch.Tensor, wanted: Sequence[int | None], chosen: Sequence[int]
-) -> list[tuple[float, list[tuple[int, float]]] | None]:
-    """Per row r of `logits` [rows, V]: None when wanted[r] is None, else (log-probability of
-    chosen[r], the wanted[r] most likely (token id, log-probability), most likely first), from
-    log_softmax of the logits in float32."""
-    out: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(wanted)
-    rows = [r for r, k in enumerate(wanted) if k is not None]
-    if not rows:
-        return out
-    index = torch.tensor(rows, device=logits.device)
-    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-    picked = logp.gather(1, torch.tensor([[int(chosen[r])] for r in rows], device=logits.device))[:, 0].tolist()
-    k = min(max(int(wanted[r]) for r in rows), logp.shape[-1])  # type: ignore[arg-type]
-    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
-    values, ids = top_values.tolist(), top_ids.tolist()
-    for j, r in enumerate(rows):
-        want = int(wanted[r])  # type: ignore[arg-type]
-        out[r] = (picked[j], list(zip(ids[j][:want], values[j][:want])))
-    return out
