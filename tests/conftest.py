@@ -11,6 +11,11 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One CPU thread per process: the suite runs several xdist workers, servers, workers and sandbox
+# children on a machine of few cores, where torch's OpenMP threads only spin against each other (a
+# model test's CPU time halves with one). Set before torch loads; every process started inherits it.
+for _threads_var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+    os.environ.setdefault(_threads_var, "1")
 # One attestation key for the whole run: the verifier, in-process apps, helpers that sign, and every
 # server and worker process the tests start (they inherit the environment) agree on it.
 os.environ.setdefault("GPUYANTRA_ATTESTATION_KEY", "gpuyantra-tests-" + secrets.token_hex(16))

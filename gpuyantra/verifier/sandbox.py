@@ -120,8 +120,12 @@ def protect_parent() -> bool:
 
 
 def default_threads() -> int:
-    """A child's CPU threads unless told otherwise."""
-    return max(1, min(4, os.cpu_count() or 1))
+    """A child's CPU threads unless told otherwise: the operator's OMP_NUM_THREADS when set (a machine
+    running several verifications and servers at once gains nothing from more threads than cores, and
+    OpenMP's spinning threads burn them), else the cores, at most 4."""
+    cores = max(1, min(4, os.cpu_count() or 1))
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(cores, int(asked))) if asked.isdigit() else cores
 
 
 def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
@@ -139,6 +143,7 @@ def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
             "PYTHONNOUSERSITE": "1",
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
+            "OPENBLAS_NUM_THREADS": str(threads),  # numpy's matmuls under the interpreter
             "TRITON_HOME": str(workdir / "triton-home"),
         }
     )

@@ -177,9 +177,11 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3, 3], 
 def reference_greedy(model, prompt, steps):
     """Greedy tokens from full forwards without a cache: the oracle of every engine path."""
     ids = list(prompt)
+    device = next(model.parameters()).device  # the model may live on a GPU
     with torch.no_grad():
         for _ in range(steps):
-            ids.append(int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+            logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits
+            ids.append(int(logits[0, -1].argmax()))
     return ids[len(prompt) :]
 
 

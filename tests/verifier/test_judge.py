@@ -160,6 +160,7 @@ def test_scrubbed_environment_drops_secrets(monkeypatch, tmp_path):
         "PYTHONNOUSERSITE",
         "OMP_NUM_THREADS",
         "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
         "TRITON_HOME",
         "TRITON_INTERPRET",
         "TRITON_CACHE_DIR",
