@@ -115,7 +115,7 @@ def test_a_failing_mixed_step_fails_its_rows_and_serving_goes_on(tmp_path, monke
     def broken(*_args, **_kw) -> torch.Tensor:
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine, "mixed_rows", broken)
+    monkeypatch.setattr(engine.runner, "mixed_rows", broken)
     monkeypatch.setattr(engine.graphs, "mixed_fed", broken)  # queued ahead: the request waits, then fails
     drive(engine, [decoding], [joining])
     assert decoding.finish_reason == "error" and joining.finish_reason == "error"
