@@ -176,7 +176,9 @@ def verify_candidate(request: VerifyInput) -> dict[str, Any]:
         )
         result = verdict.to_dict()
         result.setdefault("device", device)
+        result["timed_on"] = timed_on(device)
         reuse.store(key, result)
+    result.setdefault("timed_on", timed_on(device))  # a verdict reused from before devices were named
     result["candidate_path"] = str(path)
     return {**judged_on_served_decode(result, request.target), "rows_gate": rows_gate(result)}
 
@@ -221,7 +223,16 @@ def verify_file(request: VerifyFileInput) -> dict[str, Any]:
         )
     except TargetUnusable as exc:
         raise ApplicationError(str(exc), type=TARGET_UNUSABLE, non_retryable=True) from None
-    return {**verdict.to_dict(), "device": device, "candidate_path": str(path)}
+    return {**verdict.to_dict(), "device": device, "timed_on": timed_on(device), "candidate_path": str(path)}
+
+
+def timed_on(device: str) -> dict[str, Any]:
+    """The device a verdict was timed on: the worker's announced facts (kind, device, its name and
+    key, host), else what this process knows of `device`."""
+    from gpuyantra.hardware import announced, device_facts
+
+    facts = announced() or device_facts(device)
+    return facts.to_dict()
 
 
 def device_name(device: str) -> str:

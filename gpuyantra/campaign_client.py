@@ -271,7 +271,7 @@ def progress_fields(progress: Any) -> dict[str, Any]:
     """Stage, per-target stage / iteration / best reward, and the best reward of all targets, from
     the `progress` query's answer (workflows/campaign.py); empty values when there is none."""
     if not isinstance(progress, dict):
-        return {"stage": None, "deploying": None, "targets": [], "best_reward": None, "notices": []}
+        return {"stage": None, "deploying": None, "targets": [], "best_reward": None, "notices": [], "waiting": None}
     targets = [
         {
             "target": key,
@@ -289,6 +289,7 @@ def progress_fields(progress: Any) -> dict[str, Any]:
         "targets": targets,
         "best_reward": max(rewards) if rewards else None,
         "notices": list(progress.get("notices") or []),
+        "waiting": progress.get("waiting"),  # what the campaign waits for (no GPU worker of its kind polls)
     }
 
 

@@ -107,7 +107,8 @@ def validate_adapter(adapter: Any) -> list[dict[str, str]]:
         and isinstance(b["kernel_param"], str)
         and b["kernel_param"].isidentifier()
         and isinstance(b["module_attr"], str)
-        and all(part.isidentifier() for part in b["module_attr"].split("."))
+        # an index of nn.Sequential / nn.ModuleList ("layers.0.weight") is a path part too
+        and all(part.isidentifier() or part.isdigit() for part in b["module_attr"].split("."))
         for b in adapter
     ):
         raise CandidateError(

@@ -12,6 +12,19 @@ GPU_TASK_QUEUE = "gpuyantra-gpu"
 CPU_TASK_QUEUE = "gpuyantra-cpu"
 
 
+# Verification is timed, so it runs on the hardware it is judged for: every GPU worker polls its
+# kind's queue and its own device's queue besides the shared GPU queue (where work that only needs
+# to reach a server, and campaigns started before routing, still go). docs/usage.md, "Adding a machine".
+def gpu_kind_queue(kind: str) -> str:
+    """`gpuyantra-gpu-nvidia-h100-80gb`: polled by every GPU worker of that hardware kind."""
+    return f"{GPU_TASK_QUEUE}-{kind}"
+
+
+def gpu_device_queue(kind: str, device_key: str) -> str:
+    """`gpuyantra-gpu-nvidia-h100-80gb@GPU-5c1f...`: polled by the one worker of that device."""
+    return f"{gpu_kind_queue(kind)}@{device_key}"
+
+
 def default_state_dir() -> Path:
     """`$XDG_DATA_HOME/gpuyantra` (`~/.local/share/gpuyantra`): the same folder from any working
     directory, so `skills list` run elsewhere finds the library the workers wrote."""

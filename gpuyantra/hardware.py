@@ -276,3 +276,137 @@ def _triton_call_us(dev) -> float | None:
         return _host_us(lambda: template.entry(x, weight=w, eps=1e-6), iters=100, warmup=5)
     except Exception:  # noqa: BLE001 - no Triton for this device: fall back to a multiple of launch_us
         return None
+
+
+# --- Hardware kinds: what a GPU worker announces and which verification queue it polls -------------
+
+# Tokens of a device name that do not change what a kernel's timing means: the usual form factor
+# (SXM), the memory technology and the vendor's marketing words. Memory size, PCIe and NVL stay: an
+# H100 PCIe or NVL copies at a different rate than an SXM one, and a MIG slice is a smaller GPU.
+_KIND_DROP_TOKENS = re.compile(r"^(sxm\d*|hbm\d*e?|geforce|tesla)$")
+KIND_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+def hardware_kind(device_name: str, vendor: str = "nvidia") -> str:
+    """The kind verdicts are comparable within, from what the driver calls the device:
+    'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb', 'NVIDIA A100-SXM4-40GB' -> 'nvidia-a100-40gb',
+    'NVIDIA H200' -> 'nvidia-h200'; 'cpu' (or a CPU's processor name) -> 'cpu'. A name that is already
+    a kind is returned as it is."""
+    text = (device_name or "").strip().lower()
+    if not text or text == "cpu":
+        return "cpu"
+    if KIND_PATTERN.match(text) and not text.startswith(("nvidia ", "amd ")) and " " not in text:
+        return text
+    tokens = [t for t in re.split(r"[^a-z0-9]+", text) if t]
+    tokens = [t for t in tokens if t not in ("nvidia", "amd", vendor) and not _KIND_DROP_TOKENS.match(t)]
+    return "-".join([vendor, *tokens]) if tokens else vendor
+
+
+def check_kind(kind: str) -> str:
+    """`kind` when it can name a task queue (lower-case letters, digits, '.', '_', '-'); else a
+    ValueError naming the rule."""
+    if not KIND_PATTERN.match(kind):
+        raise ValueError(f"hardware kind {kind!r} must be 1-63 lower-case letters, digits, '.', '_' or '-'")
+    return kind
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What one GPU worker holds, as it announces it and as its verdicts name it."""
+
+    kind: str  # "nvidia-h100-80gb", "cpu", or the --hardware-kind given
+    device: str  # "cuda:1" as the machine numbers it, "cpu"
+    device_name: str  # "NVIDIA H100 80GB HBM3"
+    device_key: str  # this device among all machines: the GPU's UUID, else host:device
+    host: str
+    memory_bytes: int | None = None
+    capability: str | None = None  # CUDA compute capability, "9.0"
+    copy_gb_per_s: float | None = None  # measured copy bandwidth, once a worker has measured it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line for the worker's start message."""
+        memory = f", {self.memory_bytes / 2**30:.1f} GiB" if self.memory_bytes else ""
+        capability = f", capability {self.capability}" if self.capability else ""
+        bandwidth = f", copy {self.copy_gb_per_s:.0f} GB/s" if self.copy_gb_per_s else ""
+        return f"{self.device} {self.device_name} (kind {self.kind}{memory}{capability}{bandwidth})"
+
+
+_ANNOUNCED: list[DeviceFacts] = []  # this process's GPU worker's device, once it announced it
+
+
+def announce(facts: DeviceFacts) -> None:
+    """This process is the GPU worker of `facts`'s device: its verdicts name it (`announced`)."""
+    _ANNOUNCED[:] = [facts]
+
+
+def announced() -> DeviceFacts | None:
+    """The device this process's GPU worker announced; None outside a worker."""
+    return _ANNOUNCED[0] if _ANNOUNCED else None
+
+
+def device_facts(device: str, kind_override: str | None = None, machine_device: str | None = None) -> DeviceFacts:
+    """The facts of `device` ("cpu", "cuda", "cuda:1") in this process; `kind_override` replaces the
+    kind derived from the device name (tests, and GPUs whose names say too little); `machine_device`
+    is how the machine numbers it when this process sees it alone (`CUDA_VISIBLE_DEVICES`)."""
+    import socket
+
+    host = socket.gethostname()
+    if not device.startswith("cuda"):
+        name = "cpu"
+        return DeviceFacts(check_kind(kind_override or "cpu"), device, name, f"{host}:{device}", host)
+    import torch
+
+    index = torch.device(device).index or 0
+    props = torch.cuda.get_device_properties(index)
+    vendor = "amd" if getattr(torch.version, "hip", None) else "nvidia"
+    return DeviceFacts(
+        kind=check_kind(kind_override or hardware_kind(props.name, vendor)),
+        device=machine_device or f"cuda:{index}",
+        device_name=props.name,
+        device_key=gpu_uuid(device) or f"{host}:{machine_device or f'cuda:{index}'}",
+        host=host,
+        memory_bytes=int(props.total_memory),
+        capability=f"{props.major}.{props.minor}",
+        copy_gb_per_s=_kept_copy_bandwidth(props.name),
+    )
+
+
+def gpu_uuid(device: Any) -> str | None:
+    """'GPU-5c1f...': the CUDA device's UUID, the same in every process that sees it, whatever index
+    `CUDA_VISIBLE_DEVICES` gives it there (how a campaign tells the serving GPU from the others);
+    None on CPU or when torch does not say."""
+    text = _normalize_device(device)
+    if not text.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        index = torch.device(text).index
+        uuid = getattr(torch.cuda.get_device_properties(index if index is not None else 0), "uuid", None)
+    except Exception:  # noqa: BLE001
+        return None
+    return f"GPU-{uuid}" if uuid is not None else None
+
+
+def _kept_copy_bandwidth(device_name: str) -> float | None:
+    """The copy bandwidth a worker measured on this device name before (the verifier's cache)."""
+    try:
+        from gpuyantra.verifier.baselines import bandwidth_cache
+
+        value = bandwidth_cache().get(device_name)
+        return float(value) if value else None
+    except Exception:  # noqa: BLE001 - a fact for the announcement only
+        return None
+
+
+def visible_cuda_devices() -> list[str]:
+    """`cuda:0`, `cuda:1`, ... for every device this process sees; [] without CUDA."""
+    try:
+        import torch
+
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    except Exception:  # noqa: BLE001
+        return []

@@ -171,11 +171,18 @@ def start_temporal(
 
 
 def start_worker(
-    role: str, address: str, state_dir: Path, env: dict[str, str] | None = None, timeout_s: float = 120.0
+    role: str,
+    address: str,
+    state_dir: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+    extra_args: list[str] | None = None,
+    name: str | None = None,
 ) -> Managed:
-    argv = [sys.executable, "-m", "gpuyantra.cli", "worker", role, "--temporal", address]
+    """`gpuyantra worker ROLE` (with `extra_args`), logged to `<state>/logs/<name>.log`, once it polls."""
+    argv = [sys.executable, "-m", "gpuyantra.cli", "worker", role, "--temporal", address, *(extra_args or [])]
     managed = spawn(
-        f"worker-{role}",
+        name or f"worker-{role}",
         argv,
         state_dir / "logs",
         {"GPUYANTRA_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1", **(env or {})},

@@ -45,8 +45,12 @@ TARGET_UNUSABLE = "TargetUnusable"
 async def _connect(address: str) -> Any:
     from temporalio.client import Client
 
+    from gpuyantra.temporal_auth import connect_options
+
+    options = connect_options()  # Temporal's TLS and API key, as the workers and `optimize` use them
     try:
-        return await asyncio.wait_for(Client.connect(address, namespace=config.temporal_namespace()), CONNECT_WITHIN_S)
+        connecting = Client.connect(address, namespace=config.temporal_namespace(), **options)
+        return await asyncio.wait_for(connecting, CONNECT_WITHIN_S)
     except Exception as exc:  # noqa: BLE001 - refused, timed out, bad address: all mean "not here"
         raise WorkerUnavailable(f"no Temporal server answers at {address} ({type(exc).__name__})") from None
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gpuyantra.binding import ModuleGroup, find_open_groups
+from gpuyantra.hardware import gpu_uuid
 from gpuyantra.profile_targets import (
     add_served_shapes,
     function_target_fields,
@@ -218,6 +219,7 @@ class Profiling:
         result["targets"] = targets
         result.setdefault("device", str(self.runner.device))
         result.setdefault("hardware", _hardware_name(self.runner.device))
+        result.setdefault("device_key", gpu_uuid(self.runner.device))  # which GPU: campaigns verify on others
         result["source"] = source
         if error:
             result["profiler_error"] = error

@@ -95,9 +95,21 @@ def test_health_routes_match_the_services(tmp_path):
     assert {"/readyz", "/healthz"} <= routes
 
 
+def test_each_gpu_worker_reserves_its_own_device():
+    """One GPU worker per device: every `worker-gpu*` service reserves one GPU, none the same."""
+    services = compose()["services"]
+    reserved = {
+        name: [d for r in service["deploy"]["resources"]["reservations"]["devices"] for d in r["device_ids"]]
+        for name, service in services.items()
+        if name.startswith("worker-gpu")
+    }
+    assert len(reserved) >= 2 and all(len(ids) == 1 for ids in reserved.values()), reserved
+    assert len({ids[0] for ids in reserved.values()}) == len(reserved), reserved
+
+
 def test_workers_wait_for_healthy_dependencies():
     services = compose()["services"]
-    for name in ("worker-gpu", "worker-cpu"):
+    for name in ("worker-gpu", "worker-gpu-1", "worker-cpu"):
         depends = services[name].get("depends_on")
         assert isinstance(depends, dict), f"{name}: depends_on needs conditions, got {depends!r}"
         assert depends.get("temporal", {}).get("condition") == "service_healthy", name

@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from gpuyantra import config
+from gpuyantra.hardware import DeviceFacts
 
 ROLES = ("gpu", "cpu", "all")
 # GPU-queue activities in flight at once on a CUDA device. Verifications overlap their setup,
@@ -30,9 +31,29 @@ def default_gpu_slots(device: str) -> int:
     return CUDA_GPU_SLOTS if device.startswith("cuda") else 1
 
 
-def build_workers(client: Client, role: str, executor: concurrent.futures.Executor, gpu_slots: int = 1) -> list[Worker]:
-    """The workers a role runs. The workflow runs beside the CPU activities (no GPU needed)."""
+def gpu_queues(facts: DeviceFacts | None) -> list[str]:
+    """What a GPU worker polls: the shared GPU queue (work that needs a server's reach, and campaigns
+    that predate routing), and with its device's facts its hardware kind's queue and its device's."""
+    if facts is None:
+        return [config.GPU_TASK_QUEUE]
+    return [
+        config.GPU_TASK_QUEUE,
+        config.gpu_kind_queue(facts.kind),
+        config.gpu_device_queue(facts.kind, facts.device_key),
+    ]
+
+
+def build_workers(
+    client: Client,
+    role: str,
+    executor: concurrent.futures.Executor,
+    gpu_slots: int = 1,
+    facts: DeviceFacts | None = None,
+) -> list[Worker]:
+    """The workers a role runs. The workflow runs beside the CPU activities (no GPU needed); a GPU
+    worker with `facts` polls its kind's and device's queues too, under an identity naming them."""
     from activities import cpu, gpu
+    from workers import routing
     from workflows.campaign import OptimizeCampaign
     from workflows.verify import VerifyKernel
 
@@ -43,21 +64,26 @@ def build_workers(client: Client, role: str, executor: concurrent.futures.Execut
             Worker(
                 client,
                 task_queue=config.CPU_TASK_QUEUE,
-                activities=cpu.ACTIVITIES,
+                activities=[*cpu.ACTIVITIES, *routing.ACTIVITIES],
                 activity_executor=executor,
                 max_concurrent_activities=4,
             )
         )
     if role in ("gpu", "all"):
-        workers.append(
+        # Each queue its own slots: a verification on the kind's queue never holds a served-speed
+        # check or a deployment on the shared one back.
+        identity = routing.worker_identity(facts.kind, facts.device_key, facts.host) if facts else None
+        workers += [
             Worker(
                 client,
-                task_queue=config.GPU_TASK_QUEUE,
+                task_queue=queue,
                 activities=gpu.ACTIVITIES,
                 activity_executor=executor,
                 max_concurrent_activities=gpu_slots,
+                identity=identity,
             )
-        )
+            for queue in gpu_queues(facts)
+        ]
     return workers
 
 
@@ -93,11 +119,20 @@ def _import_model_code_in_background() -> threading.Thread:
 
 
 def _measure_copy_bandwidth() -> None:
+    import dataclasses
+
     import torch
 
+    from gpuyantra.hardware import announce, announced
     from gpuyantra.verifier import baselines, bench
 
-    baselines.measure_bandwidth_if_missing(torch.cuda.get_device_name(), bench.measure_copy_bandwidth)
+    name = torch.cuda.get_device_name()
+    baselines.measure_bandwidth_if_missing(name, bench.measure_copy_bandwidth)
+    facts = announced()
+    if facts is not None and facts.copy_gb_per_s is None:  # announced before it was measured: again, with it
+        measured = dataclasses.replace(facts, copy_gb_per_s=baselines.bandwidth_cache().get(name))
+        announce(measured)
+        log.info("device facts %s", measured.to_dict())
 
 
 def _measure_copy_bandwidth_in_background() -> threading.Thread:
@@ -116,29 +151,45 @@ def _start_sandbox_spares(count: int) -> None:
 
 
 async def run_workers(
-    role: str, address: str, ready: asyncio.Event | None = None, gpu_slots: int | None = None
+    role: str,
+    address: str,
+    ready: asyncio.Event | None = None,
+    gpu_slots: int | None = None,
+    hardware_kind: str | None = None,
+    machine_device: str | None = None,
 ) -> None:
+    """Run `role`'s workers until cancelled. `hardware_kind` overrides the kind the GPU worker
+    derives from its device's name; `machine_device` is how the machine numbers the one GPU this
+    process sees (`gpuyantra worker gpu --device cuda:1`)."""
     if role not in ROLES:
         raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(ROLES)}")
     sys.setswitchinterval(config.switch_interval_s())
     from gpuyantra.campaign_client import connect
+    from gpuyantra.hardware import announce, device_facts
     from gpuyantra.triton_env import prepare
 
     client = await connect(address)  # first: a wrong address fails in seconds, before torch loads
     device = prepare()
+    facts = device_facts(device, hardware_kind, machine_device) if role in ("gpu", "all") else None
     if role in ("gpu", "all"):
         _import_model_code_in_background()
     slots = gpu_slots if gpu_slots is not None else default_gpu_slots(device)
+    if facts is not None:
+        announce(facts)
     if role in ("gpu", "all") and device == "cuda":
         _start_sandbox_spares(slots)
         _measure_copy_bandwidth_in_background()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4 + slots) as executor:
-        workers = build_workers(client, role, executor, slots)
+    gpu_threads = slots * len(gpu_queues(facts)) if role in ("gpu", "all") else 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4 + gpu_threads) as executor:
+        workers = build_workers(client, role, executor, slots, facts)
         log.info("worker %s polling %s on %s (device %s)", role, [w.task_queue for w in workers], address, device)
-        gpu_note = f", {slots} GPU-queue slot(s)" if role in ("gpu", "all") else ""
+        if facts is not None:  # what this worker holds, announced once (verdicts repeat it as `timed_on`)
+            log.info("device facts %s", facts.to_dict())
+        gpu_note = f", {slots} GPU-queue slot(s) per queue" if role in ("gpu", "all") else ""
+        held = f"; holds {facts.describe()}" if facts is not None else ""
         print(
             f"gpuyantra worker {role}: polling {', '.join(w.task_queue for w in workers)} at {address} "
-            f"(kernels on {device}{gpu_note})",
+            f"(kernels on {device}{gpu_note}){held}",
             flush=True,
         )
         if ready is not None:

@@ -27,6 +27,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
+    from gpuyantra.hardware import hardware_kind  # stdlib only at import
     from gpuyantra.profile_digest import profile_digest  # stdlib only
     from gpuyantra.rewards import ceiling  # stdlib only
     from gpuyantra.served_speed import (  # stdlib only
@@ -42,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         paired_reason,
         rollback_reason,
     )
+    from workers.routing import choose_verify_queue, waiting_note  # stdlib and temporalio only
     from workflows.inputs import InvalidInput, parse_campaign_input, signal_op
     from workflows.targets import choose_targets, legacy_targets, measured_noise
     from workflows.types import (
@@ -76,6 +78,12 @@ RETRY = RetryPolicy(
     non_retryable_error_types=["BadRequest", "Unauthorized", "ServerUnreachable"],
 )
 
+# The GPU-worker lookup: a CPU worker that predates it answers NotFoundError (not registered), and
+# the campaign verifies on the shared GPU queue as before.
+LOOKUP_RETRY = RetryPolicy(
+    maximum_attempts=3, initial_interval=timedelta(seconds=1), non_retryable_error_types=["NotFoundError"]
+)
+
 # config.SEARCH_ATTRIBUTES, typed. Set only when preflight_campaign reports them registered, so a
 # server without them runs campaigns exactly as before (an unregistered one fails every workflow task).
 MODEL_KEY = SearchAttributeKey.for_keyword("GpuyantraModel")
@@ -100,6 +108,7 @@ VERDICT_KEYS = (
     "shapes",
     "dtypes",
     "candidate_path",
+    "timed_on",
 )
 BENCH_KEYS = ("shape", "kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "bytes")
 
@@ -161,6 +170,32 @@ def enter(progress: dict[str, Any], stage: str) -> None:
     progress.setdefault("trail", []).append(f"{stage}{iteration}")
 
 
+# How long the GPU workers found for a kind are trusted before asking Temporal again (workers that
+# join mid-campaign take verifications after at most this long), and the waits between asks while
+# none polls: short first (a worker starting now), then at most a minute.
+VERIFIERS_FRESH = timedelta(seconds=60)
+WAIT_FOR_VERIFIERS = (timedelta(seconds=5), timedelta(seconds=60))
+
+
+@dataclass
+class Routing:
+    """Where a campaign's verifications go: GPU workers of the server's hardware kind, preferring a
+    device the server does not use (workers/routing.py:choose_verify_queue)."""
+
+    kind: str
+    serving_device: str | None  # the server's GPU (its profile's device_key), when it says
+    devices: list[str] | None = None  # device keys of the kind's workers, as last looked up
+    looked_up: float | None = None  # workflow time (s) of that lookup
+    turn: int = 0  # verifications routed so far: device queues take them in turns
+    lookup: asyncio.Lock = field(default_factory=asyncio.Lock)  # one lookup at a time
+
+
+def server_kind(profile: dict[str, Any]) -> str:
+    """The served GPU's hardware kind: the profile's `hardware_kind` when it gives one, else derived
+    from the device name it reports as `hardware` (gpuyantra/hardware.py:hardware_kind)."""
+    return str(profile.get("hardware_kind") or hardware_kind(str(profile.get("hardware") or "cpu")))
+
+
 @workflow.defn(name="OptimizeCampaign")
 class OptimizeCampaign:
     def __init__(self) -> None:
@@ -180,6 +215,7 @@ class OptimizeCampaign:
         self._best_speedup: float | None = None
         self._model = ""  # the served model's name, as the profile gives it (served-speed memory)
         self._campaign_id = ""
+        self._routing: Routing | None = None  # None: every verification on the shared GPU queue
 
     @workflow.query
     def progress(self) -> dict[str, Any]:
@@ -224,6 +260,9 @@ class OptimizeCampaign:
         self._stage("profile")
         profile = await self._gpu("profile_server", server, timedelta(minutes=10))
         hardware = profile.get("hardware", "unknown")
+        if workflow.patched("hardware-routing") and (params.device or "cuda").startswith("cuda"):
+            # Verdicts are timed: only workers of the server's kind verify (CPU: any worker will do).
+            self._routing = Routing(server_kind(profile), profile.get("device_key"))
         self._model, self._campaign_id = str(profile.get("model") or ""), campaign_id
         skipped: list[dict[str, Any]] = []
         self._benchmark = BenchmarkInput(params.server_url, benchmark_batches(profile))
@@ -399,6 +438,7 @@ class OptimizeCampaign:
                     ),
                     timedelta(minutes=20),
                     summary=f"verify {target.key} iteration {iteration}: {strategy_text(written.strategy)}",
+                    task_queue=await self._verify_queue(progress),
                 )
             )
             # Query state only (no command): the dashboard and `status` show it; replay-safe.
@@ -607,13 +647,72 @@ class OptimizeCampaign:
                 f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed", non_retryable=True
             ) from exc
 
-    async def _gpu(self, activity: str, arg: Any, timeout: timedelta, summary: str | None = None) -> dict[str, Any]:
+    async def _verify_queue(self, progress: dict[str, Any]) -> str:
+        """The task queue of a target's next verification: the shared GPU queue without routing; else
+        a worker of the server's kind (workers/routing.py), waiting, and saying so in the progress,
+        while none polls."""
+        routing = self._routing
+        if routing is None:
+            return GPU_TASK_QUEUE
+        waits = 0
+        while True:
+            devices = await self._verifier_devices(routing)
+            if devices is None:  # a CPU worker without the lookup: the shared queue, as before routing
+                self._routing = None
+                return GPU_TASK_QUEUE
+            queue = choose_verify_queue(routing.kind, devices, routing.serving_device, routing.turn)
+            if queue is not None:
+                routing.turn += 1
+                self._progress.pop("waiting", None)
+                if waits:
+                    enter(progress, "verify")
+                return queue
+            self._progress["waiting"] = waiting_note(routing.kind)
+            if not waits:
+                enter(progress, "waiting-for-gpu-worker")
+            first, longest = WAIT_FOR_VERIFIERS
+            await workflow.sleep(min(first * 2**waits, longest))
+            waits += 1
+
+    async def _verifier_devices(self, routing: Routing) -> list[str] | None:
+        """The device keys of the GPU workers of the campaign's kind (none: []), looked up again once
+        VERIFIERS_FRESH old or while none was found; None when the CPU worker cannot look them up."""
+        async with routing.lookup:
+            now = workflow.time()
+            fresh = routing.looked_up is not None and now - routing.looked_up < VERIFIERS_FRESH.total_seconds()
+            if routing.devices and fresh:
+                return routing.devices
+            try:
+                answer = await workflow.execute_activity(
+                    "gpu_workers",
+                    routing.kind,
+                    result_type=dict,
+                    task_queue=CPU_TASK_QUEUE,
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=LOOKUP_RETRY,
+                )
+            except ActivityError as exc:
+                if isinstance(exc.cause, ApplicationError) and exc.cause.type == "NotFoundError":
+                    return None
+                raise
+            routing.devices, routing.looked_up = list(answer.get("devices") or []), now
+            self._progress["verifiers"] = {"kind": routing.kind, "workers": answer.get("pollers") or []}
+            return routing.devices
+
+    async def _gpu(
+        self,
+        activity: str,
+        arg: Any,
+        timeout: timedelta,
+        summary: str | None = None,
+        task_queue: str = GPU_TASK_QUEUE,
+    ) -> dict[str, Any]:
         try:
             return await workflow.execute_activity(
                 activity,
                 arg,
                 result_type=dict,
-                task_queue=GPU_TASK_QUEUE,
+                task_queue=task_queue,
                 start_to_close_timeout=timeout,
                 retry_policy=RETRY,
                 heartbeat_timeout=HEARTBEAT_TIMEOUT,

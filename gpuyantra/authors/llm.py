@@ -98,6 +98,24 @@ RULES = """\
 - Every `@triton.jit` kernel you define is launched from `entry` (no decoy kernels)."""
 
 
+def library_rule(family: Any) -> list[str]:
+    """The one exception to "no torch compute", for an open target whose forward computes a
+    convolution, GEMM or attention: those library calls (cuDNN, cuBLAS) with the rest fused in Triton."""
+    from gpuyantra.ops.open.library import ENTRY_POINTS, permitted_kinds
+
+    kinds = permitted_kinds(family)
+    if not kinds:
+        return []
+    calls = ", ".join(f"`{path}`" for path, kind in ENTRY_POINTS.items() if kind in kinds)
+    return [
+        f"- Exception for this target (its forward computes {', '.join(sorted(kinds))}): entry may call {calls} "
+        "on the host, written with these full names (`import torch`; `torch.nn.functional` is not importable). "
+        "Keep the library where it wins and write everything around it (bias, activations, norms, pooling, "
+        "reductions) as Triton kernels fused into as few passes as possible; at least one of your kernels must "
+        "launch. Any other torch compute is still a cheat."
+    ]
+
+
 def _dtype_tolerance(family: Any, dtype: str) -> str:
     try:
         import torch
@@ -238,6 +256,7 @@ def build_prompt(request: WriteRequest) -> str:
         "",
         "## Rules the verifier enforces",
         RULES.format(imports=", ".join(f"`{name}`" for name in ALLOWED_IMPORTS)),
+        *library_rule(family),
         "",
         "## Where it runs",
         f"- Hardware: {request.hardware}",

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuyantra.authors.base import Attempt, WriteRequest, WrittenCandidate
-from gpuyantra.authors.opengen import OpenSpec, distance, normalize, strategy_space, write_open_source
+from gpuyantra.authors.opengen import OpenSpec, Unsupported, distance, normalize, strategy_space, write_open_source
+from gpuyantra.authors.opengen.library_conv import leading_convolution, write_library_conv_source
 
 CONVERGED_REWARD = 3
 TRACE_ELEMENTS = 1 << 20  # example inputs for tracing are shrunk to about this many elements (pooled dims
@@ -31,15 +32,37 @@ class OpenAuthor:
 
     def write(self, request: WriteRequest) -> WrittenCandidate:
         spec = spec_for(request.op)
-        space = strategy_space(spec)
+        space = library_space(spec)
         strategy, reason = next_strategy(space, request.history, request.seed_strategy)
-        source = write_open_source(spec, strategy)
+        if strategy.get("LIBRARY_CONV") == 1:
+            source = write_library_conv_source(spec, strategy)
+        else:
+            source = write_open_source(spec, strategy)
         return WrittenCandidate(
             source=source,
             strategy=strategy,
             author=self.name,
             notes=f"{reason}; open target {request.op} with {strategy}",
         )
+
+
+def library_space(spec: OpenSpec) -> list[dict[str, Any]]:
+    """The strategies to try: for a forward that starts with a convolution, the library convolution
+    with a Triton epilogue first (its points), then everything in Triton; else the target's points."""
+    lead = leading_convolution(spec)
+    if lead is None:
+        return strategy_space(spec)
+    try:
+        library = [{**p, "LIBRARY_CONV": 1} for p in strategy_space(lead.tail)]
+    except Unsupported:
+        library = []  # an epilogue the author cannot write: the whole forward in Triton
+    try:
+        triton = [{**p, "LIBRARY_CONV": 0} for p in strategy_space(spec)]
+    except Unsupported:
+        if not library:
+            raise
+        triton = []
+    return library + triton
 
 
 def next_strategy(

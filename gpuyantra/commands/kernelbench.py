@@ -131,6 +131,18 @@ def summary(outcome) -> str:
         else:
             faster = round(value * n)
             lines.append(f"fast_{p} = {_fmt(value)} ({faster}/{n} correct and more than {p}x faster than Model)")
+    for against, value in (
+        ("torch.compile(Model)", getattr(outcome, "fast_1_vs_compile", None)),
+        ("the better of Model and torch.compile(Model)", getattr(outcome, "fast_1_vs_best", None)),
+    ):
+        if value is not None:
+            lines.append(f"fast_1 = {_fmt(value)} against {against} ({round(value * n)}/{n} correct and faster)")
+    geomean = getattr(outcome, "geomean", None) or {}
+    if any(v is not None for v in geomean.values()):
+        lines.append(
+            "geometric-mean speedup of the correct problems: "
+            + ", ".join(f"{_fmt(v)}x against {k}" for k, v in geomean.items() if v is not None)
+        )
     lines.append(f"results: {outcome.out}/kernelbench.json")
     return "\n".join(lines)
 

@@ -163,7 +163,8 @@ def campaign_line(campaign: dict[str, Any]) -> str:
     if campaign.get("progress_error"):
         return f"{head}  {campaign['progress_error']}"
     targets = "; ".join(target_text(t) for t in campaign["targets"])
-    return f"{head}  stage {campaign['stage']}" + (f"; {targets}" if targets else "")
+    waiting = f"; {campaign['waiting']}" if campaign.get("waiting") else ""
+    return f"{head}  stage {campaign['stage']}" + (f"; {targets}" if targets else "") + waiting
 
 
 def target_text(target: dict[str, Any]) -> str:

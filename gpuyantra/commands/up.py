@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 
@@ -43,15 +44,40 @@ def state_folder(args: argparse.Namespace) -> Path:
     return config.state_dir()
 
 
+def gpus_on_this_machine() -> list[str]:
+    """`cuda:0`, `cuda:1`, ...: torch is asked only where an NVIDIA driver is installed (its import
+    costs seconds a CPU-only `up` need not pay)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    from gpuyantra.hardware import visible_cuda_devices
+
+    return visible_cuda_devices()
+
+
+def worker_commands(gpus: list[str]) -> list[tuple[str, list[str], str]]:
+    """(role, extra arguments, log name) of each worker `up` starts: `worker all` on a machine with
+    at most one GPU; with several, `all` on the first and one `gpu` worker per other GPU, each on
+    its own device (they verify side by side, and campaigns route verifications to them)."""
+    if len(gpus) <= 1:
+        return [("all", [], "worker-all")]
+    first, *others = gpus
+    return [
+        ("all", ["--device", first], "worker-all"),
+        *(("gpu", ["--device", gpu], f"worker-gpu-{gpu.replace(':', '')}") for gpu in others),
+    ]
+
+
 def start_stack(args: argparse.Namespace) -> list[Managed]:
     state = state_folder(args)
     temporal = start_temporal(state, port=args.temporal_port, ui_port=args.ui_port)
+    started: list[Managed] = [temporal]
     try:
-        worker = start_worker("all", temporal.info["address"], state)
+        for role, extra, name in worker_commands(gpus_on_this_machine()):
+            started.append(start_worker(role, temporal.info["address"], state, extra_args=extra, name=name))
     except StartupError:
-        temporal.stop()
+        stop_all(started)
         raise
-    return [temporal, worker]
+    return started
 
 
 def stop_all(processes: list[Managed]) -> None:

@@ -99,7 +99,7 @@ async function refreshCampaigns() {
     (c) => c.id,
     (c, td) => { td.className = c.status; return c.status; },
     (c) => text(c.model),
-    (c) => text(c.stage || c.progress_error),
+    (c) => text(c.stage || c.progress_error) + (c.waiting ? " (" + c.waiting + ")" : ""),
     (c) => c.targets.map(targetText).join("; ") || "\u2013",
     (c) => reward(c.best_reward),
     (c) => text(c.deployed),

@@ -19,8 +19,10 @@ For each problem file this module:
    are keyword parameters of the kernel's entry), or "unsupported" with the reason the open author
    gives where it cannot write one.
 3. runs the optimize loop: the configured author writes `OUT/<problem>/candidate_<i>.py`, the
-   verifier judges it; the loop stops at the device's ceiling reward (+3 on CUDA, +1 on CPU where
-   speed is not judged), when the author repeats itself, or after `max_iterations`.
+   verifier judges it; the loop stops on CPU at the ceiling reward +1 (speed is not judged there),
+   on CUDA at the first candidate whose whole ModelNew beats the better of Model eager and
+   torch.compile(Model) beyond the timings' spread (`judge`), when the author repeats itself, or
+   after `max_iterations`.
 4. writes `OUT/<problem>/ModelNew.py`: the problem's source verbatim, then
    `class ModelNew(Model)` (same `__init__` signature, same parameters and state) whose `forward`
    calls the best candidate's `entry` on the activations and the live attributes its ADAPTER
@@ -28,10 +30,12 @@ For each problem file this module:
    kernel source with `inspect`), and kernelbench checks ModelNew against Model on 5 fresh input
    draws: against Model in float64 at the family's tolerance plus 16x Model's own float32 error per
    row (the verifier's rule), or against Model in float32 where Model cannot run in float64. On
-   CUDA both are timed (median of `triton.testing.do_bench`).
+   CUDA ModelNew, Model and torch.compile(Model) are timed (medians of `triton.testing.do_bench`);
+   a correct ModelNew that does not win is `not_faster`, never `optimized`.
 5. reports fast_0 / fast_1 / fast_2 as KernelBench defines them: the fraction of *all* problems
-   whose ModelNew is correct and, for fast_p, more than p times faster than Model. On CPU speed is
-   not measured, so fast_1 / fast_2 are None.
+   whose ModelNew is correct and, for fast_p, more than p times faster than Model; fast_1 against
+   torch.compile and against the better of both, and geometric-mean speedups. On CPU speed is
+   not measured, so those are None.
 
 Verifier binding: the verifier imports `module_class` in its own process (its sandbox child never
 imports it) and checks the ADAPTER's attributes on a meta-device instance built with tiny sizes. The
@@ -43,8 +47,9 @@ binding to the real `Model` is also checked here (steps 2 and 4).
 
 The package's modules: `problems` (finding and loading problem files, building model and inputs),
 `sizes` (the CPU size cap and reduced sizes), `bind` (binding by computation), `optimize` (the
-write/verify loop), `model_new` (writing and checking ModelNew.py), `results` (the result records
-and fast_p), `runner` (one problem, a whole run).
+write/verify loop), `model_new` (writing and checking ModelNew.py), `judge` (a candidate's ModelNew
+checked and timed against eager and torch.compile), `results` (the result records, fast_p and
+geometric means), `runner` (one problem, a whole run).
 """
 
 from __future__ import annotations
@@ -89,7 +94,15 @@ from gpuyantra.kernelbench.problems import (
     safe_name,
     to_device,
 )
-from gpuyantra.kernelbench.results import STATUSES, Attempt, ProblemResult, RunResult, fast_p
+from gpuyantra.kernelbench.results import (
+    STATUSES,
+    Attempt,
+    ProblemResult,
+    RunResult,
+    beats_best,
+    fast_p,
+    geomean_speedups,
+)
 from gpuyantra.kernelbench.runner import default_out, run, run_problem
 from gpuyantra.kernelbench.sizes import (
     CONSTRAINT_MARGIN,
@@ -136,6 +149,8 @@ __all__ = [
     "default_out",
     "dimension_values",
     "fast_p",
+    "beats_best",
+    "geomean_speedups",
     "family_matches",
     "find_problems",
     "input_elements",

@@ -36,6 +36,15 @@ def _forward_params(model_cls: type[torch.nn.Module], n_inputs: int) -> list[str
     return [p.name for p in params]
 
 
+def attribute_code(owner: str, dotted: str) -> str:
+    """Python reading `dotted` from `owner`: `self.net.weight`, and `getattr(self.net, '0').weight` for an
+    index of nn.Sequential / nn.ModuleList (a whole model's layers), which is no attribute name."""
+    code = owner
+    for part in dotted.split("."):
+        code = f"{code}.{part}" if part.isidentifier() else f"getattr({code}, {part!r})"
+    return code
+
+
 def model_new_source(
     problem_source: str,
     problem_path: Path,
@@ -65,7 +74,7 @@ def model_new_source(
     else:
         call_args = f"*[v for i, v in enumerate(inputs) if i not in {sorted(at)}]" if at else "*inputs"
     kwargs = "".join(f", {kp}={names[i] if names else f'inputs[{i}]'}" for i, kp in sorted(at.items()))
-    kwargs += "".join(f", {b['kernel_param']}=self.{b['module_attr']}" for b in adapter)
+    kwargs += "".join(f", {b['kernel_param']}={attribute_code('self', b['module_attr'])}" for b in adapter)
     adapter_text = ", ".join(f"{b['kernel_param']} <- self.{b['module_attr']}" for b in adapter) or "none"
     header = (
         f"# ModelNew for the KernelBench problem {problem_path.name}, written by `gpuyantra kernelbench`.\n"
@@ -148,8 +157,11 @@ def _forward_with_updates(
             f"        _gy_out = tuple(_gy_out[: len(_gy_out) - {len(updated)}])\n"
         )
     lines.append("        with _gy_torch.no_grad():\n")
-    lines += [f"            self.{attr}.copy_(_gy_new[{k}])\n" for k, attr in enumerate(updated)]
-    lines += [f"            self.{attr}.add_({step})  # as Model's forward advances it\n" for attr, step in steps]
+    lines += [f"            {attribute_code('self', attr)}.copy_(_gy_new[{k}])\n" for k, attr in enumerate(updated)]
+    lines += [
+        f"            {attribute_code('self', attr)}.add_({step})  # as Model's forward advances it\n"
+        for attr, step in steps
+    ]
     if updated:
         lines.append(f"        return _gy_out{'' if returns_tuple else '[0] if len(_gy_out) == 1 else _gy_out'}\n")
     else:
@@ -199,7 +211,7 @@ def check_model_new(
         inputs = make_inputs(problem_module, device, SEED + 1000 + draw, sizes)
         with torch.no_grad(), ieee_float32():
             want = model(*inputs)
-        with torch.no_grad():
+        with torch.no_grad(), ieee_float32():  # a library convolution in ModelNew: IEEE, as Model's and the verifier's
             got = model_new(*inputs)
         # The buffers after the call (a training-mode BatchNorm's running statistics): ModelNew keeps
         # Model's state semantics.
@@ -242,6 +254,8 @@ def check_model_new(
                 err, within = compare_chunked(g, w, atol, rtol)
             worst, close = max(worst, err), close and bool(within)
         del want, got, want_t, got_t, want64_t, inputs
+        if device == "cuda":  # the next draw's float64 copies need the memory this one held
+            torch.cuda.empty_cache()
         if not close:
             against = (
                 f"of Model in float64 plus {CONDITIONING_SLACK:g}x Model's own float32 error"

@@ -90,9 +90,15 @@ def optimize(
     folder: Path,
     max_iterations: int,
     log: Callable[[str], None],
+    judge: Callable[[Attempt], bool] | None = None,
 ) -> tuple[list[Attempt], Attempt | None, str, str]:
     """Write, verify, repeat. Returns (attempts, best accepted attempt or None, why the loop stopped,
-    what the candidates were verified against)."""
+    what the candidates were verified against).
+
+    With `judge` (CUDA: the whole ModelNew against the better of eager and torch.compile), every
+    accepted candidate is judged and the loop stops at the first win only: the verifier's ceiling
+    reward is earned on its own cases, and a kernel rated +3 there can still lose as a whole
+    forward, so the search goes on through the author's other strategies until the iteration limit."""
     from gpuyantra.authors import Attempt as AuthorAttempt
     from gpuyantra.authors import WriteRequest, get_author
     from gpuyantra.hardware import hardware_class
@@ -145,6 +151,7 @@ def optimize(
             speedup_vs_eager=verdict.speedup_vs_eager,
             speedup_vs_compile=verdict.speedup_vs_compile,
             timings=dict(getattr(verdict, "timings", None) or {}),
+            library_calls=list(getattr(verdict, "library_calls", None) or []),
         )
         attempts.append(attempt)
         history.append(
@@ -160,7 +167,11 @@ def optimize(
         log(f"  candidate {iteration}: reward {attempt.reward:+d}{first}")
         if attempt.accepted and (best is None or _rank(attempt) > _rank(best)):
             best = attempt
-        if attempt.reward >= ceiling:
+        if judge is not None:
+            if attempt.accepted and judge(attempt):
+                stop = "ModelNew beats the better of eager and torch.compile"
+                break
+        elif attempt.reward >= ceiling:
             stop = f"reached the {device} ceiling reward {ceiling:+d}"
             break
     return attempts, best, stop, verified_against

@@ -4,12 +4,18 @@ problem file, the `RunResult` of a whole run, and KernelBench's fast_p figure ov
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("optimized", "incorrect", "rejected", "unsupported", "skipped", "error")
+# `not_faster`: ModelNew is correct but, on CUDA, not faster than the better of eager and
+# torch.compile beyond the measured noise: correct (fast_0 counts it), never called a win.
+STATUSES = ("optimized", "not_faster", "incorrect", "rejected", "unsupported", "skipped", "error")
+# The smallest margin a win needs over the better baseline, whatever the measured spread (do_bench
+# medians of the same kernel move by about 1% between runs on an idle H200).
+MIN_NOISE = 0.02
 
 
 @dataclass
@@ -23,6 +29,7 @@ class Attempt:
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     timings: dict[str, float] = field(default_factory=dict)  # the verdict's seconds per layer
+    library_calls: list[str] = field(default_factory=list)  # library primitives the candidate calls
 
 
 @dataclass
@@ -42,6 +49,10 @@ class ProblemResult:
     model_us: float | None = None
     model_new_us: float | None = None
     speedup_vs_best: float | None = None  # against the better of eager and torch.compile (CUDA)
+    compile_us: float | None = None  # torch.compile(Model), timed as Model and ModelNew are (CUDA)
+    speedup_vs_compile: float | None = None  # compile_us / model_new_us
+    noise: float | None = None  # relative margin a win needs: the timings' spread, at least MIN_NOISE
+    library_calls: list[str] = field(default_factory=list)  # library primitives ModelNew's kernel calls
     max_abs_err: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
     verified_against: str | None = None
@@ -76,6 +87,11 @@ class RunResult:
     fast_1: float | None
     fast_2: float | None
     note: str = ""
+    # fast_1 against torch.compile and against the better of eager and compile (CUDA), and the
+    # geometric-mean speedups of the correct problems timed (`geomean_speedups`).
+    fast_1_vs_compile: float | None = None
+    fast_1_vs_best: float | None = None
+    geomean: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,17 +100,40 @@ class RunResult:
             "fast_0": self.fast_0,
             "fast_1": self.fast_1,
             "fast_2": self.fast_2,
+            "fast_1_vs_compile": self.fast_1_vs_compile,
+            "fast_1_vs_best": self.fast_1_vs_best,
+            "geomean": self.geomean,
             "out": self.out,
             "note": self.note,
         }
 
 
-def fast_p(results: Sequence[ProblemResult], p: float, device: str) -> float | None:
-    """KernelBench's fast_p: share of all problems with a correct ModelNew more than p times as fast."""
+SPEEDUPS = {"eager": "speedup", "compile": "speedup_vs_compile", "best": "speedup_vs_best"}
+
+
+def fast_p(results: Sequence[ProblemResult], p: float, device: str, against: str = "eager") -> float | None:
+    """KernelBench's fast_p: share of all problems with a correct ModelNew more than p times as fast
+    as Model (`against` "eager"), its torch.compile ("compile") or the better of both ("best")."""
     if not results:
         return None
     if p == 0:
         return sum(1 for r in results if r.correct) / len(results)
     if device != "cuda":
         return None
-    return sum(1 for r in results if r.correct and r.speedup is not None and r.speedup > p) / len(results)
+    key = SPEEDUPS[against]
+    return sum(1 for r in results if r.correct and (getattr(r, key) or 0.0) > p) / len(results)
+
+
+def geomean_speedups(results: Sequence[ProblemResult]) -> dict[str, float | None]:
+    """Geometric mean of each speedup (against eager, compile, the better of both) over the correct
+    problems where it was measured; None where none was."""
+    out: dict[str, float | None] = {}
+    for against, key in SPEEDUPS.items():
+        values = [getattr(r, key) for r in results if r.correct and (getattr(r, key) or 0.0) > 0]
+        out[against] = math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+    return out
+
+
+def beats_best(speedup_vs_best: float | None, noise: float | None) -> bool:
+    """A win: faster than the better of eager and torch.compile by more than the measured noise."""
+    return speedup_vs_best is not None and speedup_vs_best > 1.0 + max(noise or 0.0, MIN_NOISE)

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from gpuyantra.kernelbench.bind import bind_family, bind_open_target, probe_inputs
-from gpuyantra.kernelbench.model_new import _forward_params, check_model_new, model_new_source, time_cuda_us
+from gpuyantra.kernelbench.judge import Baselines, Evaluation, free_device_memory, summary, time_baselines, time_cuda
+from gpuyantra.kernelbench.model_new import _forward_params, check_model_new, model_new_source
 from gpuyantra.kernelbench.optimize import DEFAULT_MAX_ITERATIONS, optimize
 from gpuyantra.kernelbench.problems import (
     SEED,
@@ -32,7 +33,7 @@ from gpuyantra.kernelbench.problems import (
     parameter_elements,
     safe_name,
 )
-from gpuyantra.kernelbench.results import ProblemResult, RunResult, fast_p
+from gpuyantra.kernelbench.results import Attempt, ProblemResult, RunResult, fast_p, geomean_speedups
 from gpuyantra.kernelbench.sizes import (
     CPU_MAX_ELEMENTS,
     REDUCED_ELEMENTS,
@@ -178,11 +179,11 @@ def _run_problem(
     for stale in [*folder.glob("candidate_*.py"), folder / "ModelNew.py"]:
         stale.unlink(missing_ok=True)  # files of an earlier run of this problem
     shapes, dtype, n_inputs = [list(tensors[0].shape)], tensors[0].dtype, len(inputs)
-    # The verifier's sandbox draws its own inputs: give the device memory back before it runs
-    # (KernelBench inputs reach several GB each).
-    del inputs, probe
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    # The verifier's sandbox draws its own inputs, and each ModelNew check builds its own Model: give
+    # the device memory back before they run (KernelBench inputs reach several GB each).
+    del inputs, probe, model
+    free_device_memory(device)
+    judging = _Judging(result, module, family, adapter, file, folder, device, sizes, init, n_inputs)
     try:
         with result.phase("optimize"):
             attempts, best, stop, verified_against = optimize(
@@ -196,6 +197,7 @@ def _run_problem(
                 folder,
                 max_iterations,
                 log,
+                judge=judging.won if device == "cuda" else None,
             )
     except ImportError as exc:
         result.reason = f"the verifier is not available: {exc}"
@@ -213,61 +215,124 @@ def _run_problem(
             f" ({why})" if why else ""
         )
         return
-    result.reward = best.reward
+    # 4. ModelNew.py of the chosen candidate (on CUDA the fastest judged; on CPU the verifier's best)
+    chosen = judging.chosen() or judging.evaluate(best)
+    judging.write_model_new(chosen.attempt)
+    judging.report(chosen)
 
-    # 4. ModelNew.py, checked against Model
-    model_new_path = folder / "ModelNew.py"
-    model_new_path.write_text(
-        model_new_source(
-            file.read_text(),
-            file,
-            Path(best.candidate),
-            family.name,
-            adapter,
-            _forward_params(module.Model, n_inputs),
-            best.reward,
-            **_open_target_call(family),
-        )
-    )
-    result.model_new = str(model_new_path)
-    try:
-        with result.phase("check_model_new"):
-            correct, why, worst, (model, model_new) = shared_or_alone_on_oom(
-                device, lambda: check_model_new(module, model_new_path, family, device, sizes=sizes, init=init)
+
+class _Judging:
+    """Steps 4 and 5 for one problem: each accepted candidate's ModelNew checked against Model and
+    (CUDA) timed against Model eager and torch.compile, the best of them reported."""
+
+    def __init__(
+        self,
+        result: ProblemResult,
+        module: ModuleType,
+        family: Any,
+        adapter: list[dict[str, str]],
+        file: Path,
+        folder: Path,
+        device: str,
+        sizes: Shapes | None,
+        init: list[Any] | None,
+        n_inputs: int,
+    ) -> None:
+        self.result, self.module, self.family, self.adapter = result, module, family, adapter
+        self.file, self.folder, self.device, self.sizes, self.init = file, folder, device, sizes, init
+        self.n_inputs = n_inputs
+        self.baselines = Baselines()
+        self.evaluations: list[Evaluation] = []
+
+    def won(self, attempt: Attempt) -> bool:
+        return self.evaluate(attempt).won(self.baselines)
+
+    def chosen(self) -> Evaluation | None:
+        return max(self.evaluations, key=lambda e: e.rank(self.baselines), default=None)
+
+    def write_model_new(self, attempt: Attempt) -> Path:
+        path = self.folder / "ModelNew.py"
+        path.write_text(
+            model_new_source(
+                self.file.read_text(),
+                self.file,
+                Path(attempt.candidate),
+                self.family.name,
+                self.adapter,
+                _forward_params(self.module.Model, self.n_inputs),
+                attempt.reward,
+                **_open_target_call(self.family),
             )
-    except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
-        result.status, result.correct = "incorrect", False
-        result.reason = f"ModelNew.py failed against Model: {type(exc).__name__}: {exc}"
-        return
-    result.correct, result.max_abs_err = correct, worst
-    if not correct:
-        result.status, result.reason = "incorrect", why
-        return
-    result.status = "optimized"
-    result.reason = f"candidate_{best.iteration}.py, reward {best.reward:+d}; {why}"
-    if result.reduced:
-        result.reason += f"; verified on reduced sizes of the problem ({result.reduced})"
-    if device != "cuda":
-        result.reason += "; speed not measured on CPU"
-        return
-    try:
-        with result.phase("time_model_new"), on_gpu(device, timing=True):
-            timing_inputs = make_inputs(module, device, SEED)
-            result.model_us = time_cuda_us(lambda: model(*timing_inputs))
-            result.model_new_us = time_cuda_us(lambda: model_new(*timing_inputs))
-    except Exception as exc:  # noqa: BLE001 - correct, but the timing itself failed: say so
-        result.reason += f"; timing failed: {type(exc).__name__}: {exc}"
-        return
-    result.speedup = result.model_us / result.model_new_us if result.model_new_us > 0 else None
-    result.reason += (
-        f"; Model {result.model_us:.1f} us, ModelNew {result.model_new_us:.1f} us (median of triton.testing.do_bench)"
-    )
-    # Against the better of eager and torch.compile: the verifier timed torch.compile of the same
-    # computation at the same shapes beside the kernel (no second compile here).
-    ratios = [r for r in (result.speedup, best.speedup_vs_compile) if r is not None]
-    result.speedup_vs_best = min(ratios) if ratios else None
-    if best.speedup_vs_compile is not None:
-        result.reason += f"; {best.speedup_vs_compile:.2f}x torch.compile (verifier)"
+        )
+        self.result.model_new = str(path)
+        return path
+
+    def evaluate(self, attempt: Attempt) -> Evaluation:
+        """The candidate's ModelNew checked against Model and, where correct on CUDA, timed."""
+        path = self.write_model_new(attempt)
+        device = self.device
+        try:
+            with self.result.phase("check_model_new"):
+                correct, why, worst, (model, model_new) = shared_or_alone_on_oom(
+                    device,
+                    lambda: check_model_new(self.module, path, self.family, device, sizes=self.sizes, init=self.init),
+                )
+        except Exception as exc:  # noqa: BLE001 - a ModelNew that does not import or run is not correct
+            evaluation = Evaluation(attempt, False, f"ModelNew.py failed against Model: {type(exc).__name__}: {exc}")
+        else:
+            evaluation = Evaluation(attempt, correct, why, worst)
+            try:
+                if correct and device == "cuda":
+                    with self.result.phase("time_model_new"):
+                        self._time(evaluation, model, model_new)
+            finally:
+                del model, model_new
+        free_device_memory(device)
+        self.evaluations.append(evaluation)
+        return evaluation
+
+    def _time(self, evaluation: Evaluation, model: torch.nn.Module, model_new: torch.nn.Module) -> None:
+        device = self.device
+        try:
+            with on_gpu(device, timing=False):
+                timing_inputs = make_inputs(self.module, device, SEED)
+            if self.baselines.eager is None:
+                self.baselines = time_baselines(
+                    model, timing_inputs, lambda: on_gpu(device, timing=False), lambda: on_gpu(device, timing=True)
+                )
+            with on_gpu(device, timing=True):
+                evaluation.model_new = time_cuda(lambda: model_new(*timing_inputs))
+        except Exception as exc:  # noqa: BLE001 - correct, but the timing itself failed: say so
+            evaluation.timing_error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def report(self, chosen: Evaluation) -> None:
+        result, attempt, baselines = self.result, chosen.attempt, self.baselines
+        result.reward, result.library_calls = attempt.reward, list(attempt.library_calls)
+        result.correct, result.max_abs_err = chosen.correct, chosen.max_abs_err
+        if not chosen.correct:
+            result.status, result.reason = "incorrect", chosen.why
+            return
+        result.reason = f"candidate_{attempt.iteration}.py, reward {attempt.reward:+d}; {chosen.why}"
+        if attempt.library_calls:
+            result.reason += f"; library calls: {', '.join(attempt.library_calls)} (the rest is Triton)"
+        if result.reduced:
+            result.reason += f"; verified on reduced sizes of the problem ({result.reduced})"
+        if self.device != "cuda":
+            result.status = "optimized"
+            result.reason += "; speed not measured on CPU"
+            return
+        if chosen.timing_error or chosen.model_new is None:
+            result.status = "not_faster"  # never a win without figures
+            result.reason += f"; correct, not faster: timing failed: {chosen.timing_error}"
+            return
+        result.speedup, result.speedup_vs_compile, result.speedup_vs_best = chosen.speedups(baselines)
+        result.model_us = baselines.eager.us if baselines.eager else None
+        result.compile_us = baselines.compiled.us if baselines.compiled else None
+        result.model_new_us, result.noise = chosen.model_new.us, chosen.noise(baselines)
+        won = chosen.won(baselines)
+        result.status = "optimized" if won else "not_faster"
+        verdict = "faster than the better of eager and torch.compile" if won else "correct, not faster"
+        result.reason += f"; {verdict}: {summary(chosen, baselines)}"
 
 
 def _sized_model(
@@ -411,7 +476,11 @@ def run(
 
 def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:
     """The run so far, also written to OUT/kernelbench.json."""
-    note = "fast_p: share of all problems whose ModelNew is correct and more than p times faster than Model"
+    note = (
+        "fast_p: share of all problems whose ModelNew is correct and more than p times faster than Model "
+        "(fast_1_vs_compile: than torch.compile(Model); fast_1_vs_best: than the better of both); "
+        "geomean: geometric-mean speedups over the correct problems timed"
+    )
     if device != "cuda":
         note += "; speed is not measured on CPU (Triton's interpreter), so fast_1 and fast_2 are null"
     run_result = RunResult(
@@ -422,6 +491,9 @@ def _summary(results: list[ProblemResult], device: str, out: Path) -> RunResult:
         fast_1=fast_p(results, 1, device),
         fast_2=fast_p(results, 2, device),
         note=note,
+        fast_1_vs_compile=fast_p(results, 1, device, against="compile"),
+        fast_1_vs_best=fast_p(results, 1, device, against="best"),
+        geomean=geomean_speedups(results) if device == "cuda" else {},
     )
     (out / "kernelbench.json").write_text(json.dumps(run_result.to_dict(), indent=2, default=str) + "\n")
     return run_result

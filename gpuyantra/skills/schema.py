@@ -61,6 +61,7 @@ FIELDS: dict[str, tuple[Check, str]] = {
     "id": (_text, "a string"),
     "op": (_text, "a string"),
     "hardware": (_text, "a string"),
+    "hardware_kind": (_text, "a string"),
     "source": (_text, "a string"),
     "adapter": (_list_of(_text_map), "a list of objects of strings"),
     "strategy": (_object, "an object"),

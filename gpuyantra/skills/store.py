@@ -28,10 +28,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import gpuyantra.skills.schema as schema
+from gpuyantra.hardware import hardware_kind
 from gpuyantra.skills.bandit import mean_reward
 from gpuyantra.skills.fingerprint import FINGERPRINT_DIM, Fingerprint
 
@@ -103,6 +105,9 @@ class Skill:
     # Served-speed rollbacks of this kernel: {model, campaign, reason, batches, at}, oldest first. A
     # campaign does not deploy it again on a model listed here (unless told to).
     served_rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    # The hardware kind the kernel was timed on (gpuyantra/hardware.py:hardware_kind of `hardware`):
+    # retrieval keeps to it, since a verdict on one kind says nothing about another.
+    hardware_kind: str = ""
     # Set by `retrieve` only: cosine similarity to the query and "exact" (op + hardware) or "transfer".
     score: float | None = None
     match: str | None = None
@@ -112,6 +117,8 @@ class Skill:
             self.source_digest = source_digest(self.source)
         if not self.id and self.op and self.source:
             self.id = skill_id(self.op, self.hardware, self.source)
+        if self.hardware and not self.hardware_kind:  # records kept before kinds: derived on reading
+            self.hardware_kind = hardware_kind(self.hardware)
 
     @property
     def mean_reward(self) -> float | None:
@@ -278,7 +285,7 @@ class SkillStore:
         client.create_collection(self.collection, vectors_config=vectors)
         self._has_llm_vector = LLM_VECTOR in vectors
         if self.url is not None:  # payload indexes only matter on a server
-            for key in ("op", "hardware"):
+            for key in ("op", "hardware", "hardware_kind"):
                 client.create_payload_index(self.collection, key, field_schema=models.PayloadSchemaType.KEYWORD)
 
     @contextmanager
@@ -347,29 +354,26 @@ class SkillStore:
     def retrieve(
         self, fingerprint: Fingerprint | Mapping[str, Any] | Sequence[float], op: str, hardware: str, limit: int = 8
     ) -> list[Skill]:
-        """Skills of `op` on `hardware` nearest to `fingerprint`; when there are none, the nearest
-        fingerprints of any family on any hardware (transfer). Each has `score` and `match` set."""
+        """Skills of `op` on `hardware`'s kind (or filed under that very name before kinds were kept)
+        nearest to `fingerprint`; when there are none, the nearest fingerprints of any family on that
+        kind, then on any hardware (transfer). Each has `score` and `match` set."""
         from qdrant_client import models
 
         vector = _query_vector(fingerprint)
-        must: list[models.Condition] = [
-            models.FieldCondition(key="op", match=models.MatchValue(value=op)),
-            models.FieldCondition(key="hardware", match=models.MatchValue(value=hardware)),
-        ]
+        same_kind = models.Filter(
+            should=[
+                models.FieldCondition(key="hardware_kind", match=models.MatchValue(value=hardware_kind(hardware))),
+                models.FieldCondition(key="hardware", match=models.MatchValue(value=hardware)),
+            ]
+        )
+        of_op = models.FieldCondition(key="op", match=models.MatchValue(value=op))
         with self._session() as client:
-            hits = client.query_points(
-                self.collection,
-                query=vector,
-                using=VECTOR,
-                query_filter=models.Filter(must=must),
-                limit=limit,
-                with_payload=True,
-            ).points
+            nearest = partial(client.query_points, self.collection, query=vector, using=VECTOR, limit=limit)
+            hits = nearest(query_filter=models.Filter(must=[of_op, same_kind]), with_payload=True).points
             match = "exact"
             if not hits:
-                hits = client.query_points(
-                    self.collection, query=vector, using=VECTOR, limit=limit, with_payload=True
-                ).points
+                hits = nearest(query_filter=models.Filter(must=[same_kind]), with_payload=True).points
+                hits = hits or nearest(with_payload=True).points
                 match = "transfer"
         out = []
         for hit in hits:

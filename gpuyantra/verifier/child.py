@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuyantra.files import write_whole
-from gpuyantra.verifier import isolation
+from gpuyantra.verifier import compiler_cache, isolation
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -195,19 +195,24 @@ def _instrument(module: Any, path: str, counter: _Counter) -> list[str]:
     return own
 
 
-def _recorder(counter: _Counter) -> Any:
+def _recorder(counter: _Counter, library_aten: frozenset[str] = frozenset()) -> Any:
+    """Records host-side torch ops outside kernel launches: `bad` the forbidden ones, `library` the
+    library primitives the family permits (`library_aten`: aten names, gpuyantra/ops/open/library.py)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class HostOpRecorder(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.bad: set[str] = set()
+            self.library: set[str] = set()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             if counter.depth == 0:
                 name = func._schema.name
                 namespace, _, op = name.partition("::")
-                if namespace != "aten" or op not in ALLOWED_ATEN:
+                if namespace == "aten" and op in library_aten:
+                    self.library.add(name)
+                elif namespace != "aten" or op not in ALLOWED_ATEN:
                     self.bad.add(name)
             return func(*args, **(kwargs or {}))
 
@@ -339,7 +344,7 @@ def run_cases(
             record: dict[str, Any] = {"id": case.id, "input_device": str(acts[0].device)}
             _poison(acts)
             counter.launches = 0
-            recorder.bad = set()
+            recorder.bad, recorder.library = set(), set()
             started = time.perf_counter()
             try:
                 with torch.no_grad(), recorder, _timed(parts, f"{part}_calls", add=True):
@@ -355,6 +360,8 @@ def run_cases(
             record["seconds"] = round(time.perf_counter() - started, 6)  # host time: the launches
             record["launches"] = counter.launches
             record["host_ops"] = sorted(recorder.bad)
+            if recorder.library:
+                record["library_ops"] = sorted(recorder.library)
             if device == "cuda":
                 record["stream_changed"] = torch.cuda.current_stream() != torch.cuda.default_stream()
                 if record["stream_changed"]:
@@ -773,11 +780,20 @@ def _setup(job: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | Non
             "family": family,
             "entry": candidate.entry,
             "counter": counter,
-            "recorder": _recorder(counter),
+            "recorder": _recorder(counter, _library_aten(family)),
             "device": device,
             "param_specs": job["param_specs"],
             "cases": [Case.from_json(c) for c in job["cases"]],
         }
+
+
+def _library_aten(family: Any) -> frozenset[str]:
+    """The aten ops of the library primitives the family's computation permits (none for a
+    registered family), read from the harness's own open target before any candidate code runs."""
+    from gpuyantra.ops.open.library import ATEN_KINDS, permitted_kinds
+
+    kinds = permitted_kinds(family)
+    return frozenset(op for op, kind in ATEN_KINDS.items() if kind in kinds)
 
 
 def _family(job: dict[str, Any]) -> Any:
@@ -822,6 +838,7 @@ def _precompile(job: dict[str, Any], ctx: dict[str, Any]) -> None:
     counter = ctx["counter"]
     counter.unwrap()  # the baselines' own calls are not the candidate's
     try:
+        compiler_cache.link_shared_inductor()  # the shared entries, read-only, beside this child's own
         bench.precompile_baselines(
             ctx["family"], job["bench_shapes"], job["bench_dtype"], job["param_specs"], job.get("cached_baselines")
         )
@@ -841,6 +858,7 @@ def _precompile_only(job: dict[str, Any], results: dict[str, Any]) -> None:
         bench.float32_as_float32()  # as in the candidate's child: the compilers' caches key on it
     results["stage"] = "precompile"
     with _timed(results["timings"], "precompile"):
+        compiler_cache.link_shared_inductor()
         bench.precompile_baselines(
             _family(job),
             job["bench_shapes"],

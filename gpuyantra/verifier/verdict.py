@@ -60,6 +60,9 @@ class Verdict:
     # where a verdict's time goes. Beside them two strings: how the outputs reached the parent
     # (`outputs_transport`) and, where they fell back to the host, why (`outputs_fallback`).
     timings: dict[str, float | str] = field(default_factory=dict)
+    # Library primitives the candidate calls (an open target's convolution, GEMM or attention,
+    # gpuyantra/ops/open/library.py): timed with the rest of entry, everything else is Triton.
+    library_calls: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The `verify --json` object: docs/CONTRACTS.md section 4 keys first, then the extras."""

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from gpuyantra.config import CONTROL_TASK_QUEUE
+from gpuyantra.config import CONTROL_TASK_QUEUE, gpu_kind_queue
 from gpuyantra.processes import Managed, free_port, start_server, temporal_binary
 from workflows.types import CampaignInput
 
@@ -59,6 +59,20 @@ async def run_campaign(temporal: Managed, params: CampaignInput) -> dict:
     )
 
 
+async def verify_queues(temporal: Managed, workflow_id: str) -> set[str]:
+    """The task queues the campaign's verify_candidate activities were scheduled on (its history)."""
+    from temporalio.api.enums.v1 import EventType
+
+    client = await Client.connect(temporal.info["address"])
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return {
+        e.activity_task_scheduled_event_attributes.task_queue.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "verify_candidate"
+    }
+
+
 async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, workers, served_model, admin_headers):
     url = served_model.info["url"]
     before_logits = logits(url, admin_headers)
@@ -72,6 +86,9 @@ async def test_campaign_swaps_every_rms_norm_and_rollback_restores(temporal, wor
     assert [d["op"] for d in result["deployed"]] == ["rms_norm"], result
     deployed = result["deployed"][0]
     assert deployed["reward"] == 1 and deployed["modules"] == expected_modules and deployed["skill_id"]
+    # Verified on the GPU-role worker of the server's kind (`cpu` here), which the verdict names.
+    assert await verify_queues(temporal, result["workflow_id"]) == {gpu_kind_queue("cpu")}
+    assert deployed["verdict"]["timed_on"]["kind"] == "cpu" and deployed["verdict"]["timed_on"]["device"] == "cpu"
     # The profiles before and after the swap travel with the result (digests: no open-target payloads).
     norm_classes = [
         [c for c in p["phases"][p["primary_phase"]]["classes"] if c["module_class"] == "Qwen2RMSNorm"]

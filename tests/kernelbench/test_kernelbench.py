@@ -454,6 +454,64 @@ def test_fast_p_counts_every_problem_in_the_denominator():
     assert kb.fast_p(results, 1, "cpu") is None
 
 
+def test_the_layers_of_a_whole_model_bind_by_their_index():
+    """Level 3's nn.Sequential layers are `network.0.weight`: a valid ADAPTER path, read in ModelNew."""
+    from gpuyantra.candidate import validate_adapter
+    from gpuyantra.kernelbench.model_new import attribute_code
+
+    binding = {"kernel_param": "network_0_weight", "module_attr": "network.0.weight"}
+    assert validate_adapter([binding]) == [binding]
+    code = attribute_code("self", binding["module_attr"])
+    assert code == "getattr(self.network, '0').weight"
+    model = torch.nn.Module()
+    model.network = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    assert eval(code, {"self": model}) is model.network[0].weight  # noqa: S307 - our own generated code
+
+
+def test_fast_1_against_compile_and_the_better_of_both_and_the_geometric_means():
+    results = [
+        # faster than eager, slower than torch.compile: a win against eager only
+        kb.ProblemResult(
+            "a", "a.py", "x", "not_faster", True, speedup=2.0, speedup_vs_compile=0.5, speedup_vs_best=0.5
+        ),
+        kb.ProblemResult("b", "b.py", "x", "optimized", True, speedup=4.0, speedup_vs_compile=2.0, speedup_vs_best=2.0),
+        kb.ProblemResult(
+            "c", "c.py", "x", "incorrect", False, speedup=8.0, speedup_vs_compile=8.0, speedup_vs_best=8.0
+        ),
+        kb.ProblemResult("d", "d.py", status="unsupported"),
+    ]
+    assert kb.fast_p(results, 1, "cuda") == 0.5
+    assert kb.fast_p(results, 1, "cuda", against="compile") == 0.25
+    assert kb.fast_p(results, 1, "cuda", against="best") == 0.25
+    assert kb.fast_p(results, 1, "cpu", against="best") is None
+    means = kb.geomean_speedups(results)  # the correct problems only: c's 8x is not a speedup
+    assert means["eager"] == pytest.approx((2.0 * 4.0) ** 0.5)
+    assert means["compile"] == pytest.approx(1.0) and means["best"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("model_new_us", "spread", "won"),
+    [
+        (50.0, 0.01, True),  # 1.6x faster than torch.compile, the better baseline
+        (90.0, 0.01, False),  # faster than eager (100 us) but slower than torch.compile (80 us)
+        (79.0, 0.01, False),  # 1.3% faster than compile: within the 2% floor of the noise
+        (70.0, 0.20, False),  # 14% faster, but the timings move by 20%
+        (70.0, 0.05, True),
+    ],
+)
+def test_a_win_beats_the_better_of_eager_and_compile_beyond_the_noise(model_new_us, spread, won):
+    from gpuyantra.kernelbench.judge import Baselines, Evaluation, Timing
+
+    attempt = kb.Attempt(iteration=1, candidate="c.py", strategy={}, reward=3, accepted=True)
+    baselines = Baselines(eager=Timing(100.0, 0.01), compiled=Timing(80.0, 0.01))
+    evaluation = Evaluation(attempt, True, "matches", model_new=Timing(model_new_us, spread))
+    assert evaluation.won(baselines) is won
+    assert evaluation.speedups(baselines) == pytest.approx((100 / model_new_us, 80 / model_new_us, 80 / model_new_us))
+    incorrect = Evaluation(attempt, False, "differs", model_new=Timing(1.0, 0.0))
+    assert not incorrect.won(baselines)
+    assert max([incorrect, evaluation], key=lambda e: e.rank(baselines)) is evaluation
+
+
 # ---------------------------------------------------------------------------------------------
 # The whole loop through the command line, once for a folder of four problems
 

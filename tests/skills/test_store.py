@@ -66,6 +66,23 @@ def test_retrieval_filters_on_op_and_hardware(qdrant_dir):
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
+def test_retrieval_keeps_to_the_hardware_kind(qdrant_dir):
+    """Skills are filed with their device's kind: two H100 80GB names share one, an H100 PCIe and an
+    L4 are others; a family with no skill on the kind transfers from the same kind first."""
+    with SkillStore(path=qdrant_dir) as store:
+        sxm = store.upsert(make_skill(hardware="NVIDIA H100 80GB HBM3"))
+        store.upsert(make_skill(hardware="NVIDIA H100 PCIe", variant="pcie"))
+        l4_silu = store.upsert(make_skill(op="silu_mul", hardware="nvidia-l4", shape=(1, 1, 8960)))
+        query = Fingerprint.from_target({"op": "rms_norm", "shapes": [[1, 1, 1536]], "dtype": "bfloat16"}, "x")
+        exact = store.retrieve(query, "rms_norm", "NVIDIA H100-SXM5-80GB", limit=8)
+        assert store.get(sxm).hardware_kind == "nvidia-h100-80gb"
+        assert [(h.id, h.match) for h in exact] == [(sxm, "exact")]
+        transfer = store.retrieve(query, "layer_norm", "nvidia-h100-pcie", limit=8)
+        assert [h.hardware for h in transfer] == ["NVIDIA H100 PCIe"] and transfer[0].match == "transfer"
+        anywhere = store.retrieve(query, "silu_mul", "nvidia-h200", limit=8)  # nothing on the kind at all
+        assert l4_silu in {h.id for h in anywhere} and all(h.match == "transfer" for h in anywhere)
+
+
 def test_layer_norm_retrieves_rms_norm_skills_by_nearest_fingerprint(qdrant_dir):
     """Transfer: only RMSNorm skills stored; a GPT-2-style LayerNorm target finds them."""
     with SkillStore(path=qdrant_dir) as store:

@@ -36,6 +36,7 @@ EXTRA_KEYS = [
     "source_sha256",
     "attestation",
     "timings",
+    "library_calls",
 ]
 
 
@@ -164,6 +165,10 @@ def test_scrubbed_environment_drops_secrets(monkeypatch, tmp_path):
         "TRITON_HOME",
         "TRITON_INTERPRET",
         "TRITON_CACHE_DIR",
+        "TRITON_CACHE_MANAGER",
+        "GPUYANTRA_SHARED_TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "GPUYANTRA_SHARED_INDUCTOR_CACHE_DIR",
         "CUDA_VISIBLE_DEVICES",
         "LANG",
         "LC_ALL",

@@ -97,6 +97,11 @@ KNOBS: dict[str, list[int]] = {
     "GEMV_BLOCK_K": [32, 64, 128, 256, 512, 1024],
     "GEMV_TILE": [2048, 4096, 8192, 16384, 32768],
 }
+# Knobs kept where a strategy gives them and never defaulted: which part runs in torch's library.
+# LIBRARY_CONV 1: the forward's leading convolution through torch.nn.functional, the rest in Triton
+# (library_conv.py); 0: everything in Triton. Only targets that start with a convolution have it.
+LIBRARY_KNOBS: dict[str, list[int]] = {"LIBRARY_CONV": [0, 1]}
+COMMENTS["LIBRARY_CONV"] = "1: the leading convolution runs in torch's library (cuDNN), the rest in Triton"
 # Knobs whose value must be one of KNOBS' (counts, not tile sizes); the others are powers of 2.
 _CHOICES = frozenset({"NUM_WARPS", "MM_WARPS", "MM_STAGES", "MM_F32_TC", "MM_SPLIT_K", "MM_PROGRAMS", "GEMV_MAX"})
 MAX_POINTS = 8
@@ -114,6 +119,10 @@ def normalize(strategy: dict[str, Any] | None) -> dict[str, Any]:
         elif value < 1 or value & (value - 1):
             continue  # tile sizes must be powers of 2
         out[key] = value
+    for key, values in LIBRARY_KNOBS.items():
+        value = (strategy or {}).get(key)
+        if value in values and not isinstance(value, bool):
+            out[key] = value
     return out
 
 
@@ -166,4 +175,6 @@ def distance(a: dict[str, Any], b: dict[str, Any]) -> int:
         if va == vb:
             continue
         total += abs(values.index(va) - values.index(vb)) if va in values and vb in values else 1
+    # Library or Triton convolution: a different program, farther than any tile move.
+    total += sum(8 for key in LIBRARY_KNOBS if a.get(key) != b.get(key))
     return total

@@ -15,6 +15,7 @@ import types
 from collections.abc import Iterable
 from typing import Any, TypeGuard, cast
 
+from gpuyantra.ops.open.library import permitted_kinds
 from gpuyantra.verifier.static.report import LAYER, StaticReport
 from gpuyantra.verifier.static.scopes import _Func
 from gpuyantra.verifier.static.tables import (
@@ -23,6 +24,7 @@ from gpuyantra.verifier.static.tables import (
     ALLOWED_TORCH,
     COMPILE_PREFIXES,
     CONCURRENCY_PREFIXES,
+    LIBRARY_CALLS,
     NATIVE_PREFIXES,
     TENSOR_SAFE_METHODS,
 )
@@ -177,6 +179,9 @@ class _CheckerBase:
         if root == "torch":
             if path in ALLOWED_TORCH:
                 return
+            if path in LIBRARY_CALLS:
+                self._check_library(path, node)
+                return
             if path == "torch.Tensor":
                 if context in ("annotation", "isinstance", "import"):
                     return
@@ -224,6 +229,21 @@ class _CheckerBase:
             self.fail("private-api", node, f"{path}: private triton internals")
         else:
             self._check_reach(path, node)
+
+    def _check_library(self, path: str, node: ast.AST) -> None:
+        """A library primitive: accepted (and named in the report) where the family's computation has
+        that kind, else a cheat like any other torch compute."""
+        kind = LIBRARY_CALLS[path]
+        if kind in permitted_kinds(self.family):
+            if path not in self.report.library_calls:
+                self.report.library_calls.append(path)
+            return
+        self.fail(
+            "torch-compute",
+            node,
+            f"{path}: a {kind} library call, permitted only for open targets whose forward computes a {kind}; "
+            "the op must run in the candidate's Triton kernel",
+        )
 
     def _check_reach(self, path: str, node: ast.AST) -> None:
         """No path through an allowed module may reach a module the candidate may not import (its

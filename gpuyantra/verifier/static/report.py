@@ -33,6 +33,8 @@ class StaticReport:
     adapter_error: str | None = None
     entry: EntryInfo | None = None
     kernels: list[str] = field(default_factory=list)
+    # Library primitives the candidate calls (dotted paths, e.g. torch.nn.functional.conv2d).
+    library_calls: list[str] = field(default_factory=list)
     parsed: bool = False
 
     @property

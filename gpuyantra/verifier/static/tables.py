@@ -11,6 +11,8 @@ import builtins
 
 import torch
 
+from gpuyantra.ops.open.library import ENTRY_POINTS
+
 ALLOWED_MODULES = frozenset({"torch", "triton", "triton.language", "math", "typing", "__future__"})
 ALLOWED_MODULE_PREFIXES = ("triton.language.",)
 
@@ -53,6 +55,9 @@ ALLOWED_TORCH = (
     )
     | TORCH_DTYPES
 )
+# Library primitives (convolution, GEMM, attention) an open target's candidate may call where its
+# own forward computes that kind (gpuyantra/ops/open/library.py): dotted path -> kind.
+LIBRARY_CALLS: dict[str, str] = dict(ENTRY_POINTS)
 TORCH_ALLOC = frozenset({"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like"})
 
 COMPILE_PREFIXES = (
