@@ -1,3 +1,4 @@
+# Over 600 lines: the correctness plan, built identically in parent and child; its parts stay together.
 """The correctness plan: which shapes, dtypes, seeds and input distributions a candidate meets.
 
 Parent and sandbox child both build every case from (shape, dtype, seed, scale, distribution) with

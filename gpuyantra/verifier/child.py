@@ -1,3 +1,4 @@
+# Over 600 lines: the only process where candidate code runs, one module so its imports stay audited.
 """The sandbox child: the only process where candidate code ever runs.
 
     python -m gpuyantra.verifier.child --device cpu --cpu-seconds N --address-space BYTES

@@ -1,3 +1,4 @@
+# Over 600 lines: the verdict's layers 4 and 5 judge one child's observations with shared state.
 """Layers 4 and 5 in the parent: turn the child's raw observations into failures and numbers.
 
 Values are judged here, never in the child: the parent rebuilds every case's inputs from its own

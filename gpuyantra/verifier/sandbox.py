@@ -1,3 +1,4 @@
+# Over 600 lines: the sandbox child's whole lifecycle (limits, start, watch, read back) in one place.
 """Layer 3: run the candidate in a separate, limited process and collect only what the harness measured.
 
 The child gets a scrubbed environment (no tokens, keys or credentials), its own session (so its
