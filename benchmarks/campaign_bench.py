@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# Over 600 lines: one end-to-end GPU run (servers, workers, campaigns), a single script for a GPU host.
 """A real campaign end to end, timed: Temporal dev server, GPU and CPU workers, `gpuyantra serve`,
 served tokens/s before and after, a cold and a warm `gpuyantra optimize --wait --json`.
 

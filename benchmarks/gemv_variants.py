@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# Over 600 lines: a self-contained sweep of GEMV kernel variants, one script to copy to a GPU host.
 """Decode GEMV variants: which Triton formulation of y = x @ W.T reads the weights nearest copy speed.
 
 x is [M, K] (M = 1 by default; 2 and 4 via --rows), W is [N, K] row-major, both 16-bit; products and

@@ -1,3 +1,4 @@
+# Over 600 lines: a self-contained serving benchmark with many sections, one script for a GPU host.
 """Served decode speed of the serving engine at batch 1 and 8: eager (transformers' SDPA), eager with
 the engine's Triton decode attention, the same plus the campaign's swaps (rms_norm, rope, silu_mul),
 CUDA graphs (SDPA), graphs + rms_norm, graphs with the Triton decode attention, adding the swaps
@@ -473,7 +474,7 @@ def main(argv=None) -> int:
             try:
                 per_client = 1 if args.smoke else 4
                 streams = staggered_streams(engine, max_batch, args.tokens, args.prompt_tokens, per_client)
-                prefills = sorted(engine._interrupting_prefill_ms)
+                prefills = sorted(engine.scheduler._interrupting_prefill_ms)
                 if engine.graphs is not None:  # of the mixed steps, those queued ahead of the host
                     streams["mixed_fed_steps"] = engine.graphs.mixed_fed_steps - fed_before
                 return {**step_ms, **streams, "interrupting_prefill_ms": [round(p, 3) for p in prefills]}
@@ -481,7 +482,7 @@ def main(argv=None) -> int:
                 if engine.graphs is not None:
                     engine.graphs.mixed_extra_ms = measured
                 engine.stop()
-                engine._stop = False  # later sections call the engine inline again
+                engine.scheduler._stop = False  # later sections call the engine inline again
                 engine.mixed_prompt_tokens = kept
 
         section(label, run)
@@ -556,7 +557,7 @@ def main(argv=None) -> int:
         try:
             graph = engine.graphs.decode(tokens, positions).float().clone()
             sync()
-            eager_out = engine.decode_rows_eager(tokens, positions, kv_len=engine.cache.max_len).float()
+            eager_out = engine.runner.decode_rows_eager(tokens, positions, kv_len=engine.cache.max_len).float()
             diff_eager = float((graph - eager_out).abs().max())
             moved = float((graph - before).abs().max())
         finally:
@@ -623,7 +624,7 @@ def main(argv=None) -> int:
             if t is not None:
                 torch._dynamo.mark_static_address(t)
         out, spent = {}, 0.0
-        kw = {engine._cache_kw: cache, "use_cache": True}  # the same for every batch size
+        kw = {engine.runner._cache_kw: cache, "use_cache": True}  # the same for every batch size
         for b in batches:
             if spent > args.compile_budget_s:
                 out[f"batch{b}"] = {"skipped": f"compile budget ({args.compile_budget_s}s) spent"}
@@ -634,14 +635,14 @@ def main(argv=None) -> int:
             torch._dynamo.mark_static_address(pos)
 
             def fwd(ids, pos):
-                mask = decode_mask(pos, cache.max_len, engine._arange, dtype)
+                mask = decode_mask(pos, cache.max_len, engine.runner._arange, dtype)
                 return engine.model(input_ids=ids, position_ids=pos[:, None], attention_mask=mask, **kw).logits[:, -1]
 
             torch._dynamo.reset()
             cfwd = torch.compile(fwd, mode="reduce-overhead", dynamic=False)
             prompts = [[(31 * i + 17 * r + 5) % engine.vocab_size for i in range(args.prompt_tokens)] for r in range(b)]
             t = time.perf_counter()
-            last = [int(engine.prefill_row(r, p)[0].argmax()) for r, p in enumerate(prompts)]
+            last = [int(engine.runner.prefill_row(r, p)[0].argmax()) for r, p in enumerate(prompts)]
             cache.set_decode(b, pos, cache.max_len)
             with torch.no_grad():
                 for step in range(3):  # compile + cudagraph warm-up
@@ -654,7 +655,7 @@ def main(argv=None) -> int:
             times = []
             for _ in range(args.repeats):
                 for r, p in enumerate(prompts):
-                    engine.prefill_row(r, p)
+                    engine.runner.prefill_row(r, p)
                 cache.set_decode(b, pos, cache.max_len)
                 cur = list(last)
                 sync()

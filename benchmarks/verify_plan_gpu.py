@@ -5,10 +5,13 @@
 Templates (`gpuyantra/kernels/*.py`) run the default plan (three dtypes, benchmark included) three
 times in one process: once cold (kernels and baselines compile), then warm without the plan classes
 (`GPUYANTRA_PLAN_CLASSES=0`: the plan as it was before them) and warm with them, so the cost of the
-classes reads directly as the ratio of the two warm verdicts. Corpus kernels
+classes reads directly as the ratio of the two warm verdicts (the warm ones find the templates'
+kernels in the shared compiler cache, which only trusted processes write). Corpus kernels
 (`tests/verifier/plan_corpus.py`) run the default dtypes without the benchmark; each line says
 whether the verdict matches the table (wrong kernels rejected with their rule, honest ones accepted).
-Under 8 minutes on one H100/H200. Exit status 1 when any verdict differs from the table.
+Last, the compiler caches (`gpuyantra.verifier.compiler_cache`): the shared Triton cache holds the
+templates' kernels, and a candidate's child that tries to write it is blocked on this machine.
+Under 8 minutes on one H100/H200. Exit status 1 when any verdict or check differs.
 """
 
 from __future__ import annotations
@@ -86,11 +89,35 @@ def run_corpus(device: str, only: set[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def run_cache_check(device: str) -> list[dict[str, Any]]:
+    """The shared Triton cache after the templates ran, and a candidate planting a file in it."""
+    import tempfile
+
+    from gpuyantra.config import state_dir
+    from gpuyantra.verifier import compiler_cache
+
+    shared = compiler_cache.shared_dirs(state_dir())[0]
+    entries = len([p for p in shared.iterdir() if p.is_dir()]) if shared.is_dir() else 0
+    cheat = (ROOT / "tests" / "verifier" / "candidates" / "cheat_writes_state.py").read_text()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cheat_writes_shared_cache.py"
+        path.write_text(cheat.replace("__TARGET__", str(shared)))
+        verdict, seconds = _timed(path, device=device, benchmark=False, skip_static=True, dtypes=["float16"])
+    message = " ".join(f.message for f in verdict.failures)
+    planted = (shared / "planted.py").exists()
+    row = _verdict_line("cache:candidate-writes-shared", verdict, seconds, "rejected sandbox/import-failed")
+    row.update(blocked="PROBE blocked" in message and not planted, shared_entries=entries)
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
 def _expected(entry: Entry) -> str:
     return "accepted" if entry.rule is None else f"rejected correctness/{entry.rule}"
 
 
 def _matches(row: dict[str, Any]) -> bool:
+    if "blocked" in row:  # the cache check: blocked, and the templates' kernels were kept
+        return bool(row["blocked"]) and row["shared_entries"] > 0
     if row["expected"] == "accepted":
         return row["verdict"] == "accepted"
     return row["verdict"] == "rejected" and row["expected"].split(" ", 1)[1] in row["rules"]
@@ -107,6 +134,8 @@ def main() -> int:
     started = time.monotonic()
     rows = [] if args.skip_templates else run_templates(args.device, only)
     rows += run_corpus(args.device, only)
+    if not args.skip_templates and args.device == "cuda":
+        rows += run_cache_check(args.device)
     print("\nname                                   verdict   expected                               seconds  ratio")
     bad = 0
     for row in rows:

@@ -12,6 +12,7 @@ from gpuyantra.binding import ModuleGroup
 from gpuyantra.function_sites import FunctionSite
 
 TargetKey = tuple[str, str, str]  # (op, qualified_class, variant): one profile target
+MAX_LAYOUTS = 8  # the most frequent strided/offset layouts a target keeps
 
 
 def group_target_fields(group: ModuleGroup) -> dict[str, Any]:
@@ -72,3 +73,37 @@ def add_served_shapes(
             shapes += [s for s in workload_shapes if s not in shapes]
         target["shapes"] = shapes
         target["served_shapes"] = by_workload
+        merge_live_inputs(target, {"row_counts": live_input_fields(shapes)["row_counts"]})
+
+
+def live_input_fields(shapes: Sequence[Sequence[int]], layouts: Mapping[Any, int] | None = None) -> dict[str, Any]:
+    """What the verifier's plan draws from the served model beside the shapes (docs/CONTRACTS.md
+    section 5, optional fields): `row_counts`, every row count the target ran (decode batch sizes,
+    prefill lengths), and `layouts`, its activations that were strided or at a storage offset (most
+    frequent first): `{"input", "shape", "stride", "offset"}`. `layouts` counts
+    `gpuyantra.profiler.hooks.Layout` tuples."""
+    rows = set()
+    for shape in shapes:
+        count = 1
+        for dim in list(shape)[:-1]:
+            count *= int(dim)
+        rows.add(count)
+    fields: dict[str, Any] = {"row_counts": sorted(rows)}
+    ranked = sorted((layouts or {}).items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_LAYOUTS]
+    fields["layouts"] = [
+        {"input": int(i), "shape": list(shape), "stride": list(stride), "offset": int(offset)}
+        for (i, shape, stride, offset), _ in ranked
+    ]
+    return fields
+
+
+def merge_live_inputs(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    """Add another phase's `row_counts` and `layouts` to a target's (`live_input_fields`)."""
+    if "row_counts" in other:
+        into["row_counts"] = sorted(set(into.get("row_counts") or []) | set(other["row_counts"]))
+    layouts = list(into.get("layouts") or [])
+    for layout in other.get("layouts") or []:
+        if layout not in layouts and len(layouts) < MAX_LAYOUTS:
+            layouts.append(layout)
+    if layouts or "layouts" in into:
+        into["layouts"] = layouts

@@ -3,8 +3,10 @@ admin API that hot-swaps verified Triton kernels into the live model between for
 
 - `serving.models`: presets and model/tokenizer loading.
 - `serving.cache`: the slot KV cache the engine owns (positions, masks, rows).
-- `serving.engine`: the generation loop (one worker thread, continuous batching over cache slots),
-  and the coordination of swaps, rollbacks, profiling and benchmarks between forward passes.
+- `serving.engine`: the engine, which owns its parts: `serving.runner` (model, cache, forward
+  passes), `serving.scheduler` (one worker thread, continuous batching over cache slots, swaps and
+  admin operations between passes; each pass a `serving.plan.StepPlan`), `serving.speed`
+  (benchmarks) and `serving.profiling` (`/admin/profile`).
 - `serving.graphs`: CUDA-graph decode (one graph per batch-size bucket).
 - `serving.app`: the FastAPI application (`create_app`): model loading, error bodies, assembly.
 - `serving.state`: `ServeConfig`, `ServerState` and the `State` dependency routes reach them through.

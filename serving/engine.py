@@ -28,11 +28,15 @@ together (batch = highest active slot + 1), each row at its own position with it
 Requests join and leave between steps (continuous batching); at most `max_batch` run at once and
 the rest wait in FIFO order.
 
-Layers (one file each): `serving.runner.ModelRunner` (model, slot cache, forward passes) <-
-`serving.scheduler.Scheduler` (model thread, queues, batching) <- `serving.speed.ServedSpeed`
-(benchmark, live speed) and `serving.profiling.Profiling` (`/admin/profile`) <- `Engine` here, which
-wires them to the swap engine and the CUDA-graph decoder. Requests and observer hooks:
-`serving.request`; live shapes: `serving.shapes`.
+Parts (one file each), composed: the `Engine` here owns a model runner
+(`serving.runner.ModelRunner`: model, slot cache, forward passes), a scheduler
+(`serving.scheduler.Scheduler`: model thread, queues, batching), a speed part
+(`serving.speed.ServedSpeed`: benchmark, paired comparison, live speed) and a profiling part
+(`serving.profiling.Profiling`: `/admin/profile`), and wires them to the swap engine and the
+CUDA-graph decoder. The scheduler passes each forward pass to the runner as a
+`serving.plan.StepPlan`; no part inherits another. The engine's own attributes are the public face
+the server and tests use. Requests and observer hooks: `serving.request`; live shapes:
+`serving.shapes`.
 
 With `cuda_graphs=True` decode steps replay a CUDA graph per batch-size bucket (`serving.graphs`);
 a one-row prefill replays a graph per prompt-length bucket (`serving.prefill_graphs`; more rows stay
@@ -45,22 +49,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuyantra.binding import find_module_groups
+import torch
+
+from gpuyantra.binding import ModuleGroup, find_module_groups
 from gpuyantra.swap.engine import SwapEngine
 from gpuyantra.swap.records import SwapRecord
+from serving.cache import SlotCache
 from serving.models import LoadedModel
 from serving.profiling import Profiling
 from serving.request import EngineObserver, GenRequest, RequestError
-from serving.scheduler import token_logprobs
+from serving.runner import ModelRunner
+from serving.sampling import token_logprobs
+from serving.scheduler import Scheduler
 from serving.shapes import ShapeRecorder
 from serving.speed import ServedSpeed
+
+if TYPE_CHECKING:
+    from serving.graphs import GraphDecoder
+    from serving.prefill_graphs import PrefillGraphs
 
 __all__ = ["Engine", "GenRequest", "RequestError", "token_logprobs"]  # the last three: re-exported for tests
 
 
-class Engine(ServedSpeed, Profiling):
+class Engine:
     def __init__(
         self,
         loaded: LoadedModel,
@@ -80,7 +93,7 @@ class Engine(ServedSpeed, Profiling):
         max_parity_shapes: int = 4,
         self_check: bool = True,
     ):
-        super().__init__(
+        self.runner = ModelRunner(
             loaded,
             max_batch=max_batch,
             max_seq_len=max_seq_len,
@@ -89,53 +102,197 @@ class Engine(ServedSpeed, Profiling):
             fuse_norms=fuse_norms,
             observer=observer,
         )
-        self.groups = find_module_groups(self.model)
-        self._open_groups_found = False
-        self.shapes = ShapeRecorder(self.model, self.groups)
-        self._init_scheduler()
-        self.run_ahead = run_ahead
-        captured = cuda_graphs and str(self.device).startswith("cuda")  # graphs replayed, their cost measured
-        self.mixed_prompt_tokens = mixed_tokens(mixed_prompt_tokens, captured, max_batch)
-        self.graphs = None
+        runner = self.runner
+        groups = find_module_groups(runner.model)
+        self.shapes = ShapeRecorder(runner.model, groups)
+        captured = cuda_graphs and runner.device.type == "cuda"  # graphs replayed, their cost measured
+        mixed = mixed_tokens(mixed_prompt_tokens, captured, max_batch)
         if cuda_graphs:
             from serving.graphs import GraphDecoder
 
-            mixed_rows = max_batch + self.mixed_prompt_tokens if self.mixed_prompt_tokens else 0
-            self.graphs = GraphDecoder(self, graph_buckets, mixed_rows=mixed_rows)
+            runner.graphs = GraphDecoder(runner, graph_buckets, mixed_rows=max_batch + mixed if mixed else 0)
             if prefill_graphs:
                 from serving.prefill_graphs import PrefillGraphs
 
-                self.prefill_graphs = PrefillGraphs(self)
-                self.graphs.on_forwards_changed.append(self.prefill_graphs.invalidate)
+                runner.prefill_graphs = PrefillGraphs(runner)
+                runner.graphs.on_forwards_changed.append(runner.prefill_graphs.invalidate)
         self.swaps = SwapEngine(
-            self.model,
+            runner.model,
             state_dir,
-            model_id=self.model_name,
+            model_id=runner.model_name,
             shapes_provider=self.shapes.shapes_for,
             default_rows=[(1, 1), (min(max_batch, 8), 1), (1, 16)],
             max_parity_shapes=max_parity_shapes,
-            before_commit=self._before_commit if self.graphs is not None else None,
-            after_restore=self._after_restore if self.graphs is not None else None,
-            on_event=self.observer.on_swap_event,
+            before_commit=self._before_commit if runner.graphs is not None else None,
+            after_restore=self._after_restore if runner.graphs is not None else None,
+            on_event=runner.observer.on_swap_event,
         )
+        self.scheduler = Scheduler(runner, self.swaps, run_ahead=run_ahead, mixed_prompt_tokens=mixed)
+        self.speed = ServedSpeed(runner, self.scheduler, self.swaps)
+        self.profiling = Profiling(runner, self.scheduler, self.swaps, groups, self.shapes)
+        # The parts' public methods, as the engine's own (what the server's routes and tests call).
+        self.prefill_row, self.prefill_rows = runner.prefill_row, runner.prefill_rows
+        self.last_logits, self.self_check, self.eager_prefill = (
+            runner.last_logits,
+            runner.self_check,
+            runner.eager_prefill,
+        )
+        scheduler = self.scheduler
+        self.start, self.stop, self.call = scheduler.start, scheduler.stop, scheduler.call
+        self.submit, self.validate, self.generate = scheduler.submit, scheduler.validate, scheduler.generate
+        self.mixed_info, self.mixed_pays = scheduler.mixed_info, scheduler.mixed_pays
+        self.decode_timing = scheduler.decode_timing
+        self.benchmark, self.compare_swap, self.live_speed = (
+            self.speed.benchmark,
+            self.speed.compare_swap,
+            self.speed.live_speed,
+        )
+        profiling = self.profiling
+        self.profile, self.served_decode_batches = profiling.profile, profiling.served_decode_batches
+        self.function_sites, self.live_shapes = profiling.function_sites, profiling.live_shapes
         self.self_check_report: dict[str, Any] | None = None
         if self_check:
-            self.self_check_report = self.self_check()
-        if self.graphs is not None:
-            self.graphs.capture_all()
+            self.self_check_report = runner.self_check()
+        if runner.graphs is not None:
+            runner.graphs.capture_all()
 
     # ================================================================== swaps (model thread)
     def _before_commit(self, record: SwapRecord) -> dict[str, Any]:
         """Graph mode: re-capture every bucket with the new forwards, then check parity on graphs."""
-        assert self.graphs is not None
+        graphs = self.runner.graphs
+        assert graphs is not None
         with self.swaps.previous_forwards():
-            reference = self.graphs.reference_logits()
-        self.graphs.capture_all()
-        return {"graph": self.graphs.verify(previous=reference)}
+            reference = graphs.reference_logits()
+        graphs.capture_all()
+        return {"graph": graphs.verify(previous=reference)}
 
     def _after_restore(self) -> None:
-        if self.graphs is not None:
-            self.graphs.capture_all()
+        if self.runner.graphs is not None:
+            self.runner.graphs.capture_all()
+
+    # ================================================================== the model (runner)
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runner.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.runner.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.runner.model_name
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def max_batch(self) -> int:
+        return self.runner.max_batch
+
+    @property
+    def max_len(self) -> int:
+        return self.runner.max_len
+
+    @property
+    def usable_len(self) -> int:
+        return self.runner.usable_len
+
+    @property
+    def cache(self) -> SlotCache:
+        return self.runner.cache
+
+    @property
+    def observer(self) -> EngineObserver:
+        return self.runner.observer
+
+    @property
+    def graphs(self) -> GraphDecoder | None:
+        return self.runner.graphs
+
+    @property
+    def prefill_graphs(self) -> PrefillGraphs | None:
+        return self.runner.prefill_graphs
+
+    @prefill_graphs.setter
+    def prefill_graphs(self, graphs: PrefillGraphs | None) -> None:
+        self.runner.prefill_graphs = graphs
+
+    @property
+    def decode_attention(self) -> Any:
+        return self.runner.decode_attention
+
+    @property
+    def fused_projections(self) -> int:
+        return self.runner.fused_projections
+
+    @property
+    def fused_residual_norms(self) -> int:
+        return self.runner.fused_residual_norms
+
+    @property
+    def norm_fusion_refused(self) -> str | None:
+        return self.runner.norm_fusion_refused
+
+    @property
+    def forward_passes(self) -> int:
+        return self.runner.forward_passes
+
+    # ================================================================== requests (scheduler)
+
+    @property
+    def alive(self) -> bool:
+        return self.scheduler.alive
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler.ready
+
+    @property
+    def active_count(self) -> int:
+        return self.scheduler.active_count
+
+    @property
+    def waiting_count(self) -> int:
+        return self.scheduler.waiting_count
+
+    @property
+    def run_ahead(self) -> bool:
+        return self.scheduler.run_ahead
+
+    @run_ahead.setter
+    def run_ahead(self, on: bool) -> None:
+        self.scheduler.run_ahead = on
+
+    @property
+    def mixed_prompt_tokens(self) -> int:
+        return self.scheduler.mixed_prompt_tokens
+
+    @mixed_prompt_tokens.setter
+    def mixed_prompt_tokens(self, tokens: int) -> None:
+        self.scheduler.mixed_prompt_tokens = tokens
+
+    @property
+    def mixed_admissions(self) -> int:
+        return self.scheduler.mixed_admissions
+
+    @property
+    def steps_queued_from_host(self) -> int:
+        return self.scheduler.steps_queued_from_host
+
+    # ================================================================== profiles
+    @property
+    def groups(self) -> list[ModuleGroup]:
+        return self.profiling.groups
 
 
 MIXED_ROW_TILE = 64  # the mixed graph's rows fill whole tiles of this many rows (see `mixed_tokens`)

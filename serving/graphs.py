@@ -41,9 +41,8 @@ from serving.cache import SlotCache, decode_mask
 
 
 class DecodeHost(Protocol):
-    """What a GraphDecoder uses of the engine that owns it (serving.engine.Engine: its model runner
-    layer, serving.runner.ModelRunner). Typed here, not imported: the engine imports this module, so
-    this one names none of the engine's."""
+    """What a GraphDecoder uses of the model runner that owns it (serving.runner.ModelRunner).
+    Typed here, not imported: the runner's users import this module, so this one names none of theirs."""
 
     @property
     def device(self) -> torch.device: ...

@@ -1,3 +1,4 @@
+# Over 600 lines: the two OpenAI routes' bodies and error bodies, declared together in the OpenAPI schema.
 """The OpenAI-compatible public API: `POST /v1/completions` and `POST /v1/chat/completions` (`add_routes`).
 
 Request bodies and the error bodies (declared in the OpenAPI schema) live here; the generation core

@@ -45,7 +45,7 @@ ROWWISE_MAX_BUCKET = 128
 
 
 class PrefillHost(Protocol):
-    """What PrefillGraphs uses of the engine (its model runner layer)."""
+    """What PrefillGraphs uses of the model runner that owns it (serving.runner.ModelRunner)."""
 
     @property
     def device(self) -> torch.device: ...

@@ -27,6 +27,8 @@ from gpuyantra.profile_targets import (
     group_target_fields,
     param_shape_fields,
 )
+from gpuyantra.swap.engine import SwapEngine
+from serving.runner import ModelRunner
 from serving.scheduler import Scheduler
 from serving.shapes import ShapeRecorder
 
@@ -51,10 +53,25 @@ def prepare_profiler_on_this_thread(device: str) -> None:
         log.warning("profiler warm-up failed (profiles fall back to timing): %s", exc)
 
 
-class Profiling(Scheduler):
-    groups: list[ModuleGroup]  # set by the engine: the op-family groups of the served model
-    shapes: ShapeRecorder
-    _open_groups_found: bool
+class Profiling:
+    """The engine's profiling part (`/admin/profile`): probes from the scheduler's recent traffic,
+    run through the runner with the scheduler idle. It owns the served model's op-family groups,
+    which gain the open targets found at the first profile."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        swaps: SwapEngine,
+        groups: list[ModuleGroup],
+        shapes: ShapeRecorder,
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.swaps = swaps
+        self.groups = groups
+        self.shapes = shapes
+        self._open_groups_found = False
 
     def function_sites(self) -> list[Any]:
         """Function-level swap sites of the served model (rope's `apply_rotary_pos_emb` globals)."""
@@ -68,23 +85,24 @@ class Profiling(Scheduler):
         return {g.key: [list(s) for s in self.shapes.shapes_for(g.key)] for g in self.groups}
 
     def _probe_rows(self) -> tuple[int, int]:
-        prompt = int(statistics.median(self._recent_prompt_lens)) if self._recent_prompt_lens else 16
-        batch = Counter(self._recent_batches).most_common(1)[0][0] if self._recent_batches else 1
-        prompt = max(1, min(prompt, self.usable_len - 2))
-        return prompt, max(1, min(batch, self.max_batch))
+        traffic = self.scheduler.traffic
+        prompt = int(statistics.median(traffic.prompt_lens)) if traffic.prompt_lens else 16
+        batch = Counter(traffic.batches).most_common(1)[0][0] if traffic.batches else 1
+        prompt = max(1, min(prompt, self.runner.usable_len - 2))
+        return prompt, max(1, min(batch, self.runner.max_batch))
 
     def served_decode_batches(self) -> list[int]:
         """The decode batches a kernel must be judged at: one row (a lone client) and the server's
         batched decode: the row count live traffic decodes at most often above one, else max_batch,
         as the decode step runs it (rounded up to its CUDA-graph bucket)."""
-        batched = Counter(rows for _, rows, _, _ in self._live_steps if rows > 1)
-        widest = batched.most_common(1)[0][0] if batched else self.max_batch
-        graphs = getattr(self, "graphs", None)
+        batched = Counter(rows for _, rows, _, _ in self.scheduler.traffic.live_steps if rows > 1)
+        widest = batched.most_common(1)[0][0] if batched else self.runner.max_batch
+        graphs = self.runner.graphs
         rows = graphs.bucket_for(widest) if graphs is not None else widest
-        return sorted({1, min(rows, self.max_batch)})
+        return sorted({1, min(rows, self.runner.max_batch)})
 
     def _probe_prompt(self, length: int) -> list[int]:
-        vocab = max(2, self.vocab_size)
+        vocab = max(2, self.runner.vocab_size)
         return [(13 * i + 1) % vocab for i in range(length)]
 
     def _decode_probe(self, prompt: list[int], batch: int) -> Callable[[], Any]:
@@ -94,9 +112,9 @@ class Profiling(Scheduler):
         def decode():
             if not primed["done"]:
                 for r in range(batch):
-                    self.prefill_row(r, prompt)
+                    self.runner.prefill_row(r, prompt)
                 primed["done"] = True
-            self.decode_rows_eager([1] * batch, [len(prompt)] * batch, kv_len=len(prompt) + 1)
+            self.runner.decode_rows_eager([1] * batch, [len(prompt)] * batch, kv_len=len(prompt) + 1)
 
         return decode
 
@@ -106,7 +124,7 @@ class Profiling(Scheduler):
         prompt = self._probe_prompt(prompt_len)
 
         def prefill():
-            self.prefill_row(0, prompt)
+            self.runner.prefill_row(0, prompt)
 
         return {"prefill": prefill, "decode": self._decode_probe(prompt, batch)}
 
@@ -135,7 +153,7 @@ class Profiling(Scheduler):
 
             sites = self.function_sites()
             served = {
-                name: capture_target_shapes(self.model, self.groups, probe, sites)
+                name: capture_target_shapes(self.runner.model, self.groups, probe, sites)
                 for name, probe in self.served_probes(batches).items()
             }
         except Exception:  # noqa: BLE001 - the profile still answers, with the shapes it timed
@@ -144,9 +162,9 @@ class Profiling(Scheduler):
         add_served_shapes(targets, served)
 
     def profile(self) -> dict[str, Any]:
-        if self.active_count:
+        if self.scheduler.active_count:
             raise RuntimeError("profile needs an idle engine (run it through call(..., exclusive=True))")
-        with self.eager_prefill():  # the probes' prefill runs the modules' own calls, as the profiler needs
+        with self.runner.eager_prefill():  # the probes' prefill runs the modules' own calls, as the profiler needs
             return self._profile()
 
     def _profile(self) -> dict[str, Any]:
@@ -155,12 +173,12 @@ class Profiling(Scheduler):
         source, error, result = "fallback", None, None
         try:
             result = run_profiler(
-                self.model,
+                self.runner.model,
                 probes,
-                str(self.device),
+                str(self.runner.device),
                 self.groups,
                 function_sites=self.function_sites(),
-                graphed_phases=("decode",) if getattr(self, "graphs", None) is not None else (),
+                graphed_phases=("decode",) if self.runner.graphs is not None else (),
             )
             if result is not None:
                 source = "profiler"
@@ -193,20 +211,20 @@ class Profiling(Scheduler):
                 live = [list(s) for s in self.shapes.shapes_for(group.key)]
                 if live:
                     t.setdefault("live_shapes", live)
-                t["swapped"] = sorted({self.swaps._owner.get(n) for n in group.names} - {None})
+                t["swapped"] = self.swaps.swaps_bound_at(modules=group.names)
                 _attach_open_payload(t)
             elif t.get("functions"):  # function-level target (rope): which swaps hold its globals
-                t["swapped"] = sorted({self.swaps._fn_owner.get(f) for f in t["functions"]} - {None})
+                t["swapped"] = self.swaps.swaps_bound_at(functions=t["functions"])
             targets.append(t)
         result["targets"] = targets
-        result.setdefault("device", str(self.device))
-        result.setdefault("hardware", _hardware_name(self.device))
-        result.setdefault("device_key", gpu_uuid(self.device))  # which GPU: campaigns verify on others
+        result.setdefault("device", str(self.runner.device))
+        result.setdefault("hardware", _hardware_name(self.runner.device))
+        result.setdefault("device_key", gpu_uuid(self.runner.device))  # which GPU: campaigns verify on others
         result["source"] = source
         if error:
             result["profiler_error"] = error
-        result["model"] = self.model_name
-        result["dtype"] = str(self.dtype).replace("torch.", "")
+        result["model"] = self.runner.model_name
+        result["dtype"] = str(self.runner.dtype).replace("torch.", "")
         return result
 
     def _add_open_groups(self, decode: Callable[[], Any]) -> None:
@@ -216,7 +234,7 @@ class Profiling(Scheduler):
             return
         self._open_groups_found = True
         try:
-            extra = find_open_groups(self.model, decode, self.groups)
+            extra = find_open_groups(self.runner.model, decode, self.groups)
         except Exception:  # noqa: BLE001 - the registered families are still profiled
             log.exception("open target discovery failed; profiling registered families only")
             return
@@ -227,24 +245,24 @@ class Profiling(Scheduler):
         """Rank (op, class) groups by measured share of a decode step, at the live shapes."""
         from gpuyantra.ops import get_op
 
-        cuda = self.device.type == "cuda"
+        cuda = self.runner.device.type == "cuda"
 
         def timed(fn, repeat=3) -> float:
             times = []
             for _ in range(repeat):
                 if cuda:
-                    torch.cuda.synchronize(self.device)
+                    torch.cuda.synchronize(self.runner.device)
                 t0 = time.perf_counter()
                 fn()
                 if cuda:
-                    torch.cuda.synchronize(self.device)
+                    torch.cuda.synchronize(self.runner.device)
                 times.append(time.perf_counter() - t0)
             return statistics.median(times)
 
         with torch.no_grad():
             probes["decode"]()
             step_s = timed(probes["decode"])
-        modules = dict(self.model.named_modules())
+        modules = dict(self.runner.model.named_modules())
         targets: list[dict[str, Any]] = []
         for group in self.groups:
             family = get_op(group.op)
@@ -254,7 +272,7 @@ class Profiling(Scheduler):
             rows = tuple(recent[0][:-1]) if recent else (1, 1)
             try:
                 gen = torch.Generator().manual_seed(0)
-                acts = family.activations_for_module(module, rows, self.dtype, self.device, gen)
+                acts = family.activations_for_module(module, rows, self.runner.dtype, self.runner.device, gen)
                 with torch.no_grad():
                     family.module_call(module, *acts)
                     per_call = timed(partial(family.module_call, module, *acts))
@@ -268,7 +286,7 @@ class Profiling(Scheduler):
                     **group_target_fields(group),
                     **param_shape_fields(group),
                     "shapes": [list(s) for s in shapes],
-                    "dtype": str(self.dtype).replace("torch.", ""),
+                    "dtype": str(self.runner.dtype).replace("torch.", ""),
                     "regime": "unknown",
                     "share": round(share, 4),
                     "est_us_per_step": round(per_call * group.count * 1e6, 2),
@@ -278,8 +296,8 @@ class Profiling(Scheduler):
         targets.sort(key=lambda t: t["share"], reverse=True)
         return {
             "targets": targets,
-            "device": str(self.device),
-            "hardware": _hardware_name(self.device),
+            "device": str(self.runner.device),
+            "hardware": _hardware_name(self.runner.device),
             "step_ms": round(step_s * 1000, 3),
         }
 
@@ -322,7 +340,7 @@ class Profiling(Scheduler):
                 {
                     **function_target_fields(op, mine),
                     "shapes": [list(sh) for sh, _ in seen[op].most_common()],
-                    "dtype": str(self.dtype).replace("torch.", ""),
+                    "dtype": str(self.runner.dtype).replace("torch.", ""),
                     "regime": "unknown",
                     "share": round(min(1.0, spent[op] / step_s), 4) if step_s > 0 else 0.0,
                     "est_us_per_step": round(spent[op] * 1e6, 2),

@@ -1,9 +1,10 @@
 """The model runner: the model, its slot cache and the forward passes over it (prefill, decode).
 
-`decode_rows` replays CUDA graphs when the engine has a `GraphDecoder` (`serving.graphs`, which
-drives `_forward` itself), and `prefill_row` when it has `PrefillGraphs` (`serving.prefill_graphs`);
-everything else here runs eagerly. Scheduling, swaps and profiling are
-layered on top (`serving.scheduler`, `serving.engine`).
+The scheduler hands it one `serving.plan.StepPlan` per pass (`run`). `decode_rows` replays CUDA
+graphs when the runner has a `GraphDecoder` (`serving.graphs`, which drives `_forward` itself), and
+`prefill_row` when it has `PrefillGraphs` (`serving.prefill_graphs`); everything else here runs
+eagerly. The runner knows nothing of requests, swaps or profiles: the engine (`serving.engine`)
+owns it beside the scheduler, the speed and the profiling parts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from serving.cache import SlotCache, decode_mask, prefill_mask
 from serving.models import LoadedModel
+from serving.plan import StepPlan
 from serving.request import EngineObserver
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ def _signature_params(model: torch.nn.Module) -> set[str]:
 
 
 class ModelRunner:
-    graphs: GraphDecoder | None  # set by the engine: CUDA-graph decode, or None (eager)
+    graphs: GraphDecoder | None = None  # set by the engine: CUDA-graph decode, or None (eager)
     prefill_graphs: PrefillGraphs | None = None  # set by the engine: CUDA-graph one-row prefill, or None
 
     def __init__(
@@ -136,6 +138,18 @@ class ModelRunner:
         return self.cache.usable_len
 
     # ================================================================== forward passes
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Logits [input rows, V] of the pass the plan describes (see `StepPlan`)."""
+        if plan.kind == "prefill":
+            return self.prefill_rows(plan.rows, plan.prompts)
+        if plan.kind == "mixed":
+            return self.mixed_rows(plan.tokens, plan.positions, plan.rows)
+        if plan.graph_bucket is not None:
+            if self.graphs is None:
+                raise RuntimeError("the plan replays a CUDA graph, but this runner captured none")
+            return self.graphs.decode(plan.tokens, plan.positions)
+        return self.decode_rows_eager(plan.tokens, plan.positions, kv_len=plan.kv_len)
+
     def _forward(
         self,
         input_ids: torch.Tensor,

@@ -1,8 +1,13 @@
+# Over 600 lines: one state machine (slots, queues, the step queued ahead) whose passes share its lock and slots.
 """The scheduler: one model thread, continuous batching over cache slots, admin operations between passes.
 
-See `serving.engine` for the threading model and batching. Requests are admitted into free slots
-with batched prefill passes (within PREFILL_TOKEN_BUDGET), then decode together; a pass during
-which a swapped kernel raised is rolled back and run again (`_clean_pass`).
+See `serving.engine` for the threading model and batching. The scheduler owns the requests, the
+slots and the model thread; each forward pass it decides is a `serving.plan.StepPlan` that the
+model runner (`serving.runner.ModelRunner`, which it is given, never inherits) executes.
+
+Requests are admitted into free slots with batched prefill passes (within PREFILL_TOKEN_BUDGET),
+then decode together; a pass during which a swapped kernel raised is rolled back and run again
+(`_clean_pass`).
 
 Mixed steps: while rows decode, a request whose prompt is short joins with a mixed step instead of
 a prefill pass of its own. Each prompt token becomes one more row of the decode step, at its own
@@ -38,9 +43,11 @@ from typing import Any
 import torch
 
 from gpuyantra.swap.engine import SwapEngine
-from serving.graphs import PendingTokens
+from serving.graphs import GraphDecoder, PendingTokens
+from serving.plan import StepPlan
 from serving.request import EngineNotReady, GenRequest, RequestError, _AdminOp, _Slot
 from serving.runner import ModelRunner
+from serving.sampling import choose_tokens, greedy_request, token_logprobs
 
 log = logging.getLogger("gpuyantra.serving")
 
@@ -50,11 +57,27 @@ LIVE_STEPS_KEPT = 65536  # served decode steps remembered for live speed measure
 GRAPH_STEPS_TIMED = 1024  # graph decode steps whose host cycle `decode_timing` reports
 
 
-class Scheduler(ModelRunner):
-    swaps: SwapEngine  # set by the engine
+@dataclass
+class ServedTraffic:
+    """What live traffic looked like lately: read by the profile (its probes, the served batches)
+    and by live speed measurements, written by the scheduler as it serves."""
 
-    def _init_scheduler(self) -> None:
-        """The queues, slots and thread state (called by the engine once the runner is set up)."""
+    prompt_lens: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+    batches: deque[int] = field(default_factory=lambda: deque(maxlen=256))
+    # Served decode steps (end time, rows, active rows, seconds): served speed judged from live
+    # traffic without pausing it.
+    live_steps: deque[tuple[float, int, int, float]] = field(default_factory=lambda: deque(maxlen=LIVE_STEPS_KEPT))
+
+
+class Scheduler:
+    def __init__(
+        self, runner: ModelRunner, swaps: SwapEngine, *, run_ahead: bool = True, mixed_prompt_tokens: int = 0
+    ) -> None:
+        self.runner = runner
+        self.swaps = swaps
+        self.observer = runner.observer
+        self.max_batch = runner.max_batch
+        self.cache = runner.cache
         self.slots: list[_Slot | None] = [None] * self.max_batch
         self._pending: deque[GenRequest] = deque()
         self._admin: deque[_AdminOp] = deque()
@@ -63,24 +86,29 @@ class Scheduler(ModelRunner):
         self._stop = False
         self.ready = False
         self.started_at = time.time()
-        self._recent_prompt_lens: deque[int] = deque(maxlen=64)
-        self._recent_batches: deque[int] = deque(maxlen=256)
-        # Served decode steps (end time, rows, active rows, seconds): served speed judged from live
-        # traffic without pausing it.
-        self._live_steps: deque[tuple[float, int, int, float]] = deque(maxlen=LIVE_STEPS_KEPT)
+        self.traffic = ServedTraffic()
         # Graph decode runs one step ahead of the host when it can (`_decode_graphs`): the step
         # replayed, its tokens not read yet.
-        self.run_ahead = True
+        self.run_ahead = run_ahead
         self._ahead: _Step | None = None
         # Graph steps queued ahead (`_decode_graphs`): the host's cycle from the previous step's
         # tokens to this one's, and how much of it the host waited for them (`decode_timing`).
         self._graph_cycles: deque[tuple[float, float]] = deque(maxlen=GRAPH_STEPS_TIMED)
         self._graph_tokens_at: float | None = None
         self.steps_queued_from_host = 0  # `_queue_next_from_host`
-        self.mixed_prompt_tokens = 0  # prompt tokens a mixed step may take (module doc); set by the engine
+        self.mixed_prompt_tokens = mixed_prompt_tokens  # prompt tokens a mixed step may take (module doc)
         self.mixed_admissions = 0
         self._interrupting_prefill_ms: deque[float] = deque(maxlen=16)  # prefill passes while rows decoded
         self._interrupting_prefill_rows: deque[int] = deque(maxlen=16)  # the rows each of them held
+
+    @property
+    def graphs(self) -> GraphDecoder | None:
+        """The runner's captured decode graphs (run-ahead and mixed steps drive them directly)."""
+        return self.runner.graphs
+
+    @property
+    def usable_len(self) -> int:
+        return self.runner.usable_len
 
     # ================================================================== lifecycle
     def start(self, reapply: bool = True) -> list[dict[str, Any]]:
@@ -120,8 +148,9 @@ class Scheduler(ModelRunner):
         ids = request.prompt_ids
         if not ids:
             raise RequestError("the prompt is empty")
-        if self.vocab_size and any((not isinstance(i, int)) or i < 0 or i >= self.vocab_size for i in ids):
-            raise RequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        vocab = self.runner.vocab_size
+        if vocab and any((not isinstance(i, int)) or i < 0 or i >= vocab for i in ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {vocab})")
         if request.max_tokens < 1:
             raise RequestError("max_tokens must be at least 1")
         needed = len(ids) + request.max_tokens - 1
@@ -228,7 +257,7 @@ class Scheduler(ModelRunner):
                     self._pending.popleft()
                     self._finish(req, "cancelled")
                     continue
-                if greedy_only and not _greedy(req):
+                if greedy_only and not greedy_request(req):
                     break
                 if mixed_room is not None:
                     if len(req.prompt_ids) > mixed_room:
@@ -307,7 +336,7 @@ class Scheduler(ModelRunner):
         return room if room > 0 else None
 
     def _prefill_captures(self) -> int:
-        return self.prefill_graphs.captures if self.prefill_graphs is not None else 0
+        return self.runner.prefill_graphs.captures if self.runner.prefill_graphs is not None else 0
 
     def mixed_info(self) -> dict[str, Any]:
         """Mixed steps so far, and what their choice weighs (module doc)."""
@@ -351,11 +380,12 @@ class Scheduler(ModelRunner):
             positions += range(len(req.prompt_ids))
             slots += [index] * len(req.prompt_ids)
             last_rows.append(len(tokens) - 1)
-        logits = self._clean_pass(lambda: self.mixed_rows(tokens, positions, slots))
+        plan = StepPlan.mixed(tokens, positions, slots)
+        logits = self._clean_pass(lambda: self.runner.run(plan))
         picked = logits.index_select(0, torch.tensor([*range(len(decode_rows)), *last_rows], device=logits.device))
         joining = [self._new_slot(index, req) for index, req in admitted]
         rows = [*decode_rows, *joining]
-        chosen = self._select(picked, rows)
+        chosen = choose_tokens(picked, rows)
         logprobs = token_logprobs(picked, [s.request.logprobs if s is not None else None for s in rows], chosen)
         n = len(decode_rows)
         seconds = time.perf_counter() - started
@@ -391,9 +421,10 @@ class Scheduler(ModelRunner):
         captures = self._prefill_captures()
         rows = [index for index, _ in admitted]
         prompts = [req.prompt_ids for _, req in admitted]
-        logits = self._clean_pass(lambda: self.prefill_rows(rows, prompts))
+        plan = StepPlan.prefill(rows, prompts)
+        logits = self._clean_pass(lambda: self.runner.run(plan))
         slots = [self._new_slot(index, req) for index, req in admitted]
-        tokens = self._select(logits, slots)
+        tokens = choose_tokens(logits, slots)
         logprobs = token_logprobs(logits, [s.request.logprobs for s in slots], tokens)
         elapsed = time.perf_counter() - started
         self.observer.on_forward("prefill", len(admitted), sum(len(p) for p in prompts), elapsed)
@@ -401,7 +432,7 @@ class Scheduler(ModelRunner):
             self._interrupting_prefill_ms.append(1e3 * elapsed)
             self._interrupting_prefill_rows.append(len(admitted))
         for (index, _), slot, token, lp in zip(admitted, slots, tokens, logprobs):
-            self._recent_prompt_lens.append(len(slot.request.prompt_ids))
+            self.traffic.prompt_lens.append(len(slot.request.prompt_ids))
             self._accept(index, slot, token, lp)
 
     def _decode_active(self) -> None:
@@ -416,8 +447,9 @@ class Scheduler(ModelRunner):
             return
         # Eager: attend only up to the longest active row (inactive rows write at scratch).
         kv_len = max(s.pos for s in rows if s is not None) + 1
-        logits = self._clean_pass(lambda: self.decode_rows_eager(tokens, positions, kv_len=kv_len))
-        chosen = self._select(logits, rows)
+        plan = StepPlan.decode(tokens, positions, kv_len=kv_len)
+        logits = self._clean_pass(lambda: self.runner.run(plan))
+        chosen = choose_tokens(logits, rows)
         logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
         self._finish_step(started, list(rows), chosen, logprobs)
 
@@ -435,9 +467,10 @@ class Scheduler(ModelRunner):
         if step is not None and not any(s is not None and self.slots[i] is s for i, s in enumerate(step.rows)):
             step = None  # queued for requests that all ended since: nothing to hand out
         if step is None:
-            logits = self._clean_pass(lambda: graphs.decode(tokens, positions))
+            plan = StepPlan.decode(tokens, positions, graph_bucket=graphs.bucket_for(len(tokens)))
+            logits = self._clean_pass(lambda: self.runner.run(plan))
             if not self._greedy_rows(rows):
-                chosen = self._select(logits, rows, greedy=graphs.greedy(len(rows)))
+                chosen = choose_tokens(logits, rows, greedy=graphs.greedy(len(rows)))
                 logprobs = token_logprobs(logits, [s.request.logprobs if s is not None else None for s in rows], chosen)
                 self._finish_step(started, list(rows), chosen, logprobs)
                 return
@@ -477,7 +510,7 @@ class Scheduler(ModelRunner):
         self.mixed_admissions += len(joined)
         self.observer.on_forward("prefill", len(joined), prompt_tokens, seconds)
         for (index, slot), token, lp in zip(joined, tokens, logprobs):
-            self._recent_prompt_lens.append(len(slot.request.prompt_ids))
+            self.traffic.prompt_lens.append(len(slot.request.prompt_ids))
             if self.slots[index] is slot:
                 self._accept(index, slot, token, lp)
 
@@ -599,7 +632,7 @@ class Scheduler(ModelRunner):
 
     def _greedy_rows(self, rows: Sequence[_Slot | None]) -> bool:
         """Every live row takes the argmax token and wants no logprobs (the graph's token suffices)."""
-        return all(s is None or _greedy(s.request) for s in rows)
+        return all(s is None or greedy_request(s.request) for s in rows)
 
     def _may_run_ahead(self, step: _Step) -> bool:
         """Queue the next step now? Only when it is certainly wanted and nothing else waits to run
@@ -635,7 +668,7 @@ class Scheduler(ModelRunner):
                 return False, False  # a request joined this row: its inputs come from the host
             assert slot is not None
             req = slot.request
-            if req.cancelled or not _greedy(req):
+            if req.cancelled or not greedy_request(req):
                 return False, False
             continuing |= len(req.output_ids) + 2 <= req.max_tokens and slot.pos + 2 <= self.usable_len
         return True, continuing
@@ -652,30 +685,12 @@ class Scheduler(ModelRunner):
         active = sum(1 for s in rows if s is not None)
         elapsed = time.perf_counter() - started
         self.observer.on_forward("decode", n, active, elapsed)
-        self._live_steps.append((time.monotonic(), n, active, elapsed))
-        self._recent_batches.append(active)
+        self.traffic.live_steps.append((time.monotonic(), n, active, elapsed))
+        self.traffic.batches.append(active)
         for index, slot in enumerate(rows):
             if slot is not None:
                 slot.pos += 1
                 self._accept(index, slot, chosen[index], logprobs[index])
-
-    def _select(
-        self, logits: torch.Tensor, slots: Sequence[_Slot | None], greedy: torch.Tensor | None = None
-    ) -> list[int]:
-        """Each row's token: the argmax (`greedy`, when the step computed it already), or a sample."""
-        out: list[int] = (logits.argmax(dim=-1) if greedy is None else greedy).tolist()
-        for r, slot in enumerate(slots):
-            if slot is None or slot.request.temperature <= 0:
-                continue
-            req = slot.request
-            probs = torch.softmax(logits[r].float() / max(req.temperature, 1e-5), dim=-1).cpu()
-            if req.top_p < 1.0:
-                sorted_p, order = probs.sort(descending=True)
-                keep = sorted_p.cumsum(0) - sorted_p < req.top_p
-                keep[0] = True
-                probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-            out[r] = int(torch.multinomial(probs, 1, generator=slot.generator))
-        return out
 
     def _accept(
         self, index: int, slot: _Slot, token: int, logprob: tuple[float, list[tuple[int, float]]] | None = None
@@ -727,30 +742,3 @@ class _Step:
     tokens: PendingTokens
     joined: dict[int, _Slot] = field(default_factory=dict)
     queued_at: float = field(default_factory=time.perf_counter)
-
-
-def _greedy(req: GenRequest) -> bool:
-    """The request takes the argmax token and wants no logprobs (a graph step's token suffices)."""
-    return req.temperature <= 0 and not req.logprobs
-
-
-def token_logprobs(
-    logits: torch.Tensor, wanted: Sequence[int | None], chosen: Sequence[int]
-) -> list[tuple[float, list[tuple[int, float]]] | None]:
-    """Per row r of `logits` [rows, V]: None when wanted[r] is None, else (log-probability of
-    chosen[r], the wanted[r] most likely (token id, log-probability), most likely first), from
-    log_softmax of the logits in float32."""
-    out: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(wanted)
-    rows = [r for r, k in enumerate(wanted) if k is not None]
-    if not rows:
-        return out
-    index = torch.tensor(rows, device=logits.device)
-    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-    picked = logp.gather(1, torch.tensor([[int(chosen[r])] for r in rows], device=logits.device))[:, 0].tolist()
-    k = min(max(int(wanted[r]) for r in rows), logp.shape[-1])  # type: ignore[arg-type]
-    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
-    values, ids = top_values.tolist(), top_ids.tolist()
-    for j, r in enumerate(rows):
-        want = int(wanted[r])  # type: ignore[arg-type]
-        out[r] = (picked[j], list(zip(ids[j][:want], values[j][:want])))
-    return out

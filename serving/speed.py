@@ -10,13 +10,23 @@ from typing import Any
 import torch
 
 from gpuyantra.served_speed import paired_drops, phase_order, repeat_spread
+from gpuyantra.swap.engine import SwapEngine
 from serving.request import RequestError
+from serving.runner import ModelRunner
 from serving.scheduler import Scheduler
 
 MAX_GENERATIONS_PER_REPEAT = 1000  # bounds one benchmark repeat however small min_repeat_s is against the step time
 
 
-class ServedSpeed(Scheduler):
+class ServedSpeed:
+    """The engine's speed part: benchmarks and paired comparisons run on the model thread with the
+    scheduler idle (through `Scheduler.call(..., exclusive=True)`), live speed read off its traffic."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, swaps: SwapEngine) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.swaps = swaps
+
     def benchmark(
         self, max_tokens: int = 16, prompt_tokens: int = 8, batch: int = 1, repeats: int = 1, min_repeat_s: float = 0.0
     ) -> dict[str, Any]:
@@ -26,26 +36,26 @@ class ServedSpeed(Scheduler):
         short generation is mostly timer and launch noise). `tokens_per_s` is the median repeat; the
         spread of the repeats (min, max, (max - min) / median, 1.4826 * MAD / median) says how far
         two measurements may differ by noise alone."""
-        if self.active_count:
+        if self.scheduler.active_count:
             raise RuntimeError("benchmark needs an idle engine (run it through call(..., exclusive=True))")
-        if not 1 <= batch <= self.max_batch:
-            raise RequestError(f"batch must be between 1 and max_batch ({self.max_batch})")
-        if prompt_tokens < 1 or max_tokens < 1 or prompt_tokens + max_tokens > self.usable_len:
-            raise RequestError(f"prompt_tokens + max_tokens must be within the context ({self.usable_len})")
-        vocab = max(2, self.vocab_size)
+        if not 1 <= batch <= self.runner.max_batch:
+            raise RequestError(f"batch must be between 1 and max_batch ({self.runner.max_batch})")
+        if prompt_tokens < 1 or max_tokens < 1 or prompt_tokens + max_tokens > self.runner.usable_len:
+            raise RequestError(f"prompt_tokens + max_tokens must be within the context ({self.runner.usable_len})")
+        vocab = max(2, self.runner.vocab_size)
         prompts = [[(31 * i + 17 * r + 5) % vocab for i in range(prompt_tokens)] for r in range(batch)]
-        cuda = self.device.type == "cuda"
+        cuda = self.runner.device.type == "cuda"
 
         def sync():
             if cuda:
-                torch.cuda.synchronize(self.device)
+                torch.cuda.synchronize(self.runner.device)
 
         def run(steps: int) -> tuple[float, float, list[list[int]]]:
             sync()
             t0 = time.perf_counter()
             last = []
             for r, prompt in enumerate(prompts):
-                last.append(int(self.prefill_row(r, prompt)[0].argmax()))
+                last.append(int(self.runner.prefill_row(r, prompt)[0].argmax()))
             sync()
             t1 = time.perf_counter()
             outs = [[t] for t in last]
@@ -97,11 +107,11 @@ class ServedSpeed(Scheduler):
         """`steps` greedy decode steps of rows 0..n-1 from (tokens, positions), each step's tokens, as
         the scheduler serves greedy rows: with graphs and run-ahead on, step k+1 is queued before
         the host reads step k's tokens."""
-        graphs, n = self.graphs, len(tokens)
+        graphs, n = self.runner.graphs, len(tokens)
         out: list[list[int]] = []
-        if graphs is None or not self.run_ahead:
+        if graphs is None or not self.scheduler.run_ahead:
             for _ in range(steps):
-                tokens = self.decode_rows(tokens, positions).argmax(dim=-1).tolist()
+                tokens = self.runner.decode_rows(tokens, positions).argmax(dim=-1).tolist()
                 out.append(tokens)
                 positions = [p + 1 for p in positions]
             return out
@@ -132,37 +142,37 @@ class ServedSpeed(Scheduler):
         captured once and its graphs replayed in its phases. Rounds measured minutes apart would
         carry drift; pairs measured seconds apart share it. Needs an idle engine; the swap is always
         on again at the end."""
-        if self.active_count:
+        if self.scheduler.active_count:
             raise RuntimeError("compare_swap needs an idle engine (run it through call(..., exclusive=True))")
         for batch in batches:
-            if not 1 <= batch <= self.max_batch:
-                raise RequestError(f"batch must be between 1 and max_batch ({self.max_batch})")
+            if not 1 <= batch <= self.runner.max_batch:
+                raise RequestError(f"batch must be between 1 and max_batch ({self.runner.max_batch})")
         samples: dict[int, dict[bool, list[float]]] = {b: {True: [], False: []} for b in batches}
         order = phase_order(rounds)
         started = time.perf_counter()
         graph_sets: dict[bool, dict[str, Any]] = {}
-        with self.eager_prefill(), self.swaps.suspension(swap_id) as use:
+        with self.runner.eager_prefill(), self.swaps.suspension(swap_id) as use:
             try:
                 # One capture per side, kept: each phase then replays its side's graphs.
                 for on in (False, True):
                     use(on)
-                    if self.graphs is not None:
-                        self.graphs.capture_all()
-                        graph_sets[on] = self.graphs.captured()
+                    if self.runner.graphs is not None:
+                        self.runner.graphs.capture_all()
+                        graph_sets[on] = self.runner.graphs.captured()
                 for on in order:
                     use(on)
-                    if self.graphs is not None:
-                        self.graphs.use_captured(graph_sets[on])
+                    if self.runner.graphs is not None:
+                        self.runner.graphs.use_captured(graph_sets[on])
                     for batch in batches:
                         answer = self.benchmark(max_tokens, prompt_tokens, batch, repeats, min_repeat_s)
                         samples[batch][on].append(float(answer["tokens_per_s"]))
             finally:
                 use(True)  # the forwards and graphs hold the swap again
-                if self.graphs is not None:
+                if self.runner.graphs is not None:
                     if True in graph_sets:
-                        self.graphs.use_captured(graph_sets[True])
+                        self.runner.graphs.use_captured(graph_sets[True])
                     else:
-                        self.graphs.capture_all()
+                        self.runner.graphs.capture_all()
         return {
             "swap_id": swap_id,
             "measured": "paired",
@@ -184,28 +194,28 @@ class ServedSpeed(Scheduler):
     def _served_state(self) -> dict[str, Any]:
         """What a speed figure was measured on: decode path, swaps in, device, dtype, model."""
         path = "eager"
-        if self.graphs is not None:
-            path = "cuda-graphs" if self.graphs.capture_enabled else "static-eager"
+        if self.runner.graphs is not None:
+            path = "cuda-graphs" if self.runner.graphs.capture_enabled else "static-eager"
         return {
             "path": path,
-            "run_ahead": self.graphs is not None and self.run_ahead,
+            "run_ahead": self.runner.graphs is not None and self.scheduler.run_ahead,
             "active_swaps": self.swaps.active_ids(),
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "model": self.model_name,
+            "device": str(self.runner.device),
+            "dtype": str(self.runner.dtype).replace("torch.", ""),
+            "model": self.runner.model_name,
         }
 
     def live_speed(self, batch: int, window_s: float, min_steps: int, repeats: int = 5) -> dict[str, Any]:
         """Served decode speed from the live steps of the next `window_s` seconds at `batch` full rows
         (called off the engine thread; traffic is not paused). `{"measured": "none", "reason": ...}`
         when there is no such traffic: at once when nothing is decoding, else after the window."""
-        if not self.active_count:
+        if not self.scheduler.active_count:
             return {"measured": "none", "reason": "no live traffic is decoding now"}
         start = time.monotonic()
         deadline = start + window_s
         while time.monotonic() < deadline:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-        steps = [s for s in list(self._live_steps) if s[0] > start and s[1] == batch and s[2] == batch]
+        steps = [s for s in list(self.scheduler.traffic.live_steps) if s[0] > start and s[1] == batch and s[2] == batch]
         if len(steps) < min_steps:
             return {
                 "measured": "none",

@@ -1,8 +1,11 @@
 """Import cycles among the gpuyantra/ and serving/ modules: the module import graph, built with `ast`
 (every import, function-level ones included; `if TYPE_CHECKING:` imports excluded), and its strongly
-connected components. Only the known ones below may remain. The library (`gpuyantra/`) and the
-serving process (`serving/`) import nothing of the app (`workflows/`, `activities/`, `workers/`):
-arrows run from the app down to the library, never up.
+connected components. Only the known ones below may remain. The swap engine and the serving
+engine's parts may not import each other even for type annotations (`if TYPE_CHECKING:` counted),
+and no class there inherits from more than one project class (the binders and the serving parts
+are composed, not stacked). A module over 600 lines gives the reason on its first line. The library
+(`gpuyantra/`) and the serving process (`serving/`) import nothing of the app (`workflows/`,
+`activities/`, `workers/`): arrows run from the app down to the library, never up.
 
 `python -m tests.test_import_cycles` prints every cycle with its edges."""
 
@@ -33,8 +36,13 @@ def module_files(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     return out
 
 
-def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
-    """Module -> the project modules it imports (`from a import b`: a, and a.b when b is a module)."""
+# Packages and modules held to no cycle even through `if TYPE_CHECKING:` imports.
+TYPED_ACYCLIC = ("gpuyantra.swap", "serving")
+
+
+def import_graph(type_checking: bool = False, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (`from a import b`: a, and a.b when b is a module);
+    `type_checking`: imports under `if TYPE_CHECKING:` count too."""
     modules = module_files(packages)
 
     def known(name: str) -> str | None:
@@ -48,7 +56,7 @@ def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
         stack: list[ast.AST] = [ast.parse(path.read_text())]
         while stack:
             node = stack.pop()
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 stack.extend(node.orelse)
                 continue
             if isinstance(node, ast.Import):
@@ -130,7 +138,7 @@ def library_to_app_arrows(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_library_imports_nothing_of_the_app():
-    assert library_to_app_arrows(import_graph(PACKAGES + APP_PACKAGES)) == []
+    assert library_to_app_arrows(import_graph(packages=PACKAGES + APP_PACKAGES)) == []
 
 
 def test_an_arrow_from_the_library_to_the_app_is_found():
@@ -149,6 +157,50 @@ def test_the_workflows_and_the_activities_they_call_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_swap_and_serving_modules_have_no_cycles_even_for_types():
+    graph = import_graph(type_checking=True)
+    inside = [c for c in cycles(graph) if all(m.startswith(TYPED_ACYCLIC) for m in c)]
+    assert inside == [], f"import cycles through type-checking imports: {inside}"
+
+
+def project_class_names() -> set[str]:
+    return {
+        node.name
+        for path in module_files().values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def test_no_class_in_swap_or_serving_stacks_two_project_classes():
+    project = project_class_names()
+    stacked = []
+    for name, path in module_files().items():
+        if not name.startswith(TYPED_ACYCLIC):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                if len([b for b in bases if b in project]) > 1:
+                    stacked.append(f"{name}.{node.name}({', '.join(bases)})")
+    assert stacked == [], f"classes inheriting from several project classes: {stacked}"
+
+
+LONG_MODULE_LINES = 600
+SOURCE_FOLDERS = ("gpuyantra", "serving", "workflows", "activities", "workers", "benchmarks", "tests")
+
+
+def test_no_long_module_without_a_reason_at_its_top():
+    """A module over LONG_MODULE_LINES lines says why in its first lines (`# Over 600 lines: ...`)."""
+    unexplained = []
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            if len(lines) > LONG_MODULE_LINES and not any(ln.startswith("# Over 600 lines: ") for ln in lines[:2]):
+                unexplained.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
+    assert unexplained == [], f"split these or give the reason on their first line: {unexplained}"
 
 
 if __name__ == "__main__":

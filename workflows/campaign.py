@@ -1,3 +1,4 @@
+# Over 600 lines: one Temporal workflow class: its stages share the workflow's state and replay as one unit.
 """OptimizeCampaign: profile → retrieve skills → write → verify → learn → deploy, per target op.
 
 The targets' write/verify searches run concurrently; swaps into the server and the served-speed

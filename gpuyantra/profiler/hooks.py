@@ -23,7 +23,30 @@ def _profiler(activities):
 _OPEN_RANGES: dict[tuple[int, int], list] = {}
 
 
-def _install_hooks(modules, capture_idx, captured):
+# (input index, shape, strides, storage offset) of an activation that is not a fresh contiguous tensor.
+Layout = tuple[int, tuple[int, ...], tuple[int, ...], int]
+
+
+def layout_of(index: int, tensor: torch.Tensor) -> Layout | None:
+    """The layout of activation `index` where a kernel could get it wrong: strided (a slice of a wider
+    buffer: Phi-3's chunked gate/up, `h[:, -1:, :]`) or at a storage offset. None for a contiguous
+    tensor at offset 0 (what the plan's other cases hand a kernel)."""
+    offset = int(tensor.storage_offset())
+    if tensor.is_contiguous() and offset == 0:
+        return None
+    return (index, tuple(int(d) for d in tensor.shape), tuple(int(s) for s in tensor.stride()), offset)
+
+
+def record_layouts(counts: Counter, tensors) -> None:
+    """Count each of `tensors`' layouts that is not plain (`layout_of`)."""
+    for index, tensor in enumerate(tensors):
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            layout = layout_of(index, tensor)
+            if layout is not None:
+                counts[layout] += 1
+
+
+def _install_hooks(modules, capture_idx, captured, layouts=None):
     handles = []
     for idx, (_, module) in enumerate(modules):
         label = f"{LABEL}{idx}"
@@ -33,6 +56,8 @@ def _install_hooks(modules, capture_idx, captured):
                 tensor = _first_tensor(args, kwargs)
                 if tensor is not None:
                     captured[_idx][(tuple(tensor.shape), _dtype_name(tensor.dtype))] += 1
+                    if layouts is not None:
+                        record_layouts(layouts[_idx], [tensor])
             rf = torch.profiler.record_function(_label)
             rf.__enter__()
             _OPEN_RANGES.setdefault((threading.get_ident(), id(mod)), []).append(rf)
@@ -61,7 +86,7 @@ def _close_open_ranges(modules):
 _MISSING = object()
 
 
-def _capture_activation_shapes(modules, groups, group_of, fn) -> dict[int, Counter]:
+def _capture_activation_shapes(modules, groups, group_of, fn, layouts=None) -> dict[int, Counter]:
     """Run `fn` once with each module of a `module_activations` family bound through the family's
     `replacement_forward` to a recording entry that computes the family reference; restore after."""
     import types
@@ -82,6 +107,8 @@ def _capture_activation_shapes(modules, groups, group_of, fn) -> dict[int, Count
                 first = acts[0] if acts else None
                 if isinstance(first, torch.Tensor):
                     recorded[_idx][(_case_shape(_family, acts), _dtype_name(first.dtype))] += 1
+                    if layouts is not None:
+                        record_layouts(layouts[_idx], acts)
                 return _family.reference(*acts, **params)
 
             forward = family.replacement_forward(module, entry, group.adapter)

@@ -10,6 +10,7 @@ import torch
 
 from gpuyantra.binding import ModuleGroup, find_module_groups
 from gpuyantra.hardware import HardwareSpec, get_hardware
+from gpuyantra.profile_targets import merge_live_inputs
 from gpuyantra.profiler.phase import _profile_phase
 
 DEFAULT_DECODE_STEPS = 32
@@ -150,6 +151,7 @@ def _combine_targets(phases, weights, primary) -> list[dict[str, Any]]:
             for d in t["dtypes"]:
                 if d not in entry["dtypes"]:
                     entry["dtypes"].append(d)
+            merge_live_inputs(entry, t)  # every phase's row counts (decode batches, prefill) and layouts
             entry["_cost"] += weights[phase] * t["cost_us"]
             entry["_gain"] += weights[phase] * t["est_gain_us"]
             entry["phases"][phase] = {

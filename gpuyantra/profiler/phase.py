@@ -60,9 +60,10 @@ def _profile_phase(
     captured: dict[int, Counter] = defaultdict(Counter)
     # Families whose module input is not their first activation (gated MLPs: x in, (gate, up) to the
     # op) get their real activation shapes from one shadow call through `replacement_forward`.
-    shadow = _capture_activation_shapes(modules, groups, group_of, fn)
+    layouts: dict[int, Counter] = defaultdict(Counter)  # strided or offset activations (`layout_of`)
+    shadow = _capture_activation_shapes(modules, groups, group_of, fn, layouts)
     capture_idx -= set(shadow)
-    handles = _install_hooks(modules, capture_idx, captured)
+    handles = _install_hooks(modules, capture_idx, captured, layouts)
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
@@ -131,7 +132,8 @@ def _profile_phase(
         cuda=cuda, spec=spec, step_us=device_total if graphed else step_us, busy=busy, steps=steps, graphed=graphed
     )
     targets = [
-        _target_metrics(ctx, group, modules, group_of, gi, by_index, captured) for gi, group in enumerate(groups)
+        _target_metrics(ctx, group, modules, group_of, gi, by_index, captured, layouts)
+        for gi, group in enumerate(groups)
     ]
     targets.extend(_function_targets(ctx, sites, fn, sync))
     targets.sort(key=lambda t: (-t["est_gain_us"], -t["share"], t["op"], t["qualified_class"]))

@@ -11,9 +11,14 @@ import torch
 
 from gpuyantra.binding import ModuleGroup
 from gpuyantra.hardware import HardwareSpec
-from gpuyantra.profile_targets import function_target_fields, group_target_fields, param_shape_fields
+from gpuyantra.profile_targets import (
+    function_target_fields,
+    group_target_fields,
+    live_input_fields,
+    param_shape_fields,
+)
 from gpuyantra.profiler.events import _absorbed, _median_per_step
-from gpuyantra.profiler.hooks import _dtype_name
+from gpuyantra.profiler.hooks import _dtype_name, record_layouts
 
 HOST_BOUND_BUSY = 0.5  # below this GPU busy fraction the step waits on the host
 KERNEL_EFFICIENCY = 0.8  # fraction of the roofline a good kernel reaches
@@ -38,7 +43,7 @@ class _PhaseContext:
         return self.cuda and not self.graphed and self.busy < HOST_BOUND_BUSY
 
 
-def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, gi, by_index, captured):
+def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, gi, by_index, captured, layouts=None):
     from gpuyantra.ops import get_op
 
     family = get_op(group.op)
@@ -62,6 +67,10 @@ def _target_metrics(ctx: _PhaseContext, group: ModuleGroup, modules, group_of, g
         ),
         **param_shape_fields(group),
     }
+    seen_layouts: Counter = Counter()
+    for i in indices:
+        seen_layouts.update((layouts or {}).get(i, {}))
+    target.update(live_input_fields(target["shapes"], seen_layouts))
     target["why"] = _why(ctx, target)
     return target
 
@@ -199,7 +208,8 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
     if not sites:
         return []
     stats: dict[str, dict[str, Any]] = {
-        s.dotted: {"calls": 0, "timed": 0, "us": 0.0, "ops": None, "seen": Counter()} for s in sites
+        s.dotted: {"calls": 0, "timed": 0, "us": 0.0, "ops": None, "seen": Counter(), "layouts": Counter()}
+        for s in sites
     }
     states = {s.dotted: s.current() for s in sites}
 
@@ -210,6 +220,8 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
             q = args[0] if args else next(iter(kwargs.values()), None)
             if isinstance(q, torch.Tensor):
                 st["seen"][(tuple(q.shape), _dtype_name(q.dtype))] += 1
+                # q and k sliced to the rotary dims (partial rotary) arrive as views: their layouts.
+                record_layouts(st["layouts"], [a for a in args if isinstance(a, torch.Tensor)])
             st["calls"] += 1
             if st["ops"] is None:
                 with _OpCounter() as counter:
@@ -255,14 +267,17 @@ def _function_targets(ctx: _PhaseContext, sites, fn, sync) -> list[dict[str, Any
             device_us = sum(kernels.get(s.dotted, (0.0, 0))[0] for s in mine) / kernel_calls * calls
         launches = float(ops_per_call * calls)
         seen: Counter = Counter()
+        seen_layouts: Counter = Counter()
         for s in mine:
             seen.update(stats[s.dotted]["seen"])
+            seen_layouts.update(stats[s.dotted]["layouts"])
         costs = _cost_fields(ctx, family, seen, 1, host_us, device_us, float(calls), launches, float(ops_per_call))
         target = {
             **function_target_fields(op, mine),
             "callers": list(dict.fromkeys(c for s in mine for c in s.caller_classes)),
             **costs,
         }
+        target.update(live_input_fields(target["shapes"], seen_layouts))
         target["why"] = (
             _why(ctx, target) + " (function-level target: the swap replaces the module global "
             f"{', '.join(target['functions'])}, called by {', '.join(target['callers'])})"

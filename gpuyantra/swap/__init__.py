@@ -29,8 +29,9 @@ A newer swap that binds modules an active swap holds supersedes it on those modu
 the newer swap restores the original forward (not the superseded kernel).
 
 Modules: `records` (records, errors, manifest), `guards` (the guarded forwards and wrappers),
-`parity` (the checks), `core` (state and the bind -> check -> commit skeleton), `modules` and
-`functions` (the two kinds of binding), `engine` (`SwapEngine`). Function-site discovery is
+`parity` (the checks), `core` (state, the bind -> check -> commit skeleton, the `Binder` protocol),
+`modules` and `functions` (the two kinds of binding, `ModuleBinder` and `FunctionBinder`: strategies
+the engine owns), `engine` (`SwapEngine`). Function-site discovery is
 `gpuyantra.function_sites`.
 
 Manifest: `<state_dir>/swaps/manifest.json` holds every record (history, with status). `reapply()`

@@ -1,8 +1,10 @@
 """The swap engine's state and the steps every swap shares: keep the candidate file, then
 bind -> check -> before_commit -> commit (or restore everything), and the manifest.
 
-`SwapCore._bind_check_commit` is that skeleton, written once for both kinds of binding
-(`gpuyantra.swap.modules`: module forwards; `gpuyantra.swap.functions`: module globals).
+`SwapCore._bind_check_commit` is that skeleton, written once for both kinds of binding. The kinds
+are strategies (`Binder`: `gpuyantra.swap.modules.ModuleBinder` binds module forwards,
+`gpuyantra.swap.functions.FunctionBinder` module globals), each given the core it binds into; the
+core imports neither, and `gpuyantra.swap.guards` imports nothing of the core.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import torch
 
-from gpuyantra.binding import ModuleGroup
-from gpuyantra.function_sites import FunctionSite
+from gpuyantra.candidate import Candidate
+from gpuyantra.ops import OpFamily
 from gpuyantra.swap.guards import FUNCTION_GLOBALS, BindingKind, _LiveSwap
 from gpuyantra.swap.records import (
     CandidateLoadError,
@@ -32,6 +35,50 @@ from gpuyantra.swap.records import (
     read_manifest,
     write_manifest,
 )
+
+
+@dataclass(frozen=True)
+class BindRequest:
+    """One swap as a binder sees it: the candidate loaded, its kept file and where it came from,
+    and what the caller restricted it to."""
+
+    family: OpFamily
+    candidate: Candidate
+    swap_id: str
+    kept: Path
+    origin: str  # "source", "path" or "manifest" (re-applied)
+    source_path: str | None
+    module_class: str | None
+    live_shapes: Any  # shapes to check at: a list, or a mapping by group key / class / function
+    reapply_record: SwapRecord | None = None  # the manifest's record when re-applying
+    param_shapes: dict[str, list[int] | None] | None = None
+    rows_gate: dict[str, list[int]] | None = None
+
+
+class Binder(Protocol):
+    """One kind of binding (a strategy of the swap engine)."""
+
+    kind: BindingKind
+
+    def targets(self, request: BindRequest) -> list[Any]:
+        """What this binder would bind for the request (empty: none of its kind computes the op)."""
+        ...
+
+    def bind(self, request: BindRequest, targets: list[Any]) -> SwapRecord:
+        """Bind every target, check parity, commit; on any failure restore all, raise a SwapError."""
+        ...
+
+    def state(self) -> dict[str, str | None]:
+        """Bound key (module name, dotted global) -> id of the swap bound there (None: original)."""
+        ...
+
+    def restore(self, live: _LiveSwap) -> None:
+        """Put back what `live` replaced where it is still bound (a rollback; caller holds the state lock)."""
+        ...
+
+    def suspendable(self, live: _LiveSwap) -> list[tuple[BindingKind, Any, Any]]:
+        """(kind, bound object, the state a rollback would put back) for each object `live` holds."""
+        ...
 
 
 class SwapCore:
@@ -70,11 +117,9 @@ class SwapCore:
         self._owner: dict[str, str] = {}  # module name -> swap_id bound there
         self._originals: dict[str, Any] = {}  # module name -> pre-swap instance forward
         self._faults: deque[_LiveSwap] = deque()
-        self._groups_cache: dict[str, list[ModuleGroup]] = {}
         self._modules = dict(model.named_modules())
         # Function-level binding (families with known_functions, e.g. rope's apply_rotary_pos_emb).
         self.probe_forward = probe_forward
-        self._sites_cache: dict[str, list[FunctionSite]] = {}
         self._fn_owner: dict[str, str] = {}  # dotted global -> swap_id bound there
         self._fn_originals: dict[str, Any] = {}  # dotted global -> the function before any swap
         # Inside before_commit: (kind, bound object, the state it replaced) of the swap being committed.

@@ -1,23 +1,27 @@
 """`SwapEngine`: the public face of the swap engine (swap, rollback, faults, re-apply, queries).
 
-Module binding lives in `gpuyantra.swap.modules`, function binding in `gpuyantra.swap.functions`,
-the shared bind -> check -> commit skeleton and the state in `gpuyantra.swap.core`.
+The state and the shared bind -> check -> commit skeleton are `gpuyantra.swap.core.SwapCore`'s;
+the two kinds of binding are strategies the engine owns (`binders`: module forwards,
+`gpuyantra.swap.modules.ModuleBinder`, then module globals, `gpuyantra.swap.functions.FunctionBinder`),
+each given the core. A swap goes to the first binder with targets for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gpuyantra.binding import ModuleGroup
 from gpuyantra.candidate import CandidateError, load_candidate, source_digest
-from gpuyantra.function_sites import site_matches
+from gpuyantra.function_sites import FunctionSite
 from gpuyantra.ops import UnknownOpError, get_op
-from gpuyantra.swap.functions import FunctionSwaps
-from gpuyantra.swap.guards import _CLASS_FORWARD, FUNCTION_GLOBALS, MODULE_FORWARDS, _set_forward
-from gpuyantra.swap.modules import ModuleSwaps
+from gpuyantra.swap.core import Binder, BindRequest, SwapCore
+from gpuyantra.swap.functions import FunctionBinder
+from gpuyantra.swap.modules import ModuleBinder
 from gpuyantra.swap.records import (
     CandidateLoadError,
     NotActiveError,
@@ -38,8 +42,42 @@ def source_digest_of(data: bytes) -> str:
         return ""
 
 
-class SwapEngine(ModuleSwaps, FunctionSwaps):
+class SwapEngine(SwapCore):
+    # ------------------------------------------------------------------ the binding strategies
+    @cached_property
+    def module_binder(self) -> ModuleBinder:
+        return ModuleBinder(self)
+
+    @cached_property
+    def function_binder(self) -> FunctionBinder:
+        return FunctionBinder(self)
+
+    @property
+    def binders(self) -> tuple[Binder, ...]:
+        """In the order a swap tries them: module forwards first, module globals for families bound there."""
+        return (self.module_binder, self.function_binder)
+
     # ------------------------------------------------------------------ public: queries
+    def groups(self, op: str) -> list[ModuleGroup]:
+        """The model's module groups that compute `op`."""
+        return self.module_binder.groups(op)
+
+    def function_sites(self, op: str) -> list[FunctionSite]:
+        """Module globals of the model's modeling files that compute `op` (families with known_functions)."""
+        return self.function_binder.sites(op)
+
+    def module_state(self) -> dict[str, str | None]:
+        return self.module_binder.state()
+
+    def function_state(self) -> dict[str, str | None]:
+        return self.function_binder.state()
+
+    def swaps_bound_at(self, modules: Iterable[str] = (), functions: Iterable[str] = ()) -> list[str]:
+        """Ids of the swaps bound now at any of these module names or dotted function globals, sorted."""
+        with self._state_lock:
+            ids = {self._owner.get(n) for n in modules} | {self._fn_owner.get(f) for f in functions}
+        return sorted(i for i in ids if i is not None)
+
     def active(self) -> list[dict[str, Any]]:
         with self._state_lock:
             return [live.record.to_dict() for live in self._live.values()]
@@ -127,36 +165,25 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
             if _reapply_record is not None:
                 wanted_shapes = _reapply_record.requested_param_shapes
                 gate = _reapply_record.rows_gate
-            groups = self._select_groups(family, module_class, wanted_shapes)
-            if not groups and family.known_functions:
-                sites = [s for s in self.function_sites(family.name) if site_matches(s, family, module_class)]
-                if sites:
-                    return self._swap_functions(
-                        family,
-                        candidate,
-                        sites,
-                        swap_id,
-                        kept,
-                        origin,
-                        source_path,
-                        module_class,
-                        live_shapes,
-                        _reapply_record,
-                    )
-            return self._swap_modules(
-                family,
-                candidate,
-                groups,
-                swap_id,
-                kept,
-                origin,
-                source_path,
-                module_class,
-                wanted_shapes,
-                live_shapes,
-                _reapply_record,
-                gate,
+            request = BindRequest(
+                family=family,
+                candidate=candidate,
+                swap_id=swap_id,
+                kept=kept,
+                origin=origin,
+                source_path=source_path,
+                module_class=module_class,
+                live_shapes=live_shapes,
+                reapply_record=_reapply_record,
+                param_shapes=wanted_shapes,
+                rows_gate=gate,
             )
+            for binder in self.binders:
+                targets = binder.targets(request)
+                if targets:
+                    return binder.bind(request, targets)
+            # Nothing computes the op: the module binder records and explains the refusal.
+            return self.module_binder.bind(request, [])
 
     # ------------------------------------------------------------------ public: rollback
     def rollback(
@@ -176,13 +203,8 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
             with self._state_lock:
                 for sid in reversed(ids):
                     live = self._live.pop(sid)
-                    for name, module in live.modules.items():
-                        _set_forward(module, self._originals.pop(name, _CLASS_FORWARD))
-                        self._owner.pop(name, None)
-                    for dotted, site in live.functions.items():
-                        if self._fn_owner.get(dotted) == sid:
-                            site.set(self._fn_originals.pop(dotted))
-                            self._fn_owner.pop(dotted, None)
+                    for binder in self.binders:
+                        binder.restore(live)
                     live.record.status = "rolled_back"
                     live.record.rolled_back_at = now
                     live.record.reason = reason
@@ -222,15 +244,7 @@ class SwapEngine(ModuleSwaps, FunctionSwaps):
         with self._op_lock:
             self._require_active(swap_id)
             live = self._live[swap_id]
-            bound = [
-                (MODULE_FORWARDS, module, self._originals.get(name, _CLASS_FORWARD))
-                for name, module in live.modules.items()
-                if self._owner.get(name) == swap_id
-            ] + [
-                (FUNCTION_GLOBALS, site, self._fn_originals[dotted])
-                for dotted, site in live.functions.items()
-                if self._fn_owner.get(dotted) == swap_id
-            ]
+            bound = [entry for binder in self.binders for entry in binder.suspendable(live)]
             swapped = [kind.get(obj) for kind, obj, _ in bound]
 
             def use(on: bool) -> None:

@@ -13,7 +13,7 @@ import math
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,20 +22,26 @@ from gpuyantra.function_sites import FunctionSite
 from gpuyantra.ops import OpFamily
 from gpuyantra.swap.records import SwapRecord
 
-if TYPE_CHECKING:
-    from gpuyantra.swap.core import SwapCore
-
 _CLASS_FORWARD = object()  # marker: the module had no instance-level forward before any swap
+
+
+class SwapEvents(Protocol):
+    """Where a guard reports a kernel that raised while serving (the swap engine's core; named by
+    this protocol only, so the guards import nothing of the engine)."""
+
+    def _queue_fault(self, live: _LiveSwap) -> None: ...
+
+    def _emit(self, kind: str, record: SwapRecord, **info: Any) -> None: ...
 
 
 class _LiveSwap:
     """A swap whose forwards are bound right now (or being bound)."""
 
-    def __init__(self, record: SwapRecord, family: OpFamily, candidate: Candidate, engine: SwapCore):
+    def __init__(self, record: SwapRecord, family: OpFamily, candidate: Candidate, events: SwapEvents):
         self.record = record
         self.family = family
         self.candidate = candidate
-        self.engine = engine
+        self.events = events
         self.modules: dict[str, torch.nn.Module] = {}
         self.functions: dict[str, FunctionSite] = {}  # function binding: dotted global -> site
         self.strict = True  # during parity/capture: kernel exceptions propagate (no silent fallback)
@@ -47,8 +53,8 @@ class _LiveSwap:
         self.record.fallbacks += 1
         if first:
             self.record.last_error = f"{type(exc).__name__}: {exc}"[:500]
-            self.engine._queue_fault(self)
-        self.engine._emit("fallback", self.record, error=self.record.last_error)
+            self.events._queue_fault(self)
+        self.events._emit("fallback", self.record, error=self.record.last_error)
 
 
 def _set_forward(module: torch.nn.Module, state: Any) -> None:

@@ -1,3 +1,4 @@
+# Over 600 lines: the correctness plan, built identically in parent and child; its parts stay together.
 """The correctness plan: which shapes, dtypes, seeds and input distributions a candidate meets.
 
 Parent and sandbox child both build every case from (shape, dtype, seed, scale, distribution) with
@@ -83,6 +84,14 @@ FULL_SIZE = {"prefill_rows": 1024, "large_tensor": 2**20}
 # Values that belong to logits only (softmax-like families: `logits_input`).
 LOGIT_DISTRIBUTIONS = ("masked_rows", "late_peak")
 VIEW_LAYOUT = "view"
+# The served model's own layouts (the profile target's `layouts`): each activation the server handed
+# the op strided or at an offset, drawn with exactly those strides (rows capped as for live shapes).
+LIVE_LAYOUT = "live"
+# (input index, live shape, strides, storage offset) of one served activation.
+LiveLayout = tuple[int, tuple[int, ...], tuple[int, ...], int]
+# A live layout's buffer may hold at most this many elements beyond the case's own (h[:, -1:, :] of a
+# long prompt strides rows a whole prompt apart): past it the gaps shrink (the class runs reduced).
+LIVE_LAYOUT_SLACK = {"cpu": 2**18, "cuda": 2**24}
 # Activations a family's modules always pass freshly made (rope's cos and sin, from the rotary
 # embedding): left contiguous in view cases.
 VIEW_KEEPS_CONTIGUOUS = {"rope": (2, 3)}
@@ -109,6 +118,8 @@ class Case:
     klass: str = ""  # the plan class of an extra case (see WIDE_SHAPES), "" for the seeds x scales grid
     layout: str = "contiguous"  # "contiguous" or VIEW_LAYOUT (activations as slices of a wider buffer)
     variant: str = ""  # "no_optional" (optional tensors None) or "partial_rotary" (rope), else ""
+    # LIVE_LAYOUT cases: (input index, live shape, strides, storage offset) per strided activation.
+    live_layout: tuple[LiveLayout, ...] = ()
 
     def describe(self) -> str:
         inputs = (
@@ -117,6 +128,8 @@ class Case:
         extra = ""
         if self.layout == VIEW_LAYOUT:
             extra += " as strided views (each activation a slice of a buffer twice as wide, at an offset)"
+        for index, _, stride, offset in self.live_layout:
+            extra += f" with input {index} in the served layout (strides {list(stride)}, offset {offset})"
         if self.variant:
             extra += {"no_optional": " with optional tensors None", "partial_rotary": " with partial rotary"}.get(
                 self.variant, f" ({self.variant})"
@@ -128,6 +141,7 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["shape"] = list(self.shape)
+        data["live_layout"] = [[i, list(shape), list(stride), offset] for i, shape, stride, offset in self.live_layout]
         return data
 
     @classmethod
@@ -145,6 +159,10 @@ class Case:
             klass=str(data.get("klass", "")),
             layout=str(data.get("layout", "contiguous")),
             variant=str(data.get("variant", "")),
+            live_layout=tuple(
+                (int(i), tuple(int(d) for d in shape), tuple(int(d) for d in stride), int(offset))
+                for i, shape, stride, offset in data.get("live_layout") or ()
+            ),
         )
 
 
@@ -233,10 +251,29 @@ class ClassCase:
     dist: str = "normal"
     layout: str = "contiguous"
     variant: str = ""
+    live_layout: tuple[LiveLayout, ...] = ()
 
 
-# Classes an open target does not run: its shapes are keys of several inputs, sized by the target.
-OPEN_TARGET_SKIPS = ("wide_rows", "prefill_rows", "large_tensor", "rank4")
+# Classes an open target does not run: its inputs keep their live ranks.
+OPEN_TARGET_SKIPS = ("rank4",)
+SIXTEEN_BIT = ("float16", "bfloat16")
+STRESS_VALUE_ROWS_CPU = 64  # on the CPU, stress shapes of at most this many rows take activation-like values
+
+
+def stress_value_shapes(device: str, family: Any) -> list[list[int]]:
+    """The stress shapes that take activation-like values in 16-bit: every one on CUDA; on the CPU
+    those of few rows (the wide one: the interpreter runs a program per row)."""
+    shapes = stress_shapes(device, family)
+    if device != "cpu":
+        return shapes
+    out = []
+    for shape in shapes:
+        rows = 1
+        for d in shape[:-1]:
+            rows *= int(d)
+        if rows <= STRESS_VALUE_ROWS_CPU:
+            out.append(shape)
+    return out
 
 
 def classes_enabled() -> bool:
@@ -252,20 +289,30 @@ def class_cases(
     dtypes: Sequence[str],
     param_specs: Sequence[dict[str, Any]] = (),
     live_params: Mapping[str, Any] | None = None,
+    live_layouts: Sequence[Mapping[str, Any]] = (),
 ) -> list[ClassCase]:
     """The plan classes' cases for `family` on `device`: shapes adapted to the family's rules,
     value classes where the family defines them, the view layout and the optional parameters'
-    other state on the first correctness shape (the live one where there is one)."""
+    other state on the first correctness shape (the live one where there is one), and each served
+    layout (`live_layouts`, the profile target's `layouts`) in every dtype."""
     out: list[ClassCase] = []
     adapt = getattr(family, "adapt_shape", None)
 
-    def add(klass: str, dtype: str, shape: Sequence[int], dist: str = "normal", **kw: str) -> None:
+    def add(
+        klass: str,
+        dtype: str,
+        shape: Sequence[int],
+        dist: str = "normal",
+        layout: str = "contiguous",
+        variant: str = "",
+    ) -> None:
         fitted = list(adapt(list(shape))) if adapt is not None else list(shape)
-        out.append(ClassCase(klass, dtype, tuple(int(d) for d in fitted), dist, **kw))
+        out.append(ClassCase(klass, dtype, tuple(int(d) for d in fitted), dist, layout, variant))
 
     logits = bool(getattr(family, "logits_input", False))
     first = dtypes[0]
-    if getattr(family, "open_target", None) is None:
+    target = getattr(family, "open_target", None)
+    if target is None:
         for dtype in dtypes:
             for shape in WIDE_SHAPES[device]:
                 for dist in _wide_distributions(device, dtype, dtype == first, logits):
@@ -276,6 +323,21 @@ def class_cases(
             add("prefill_rows", first, shape)
         for shape in LARGE_SHAPES[device]:
             add("large_tensor", first, shape)
+    else:  # the same classes along the dims the module lets change (`OpenTarget.class_keys`)
+        keys = target.class_keys(device)
+        for dtype in dtypes if "wide_rows" in keys else ():
+            for dist in _wide_distributions(device, dtype, dtype == first, logits):
+                add("wide_rows", dtype, keys["wide_rows"], dist)
+        for klass in ("prefill_rows", "large_tensor"):
+            if klass in keys:
+                add(klass, first, keys[klass])
+    # Activation-like values in each 16-bit dtype on the stress shapes (16-bit sums of squares and
+    # exp overflow past a tile); on the CPU only those of few rows (each row a program of the
+    # interpreter) and only the outliers (offset rows in 16-bit run in the wide class there).
+    for dtype in [d for d in dtypes if d in SIXTEEN_BIT]:
+        for shape in stress_value_shapes(device, family):
+            for dist in ACTIVATION_DISTRIBUTIONS if device != "cpu" else ("outliers",):
+                add("stress_values", dtype, shape, dist)
     base = _first_multi_row(shapes)
     optional = [
         s["name"]
@@ -290,6 +352,59 @@ def class_cases(
             add("no_optional", dtype, base, variant="no_optional")
         if getattr(family, "name", "") == "rope":  # Phi-3's partial rotary beside the full one
             add("partial_rotary", dtype, base, variant="partial_rotary")
+    for served_shape, layouts in live_layout_cases(device, live_layouts):
+        for dtype in dtypes:
+            out.append(ClassCase("live_layout", dtype, served_shape, layout=LIVE_LAYOUT, live_layout=layouts))
+    return out
+
+
+def live_layout_cases(
+    device: str, live_layouts: Sequence[Mapping[str, Any]]
+) -> list[tuple[tuple[int, ...], tuple[LiveLayout, ...]]]:
+    """(case shape, layouts) per served shape of input 0 that came strided or at an offset: the
+    shape's rows capped as for live shapes, every input's layout of that call kept together. A
+    layout of a later input alone (rope's k) runs at input 0's shape where the shapes agree."""
+    grouped: dict[tuple[int, ...], list[LiveLayout]] = {}
+    for layout in live_layouts:
+        entry = (
+            int(layout["input"]),
+            tuple(int(d) for d in layout["shape"]),
+            tuple(int(d) for d in layout["stride"]),
+            int(layout["offset"]),
+        )
+        grouped.setdefault(entry[1], [])
+        if entry not in grouped[entry[1]]:
+            grouped[entry[1]].append(entry)
+    out = []
+    for shape, layouts in grouped.items():
+        capped = (
+            cap_rows(list(shape), CPU_MAX_ROWS) if device == "cpu" else cap_elements(list(shape), CUDA_MAX_ELEMENTS)
+        )
+        out.append((tuple(capped), tuple(sorted(layouts))))
+    return out
+
+
+def check_live_layouts(layouts: Any) -> list[dict[str, Any]]:
+    """The profile target's `layouts` checked: a list of {"input", "shape", "stride", "offset"} with
+    non-negative integers, as many strides as dims. Raises ValueError naming the bad field."""
+    if not isinstance(layouts, (list, tuple)):
+        raise ValueError(f"layouts must be a list of {{input, shape, stride, offset}}, got {layouts!r}")
+    out = []
+    for n, layout in enumerate(layouts):
+        where = f"layouts[{n}]"
+        if not isinstance(layout, Mapping) or set(layout) < {"input", "shape", "stride", "offset"}:
+            raise ValueError(f"{where} must hold input, shape, stride and offset, got {layout!r}")
+        shape, stride = layout["shape"], layout["stride"]
+        if not isinstance(shape, (list, tuple)) or not shape or any(not isinstance(d, int) or d < 1 for d in shape):
+            raise ValueError(f"{where}.shape must be a list of positive sizes, got {shape!r}")
+        if not isinstance(stride, (list, tuple)) or len(stride) != len(shape):
+            raise ValueError(f"{where}.stride must give one stride per dim of {list(shape)}, got {stride!r}")
+        if any(not isinstance(d, int) or d < 0 for d in stride):
+            raise ValueError(f"{where}.stride must hold non-negative integers, got {stride!r}")
+        for key in ("input", "offset"):
+            if not isinstance(layout[key], int) or layout[key] < 0:
+                raise ValueError(f"{where}.{key} must be a non-negative integer, got {layout[key]!r}")
+        out.append({k: layout[k] for k in ("input", "shape", "stride", "offset")})
     return out
 
 
@@ -326,17 +441,34 @@ def plan_classes(device: str, cases: Sequence[Case], family: Any = None) -> dict
         for d in case.shape:
             size *= d
         rows = size // max(case.shape[-1], 1)
+        open_target = getattr(family, "open_target", None) is not None
         reduced = (
-            (case.klass == "prefill_rows" and rows < FULL_SIZE["prefill_rows"])
-            or (case.klass == "large_tensor" and size < FULL_SIZE["large_tensor"])
+            (open_target and device == "cpu" and case.klass in ("wide_rows", "prefill_rows", "large_tensor"))
+            or (case.klass == "stress_values" and device == "cpu")  # the few-row stress shapes only
+            or (not open_target and case.klass == "prefill_rows" and rows < FULL_SIZE["prefill_rows"])
+            or (not open_target and case.klass == "large_tensor" and size < FULL_SIZE["large_tensor"])
             or (case.klass == "wide_rows" and device == "cpu")  # 2 rows, and no bfloat16 under the interpreter
+            or (case.klass == "live_layout" and not _served_as_is(case, device))
         )
         if out.get(case.klass) != "reduced":
             out[case.klass] = "reduced" if reduced else "full"
     if getattr(family, "open_target", None) is not None:
         for klass in OPEN_TARGET_SKIPS:
-            out.setdefault(klass, "not run (open target: its shapes are the target's own)")
+            out.setdefault(klass, "not applicable (an open target's inputs keep their live ranks)")
+        for klass in ("wide_rows", "prefill_rows", "large_tensor"):
+            out.setdefault(klass, "not run (the module fixes the dims it would change)")
     return out
+
+
+def _served_as_is(case: Case, device: str) -> bool:
+    """Whether a live-layout case runs the served shape with the served strides (else rows capped or
+    gaps shrunk: `fit_layout`)."""
+    for _, shape, stride, offset in case.live_layout:
+        if shape != case.shape:
+            return False
+        if fit_layout(shape, stride, offset, LIVE_LAYOUT_SLACK[device]) != (stride, offset):
+            return False
+    return True
 
 
 def plan(
@@ -392,6 +524,7 @@ def plan(
                 klass=extra.klass,
                 layout=extra.layout,
                 variant=extra.variant,
+                live_layout=extra.live_layout,
             )
         )
     if recheck:
@@ -454,7 +587,62 @@ def make_case(
     if case.layout == VIEW_LAYOUT:
         kept = VIEW_KEEPS_CONTIGUOUS.get(getattr(family, "name", ""), ())
         activations = tuple(a if i in kept else strided_view(a) for i, a in enumerate(activations))
+    if case.layout == LIVE_LAYOUT:
+        device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+        layouts = {index: (stride, offset) for index, _, stride, offset in case.live_layout}
+        activations = tuple(
+            live_view(a, *fit_layout(list(a.shape), *layouts[i], LIVE_LAYOUT_SLACK[device_type])) if i in layouts else a
+            for i, a in enumerate(activations)
+        )
     return activations, params
+
+
+def fit_layout(shape: Sequence[int], stride: Sequence[int], offset: int, slack: int) -> tuple[tuple[int, ...], int]:
+    """(strides, offset) of a served layout for a case of `shape` (rows capped: strides stay valid as
+    dims shrink), the gaps between dims shrunk where the buffer would exceed the case's elements by
+    more than `slack`: each dim then lies just past the ones inside it in memory, plus a gap of the
+    same size modulo 64 (so the kernel still meets a row stride that is not the row's width), and
+    the offset keeps its value modulo 64."""
+    stride, size = tuple(int(s) for s in stride), 1
+    for d in shape:
+        size *= int(d)
+    if _buffer_elements(shape, stride, offset) <= size + slack:
+        return stride, int(offset)
+    fitted = list(stride)
+    span = 1  # elements the dims inside this one cover
+    for d in sorted(range(len(shape)), key=lambda i: (stride[i], i)):
+        gap = max(stride[d] - span, 0)
+        fitted[d] = span + (gap % 64 if gap else 0) + (64 if gap >= 64 else 0)
+        span = fitted[d] * (int(shape[d]) - 1) + span
+    return tuple(fitted), int(offset) % 64
+
+
+def _buffer_elements(shape: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    return int(offset) + sum((int(n) - 1) * int(s) for n, s in zip(shape, stride)) + 1
+
+
+def live_view(t: torch.Tensor, stride: Sequence[int], offset: int) -> torch.Tensor:
+    """`t`'s values in a NaN-filled buffer at `stride` and `offset` (a served layout): a kernel that
+    assumes contiguous rows or no offset reads NaN. `t` as it is where the strides do not fit it."""
+    if not t.is_floating_point() or len(stride) != t.dim() or t.numel() == 0:
+        return t
+    buffer = torch.full((_buffer_elements(t.shape, stride, offset),), float("nan"), dtype=t.dtype, device=t.device)
+    view = buffer.as_strided(tuple(t.shape), tuple(int(s) for s in stride), int(offset))
+    if _overlaps(view):
+        return t
+    view.copy_(t)
+    return view
+
+
+def _overlaps(view: torch.Tensor) -> bool:
+    """Whether two elements of `view` share memory (strides from another shape can collide)."""
+    dims = sorted((int(s), int(n)) for s, n in zip(view.stride(), view.shape) if n > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return True
+        span = stride * (size - 1) + span
+    return False
 
 
 def strided_view(t: torch.Tensor) -> torch.Tensor:
@@ -685,9 +873,11 @@ def realistic(tensor: torch.Tensor, role: str, dist: str, dtype: str, generator:
 def _value_class(base: torch.Tensor, dist: str, row_shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """`base` (N(0, 1)-like, float32) with the rows of a value class: every other row zero
     (`zero_rows`); rows partly -inf, a random prefix (left padding) in even rows and about half the
-    elements in odd ones, the last element always finite (`masked_rows`: a fully -inf row has no
-    softmax); the last element of each row 100 above the row's max (`late_peak`: exp(100) overflows
-    float32, so a max taken over the first chunks only fails)."""
+    elements in odd ones, the last element finite, and every fourth row (of four or more) -inf
+    whole (`masked_rows`: a fully masked row has no softmax; the module gives NaN there and so
+    must the kernel, judged against the float64 reference's NaN positions); the last element of
+    each row 100 above the row's max (`late_peak`: exp(100) overflows float32, so a max taken over
+    the first chunks only fails)."""
     where = generator.device
     if base.dim() == 0:
         return base
@@ -700,6 +890,7 @@ def _value_class(base: torch.Tensor, dist: str, row_shape: tuple[int, ...], gene
         prefix = (torch.rand(row_shape, generator=generator, device=where) * 0.9 * width).long()
         scattered = torch.rand(base.shape, generator=generator, device=where) < 0.5
         masked = torch.where(row_index % 2 == 0, cols < prefix, scattered) & (cols < width - 1)
+        masked |= row_index % 4 == 3  # a row masked whole
         return base.masked_fill(masked, float("-inf"))
     peak = base.amax(dim=-1, keepdim=True) + 100.0
     return torch.where(cols == width - 1, peak, base)

@@ -1,3 +1,4 @@
+# Over 600 lines: the only process where candidate code runs, one module so its imports stay audited.
 """The sandbox child: the only process where candidate code ever runs.
 
     python -m gpuyantra.verifier.child --device cpu --cpu-seconds N --address-space BYTES
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuyantra.files import write_whole
-from gpuyantra.verifier import isolation
+from gpuyantra.verifier import compiler_cache, isolation
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -837,6 +838,7 @@ def _precompile(job: dict[str, Any], ctx: dict[str, Any]) -> None:
     counter = ctx["counter"]
     counter.unwrap()  # the baselines' own calls are not the candidate's
     try:
+        compiler_cache.link_shared_inductor()  # the shared entries, read-only, beside this child's own
         bench.precompile_baselines(
             ctx["family"], job["bench_shapes"], job["bench_dtype"], job["param_specs"], job.get("cached_baselines")
         )
@@ -856,6 +858,7 @@ def _precompile_only(job: dict[str, Any], results: dict[str, Any]) -> None:
         bench.float32_as_float32()  # as in the candidate's child: the compilers' caches key on it
     results["stage"] = "precompile"
     with _timed(results["timings"], "precompile"):
+        compiler_cache.link_shared_inductor()
         bench.precompile_baselines(
             _family(job),
             job["bench_shapes"],

@@ -21,7 +21,9 @@ import gpuyantra.verifier.cases as case_plan
 import gpuyantra.verifier.precompile_beside as precompile_beside
 from gpuyantra import attestation
 from gpuyantra.candidate import CandidateError, read_op, read_source, source_digest
+from gpuyantra.config import state_dir
 from gpuyantra.ops.open import stage_open_target
+from gpuyantra.verifier import compiler_cache
 from gpuyantra.verifier.contract import check_contract, resolve_family
 from gpuyantra.verifier.judge import Judgement, OutputValues, References, judge, sandbox_failures
 from gpuyantra.verifier.sandbox import Sandbox, SandboxOutcome, keep_spare, protect_parent, take_sandbox, take_spare
@@ -39,13 +41,22 @@ def verify(
     shapes: list[list[int]] | None = None,
     dtypes: list[str] | None = None,
     param_shapes: Mapping[str, Sequence[int] | None] | None = None,
+    layouts: Sequence[Mapping[str, Any]] | None = None,
 ) -> Verdict:
     """Verify one candidate file. Never raises for a bad candidate: a rejected Verdict says why.
 
     `param_shapes` are the live module's tensor shapes (`{"weight": [2048, 1536], "bias": None}`):
-    cases and timings then use them (a linear's out-features) instead of the contract's defaults."""
+    cases and timings then use them (a linear's out-features) instead of the contract's defaults.
+    `layouts` are the served activations' strided layouts (the profile target's `layouts`): cases
+    draw them exactly (plan class `live_layout`)."""
     return run_verification(
-        path, device=device, module_class=module_class, shapes=shapes, dtypes=dtypes, param_shapes=param_shapes
+        path,
+        device=device,
+        module_class=module_class,
+        shapes=shapes,
+        dtypes=dtypes,
+        param_shapes=param_shapes,
+        layouts=layouts,
     )
 
 
@@ -65,6 +76,7 @@ def run_verification(
     family_modules: Sequence[str] = (),
     keep_warm: bool = False,
     param_shapes: Mapping[str, Sequence[int] | None] | None = None,
+    layouts: Sequence[Mapping[str, Any]] | None = None,
 ) -> Verdict:
     """`verify` with knobs for tests and workers.
 
@@ -86,6 +98,7 @@ def run_verification(
     live_params = {k: None if v is None else [int(d) for d in v] for k, v in (param_shapes or {}).items()}
     if any(v is not None and (not v or min(v) < 1) for v in live_params.values()):
         raise ValueError(f"param_shapes must map names to positive sizes or None, got {live_params}")
+    live_layouts = case_plan.check_live_layouts(layouts if layouts is not None else [])  # ValueError naming the field
     started, started_cpu = time.monotonic(), time.thread_time()
     verdict = Verdict(op=None, accepted=False, reward=-1, device=device, dtypes=dtypes)
     try:
@@ -103,6 +116,7 @@ def run_verification(
             tuple(family_modules),
             live_params,
             keep_warm,
+            live_layouts,
         )
     except Exception as exc:  # noqa: BLE001 - a verifier bug must reject, never crash the caller
         verdict.failures.append(Failure("sandbox", "internal-error", f"verifier error: {type(exc).__name__}: {exc}"))
@@ -153,6 +167,7 @@ def _run(
     family_modules: tuple[str, ...],
     live_params: dict[str, list[int] | None] | None = None,
     keep_warm: bool = False,
+    live_layouts: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     for name in family_modules:
         importlib.import_module(name)
@@ -209,7 +224,7 @@ def _run(
         shapes = case_plan.correctness_shapes(device, live, family)
         run_bench = benchmark and device == "cuda"
         extras = (
-            case_plan.class_cases(device, family, shapes, dtypes, contract.param_specs, live_params)
+            case_plan.class_cases(device, family, shapes, dtypes, contract.param_specs, live_params, live_layouts)
             if case_plan.classes_enabled()
             else []
         )
@@ -307,6 +322,11 @@ def _run(
         if verdict.failures:
             verdict.speedup_vs_eager = verdict.speedup_vs_compile = None
     finally:
+        if device == "cuda" and compiler_cache.is_template(source):
+            # A repository template ran, byte for byte: its kernels warm the shared cache for every
+            # later verdict (a candidate's artefacts never leave its folder: `compiler_cache`).
+            with contextlib.suppress(Exception):
+                compiler_cache.promote(sandbox.workdir, state_dir())
         sandbox.close()
         if beside is not None:
             beside.stop()

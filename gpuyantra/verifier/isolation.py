@@ -10,8 +10,9 @@ privileges, each optional and each recorded (`isolation` in the results and the 
   folder, whose entries stay unreadable (`readable_beneath`),
   system folders, `/sys`, and of `/proc` its own entries (CPU; all of it on CUDA); opens only
   harmless device files (`/dev/null`, `/dev/urandom`, ...) and on CUDA the GPU's (never a disk: root
-  reads a raw block device past every path rule); writes only beneath the sandbox's folder and, on
-  CUDA, the shared compiler caches, `/dev/shm` and the GPU lock files. So the state folder's
+  reads a raw block device past every path rule); reads the shared compiler caches but never writes
+  them (`compiler_cache`); writes only beneath the sandbox's folder (its own compiler caches
+  there) and, on CUDA, `/dev/shm` and the GPU lock files. So the state folder's
   attestation key and admin token cannot be read and nothing can be written there. Its domain also
   denies attaching to processes outside it (their `mem`, their descriptors); from ABI 6 signalling
   them too. Reading another process's `environ` it does not deny: the `/proc` rule does on CPU.
@@ -67,7 +68,8 @@ DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/uran
 GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")  # CUDA: the driver's files
 SHARED_MEMORY = "/dev/shm"
 KERNEL_MEMORY = ("kcore", "kmsg", "kpagecount", "kpageflags", "kpagecgroup")  # never readable in /proc
-CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")  # shared compiler caches (CUDA)
+# The shared compiler caches, read-only to the child (it writes its own: `compiler_cache`).
+SHARED_CACHE_VARIABLES = ("GPUYANTRA_SHARED_TRITON_CACHE_DIR", "GPUYANTRA_SHARED_INDUCTOR_CACHE_DIR")
 SWITCH = "GPUYANTRA_SANDBOX_ISOLATION"  # "0": the parent asks for none of these layers (diagnosis)
 
 # --- Landlock (linux/landlock.h) -------------------------------------------------------------------
@@ -161,11 +163,12 @@ def policy(
     on_path.add(str(REPO_ROOT))
     readable = {kept for p in on_path for kept in readable_beneath(Path(p).resolve(), secrets, closed)}
     packages = {str(REPO_ROOT / name) for name in CHILD_PACKAGES}
-    caches = [env[key] for key in CACHE_VARIABLES if env.get(key)]
+    # Read, never written: only trusted processes write them (`compiler_cache.promote`).
+    shared_caches = {env[key] for key in SHARED_CACHE_VARIABLES if env.get(key)}
     return {
-        "read": sorted(readable | packages | set(SYSTEM_READ) | set(ETC_READ)),
+        "read": sorted(readable | packages | shared_caches | set(SYSTEM_READ) | set(ETC_READ)),
         # CUDA: torch's IPC reference counters (the outputs' handles) live in /dev/shm.
-        "write": sorted({str(workdir), *caches, *([SHARED_MEMORY] if device == "cuda" else [])}),
+        "write": sorted({str(workdir), *([SHARED_MEMORY] if device == "cuda" else [])}),
         "devices": device_files(device),
         "files": sorted(lock_files),
         # CUDA: the driver and the compilers it starts read /proc/<their pid>: all of /proc stays

@@ -1,3 +1,4 @@
+# Over 600 lines: the verdict's layers 4 and 5 judge one child's observations with shared state.
 """Layers 4 and 5 in the parent: turn the child's raw observations into failures and numbers.
 
 Values are judged here, never in the child: the parent rebuilds every case's inputs from its own
@@ -137,6 +138,7 @@ class References:
             case.stress,
             case.layout,
             case.variant,
+            case.live_layout,
         )
         return _reference_cache(device.type).get(plan, key, lambda: self._compute_judged(case))
 
@@ -174,6 +176,9 @@ class OutputAllowance:
     extra: torch.Tensor | None  # conditioning or eager slack plus the accumulation bound, if any
     slack: bool
     bound: bool
+    # Where the float64 reference is NaN (a softmax row masked whole): the output must be NaN there
+    # too, as the module's is. None where the reference has no NaN.
+    nan_where: torch.Tensor | None = None
 
     @classmethod
     def of(
@@ -192,10 +197,12 @@ class OutputAllowance:
         if bound is not None:  # the family's per-element accumulation allowance (linear: float32 over K)
             bound = bound.to(device=want.device, dtype=want.dtype)
             extra = bound if extra is None else extra + bound
-        return cls(want, representable, extra, slack is not None, bound is not None)
+        nan = torch.isnan(want) if want.is_floating_point() else None
+        nan_where = nan if nan is not None and bool(nan.any()) else None
+        return cls(want, representable, extra, slack is not None, bound is not None, nan_where)
 
     def nbytes(self) -> int:
-        tensors = (self.want, self.representable, self.extra)
+        tensors = (self.want, self.representable, self.extra, self.nan_where)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
@@ -784,6 +791,8 @@ def _violations(
         allowed = _add(allowed, allowance.extra)
     err = torch.where(representable, _abs_diff(got, want), 0.0)
     wrong = (err <= allowed).logical_not_()
+    if allowance.nan_where is not None:  # NaN exactly where the reference is NaN (a row masked whole)
+        wrong = torch.where(allowance.nan_where.to(got.device), torch.isnan(got).logical_not_(), wrong)
     return bad_nonfinite, wrong, err
 
 

@@ -86,6 +86,8 @@ def fused_applies(got: torch.Tensor, allowance: Any) -> bool:
     want, judged, extra = allowance.want, allowance.representable, allowance.extra
     if os.environ.get("TRITON_INTERPRET") == "1":  # kernels interpreted on the host: the tensor ops are faster
         return False
+    if getattr(allowance, "nan_where", None) is not None:  # NaN positions to match: the tensor ops judge them
+        return False
     if not (got.is_cuda and want.is_cuda and got.device == want.device):
         return False
     if got.is_complex() or (got.is_floating_point() and got.dtype not in _FLOATS):

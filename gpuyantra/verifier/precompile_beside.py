@@ -27,7 +27,9 @@ from typing import Any
 
 import gpuyantra.verifier.bench as bench
 import gpuyantra.verifier.cases as case_plan
+from gpuyantra.config import state_dir
 from gpuyantra.files import write_whole
+from gpuyantra.verifier import compiler_cache
 from gpuyantra.verifier.baselines import shape_key
 from gpuyantra.verifier.sandbox import Sandbox
 
@@ -91,6 +93,8 @@ class Beside:
                 self.outcome = self.sandbox.run(job)
                 results = self.outcome.results or {}
                 compiled = results.get("stage") == "done" and not results.get("harness_error")
+                if compiled and self.sandbox.device == "cuda":  # no candidate code ran there: trusted
+                    compiler_cache.promote(self.sandbox.workdir, state_dir())
         except Exception:  # noqa: BLE001, S110 - a head start only: the candidate's child compiles instead
             pass
         finally:

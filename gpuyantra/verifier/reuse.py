@@ -60,8 +60,9 @@ def verdict_key(
     param_shapes: Mapping[str, Sequence[int] | None] | None,
     device_name: str,
     versions: Mapping[str, str],
+    layouts: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    question = {
+    question: dict[str, Any] = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "op": op,
         "module_class": module_class,
@@ -72,6 +73,8 @@ def verdict_key(
         "versions": dict(sorted(versions.items())),
         "judging_code": judging_code_digest(),
     }
+    if layouts:  # served layouts draw more cases: another question (keys without them stay as they were)
+        question["layouts"] = [dict(layout) for layout in layouts]
     return hashlib.sha256(json.dumps(question, sort_keys=True).encode()).hexdigest()
 
 

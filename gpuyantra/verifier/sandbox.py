@@ -1,3 +1,4 @@
+# Over 600 lines: the sandbox child's whole lifecycle (limits, start, watch, read back) in one place.
 """Layer 3: run the candidate in a separate, limited process and collect only what the harness measured.
 
 The child gets a scrubbed environment (no tokens, keys or credentials), its own session (so its
@@ -35,7 +36,7 @@ from typing import Any
 
 import gpuyantra
 import gpuyantra.verifier.fork_server as fork_server
-from gpuyantra.verifier import isolation
+from gpuyantra.verifier import compiler_cache, isolation
 from gpuyantra.verifier.baselines import timing_lock
 from gpuyantra.verifier.child import chunk_name
 from gpuyantra.verifier.gpu_locks import WARM_UP_FILE, GpuLocks
@@ -146,16 +147,14 @@ def scrubbed_env(device: str, workdir: Path, threads: int) -> dict[str, str]:
             "TRITON_HOME": str(workdir / "triton-home"),
         }
     )
+    from gpuyantra.config import state_dir
+
+    # Its own compiler caches to write, the shared ones to read only (`compiler_cache`).
+    env.update(compiler_cache.child_env(workdir, state_dir()))
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
-        env["TRITON_CACHE_DIR"] = str(workdir / "triton-cache")
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
-        from gpuyantra.config import state_dir
-
-        cache = state_dir() / "verifier"
-        env["TRITON_CACHE_DIR"] = str(cache / "triton-cache")
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor-cache")
         # torch.compile's baselines compile in the child itself: no pool of compile workers to start
         # and to shut down at exit (seconds each, for a kernel or two), none to outlive the child.
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"

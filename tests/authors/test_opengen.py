@@ -1,3 +1,4 @@
+# Over 600 lines: the open author's tests share one set of traced example modules.
 """The open author: traced modules -> candidate files that pass the static checker and compute the
 module's forward in Triton's interpreter, at the example shapes and at other sizes of the dims that
 vary, in float32 and float16; refusals with reasons; float params read at run time; the author's

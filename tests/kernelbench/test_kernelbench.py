@@ -1,3 +1,4 @@
+# Over 600 lines: the kernelbench command's tests share their small problem files and fixtures.
 """`gpuyantra kernelbench`: binding KernelBench problems by computation, the optimize loop, ModelNew files,
 fast_p and the command line. Problem files are our own small KernelBench-style files (batch 4 x 64:
 kernels run in Triton's interpreter here)."""

@@ -109,7 +109,11 @@ def test_decode_and_prefill_probes(tiny):
     ids = torch.randint(0, 256, (2, 16))
     result = profile_model(
         tiny,
-        probes={"prefill": lambda: tiny(input_ids=ids, use_cache=False), "decode": decode_probe(tiny)},
+        # logits_to_keep=1: the head projects `h[:, -1:, :]`, a view at an offset, as served prefill does.
+        probes={
+            "prefill": lambda: tiny(input_ids=ids, use_cache=False, logits_to_keep=1),
+            "decode": decode_probe(tiny),
+        },
         device="cpu",
         repeat=2,
         profile_steps=1,
@@ -124,6 +128,11 @@ def test_decode_and_prefill_probes(tiny):
     assert 0 < norm["share"] < 1
     decode_norm = next(t for t in result["phases"]["decode"]["targets"] if t["op"] == "rms_norm")
     assert decode_norm["calls"] == 5
+    # The plan's live inputs: every row count of every phase, and the layouts a kernel is handed.
+    assert norm["row_counts"] == [1, 32] and norm["layouts"] == []
+    head = next(t for t in result["targets"] if t.get("variant") == "weight=256x64,bias=none")
+    assert head["row_counts"] == [1, 2]
+    assert head["layouts"] == [{"input": 0, "shape": [2, 1, 64], "stride": [1024, 64, 1], "offset": 960}]
 
     if any(f.name == "silu_mul" for f in all_ops()):
         # The gated MLP's op sees (gate, up) of the intermediate size, not the MLP's input.

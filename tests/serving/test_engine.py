@@ -12,6 +12,7 @@ from serving import profiling as profiling_module
 from serving import scheduler as scheduler_module
 from serving.engine import Engine, GenRequest, RequestError
 from serving.models import load_model
+from serving.plan import StepPlan
 from tests.serving.helpers import PROMPTS, RMS_NORM_KERNEL, reference_greedy
 
 
@@ -21,11 +22,39 @@ def make_engine(tmp_path, preset="tiny-qwen2", **kw):
     return Engine(load_model(preset), state_dir=tmp_path, **kw)
 
 
+def record_plans(engine) -> list[StepPlan]:
+    """Every step plan the scheduler hands the engine's runner from now on."""
+    plans: list[StepPlan] = []
+    run = engine.runner.run
+
+    def recorded(plan: StepPlan):
+        plans.append(plan)
+        return run(plan)
+
+    engine.runner.run = recorded
+    return plans
+
+
+def test_step_plans_refuse_what_no_pass_could_run():
+    decode = StepPlan.decode([5, 6, 7], [3, 9, 4], graph_bucket=4)
+    assert (decode.kind, decode.rows, decode.input_rows, decode.graph_bucket) == ("decode", (0, 1, 2), 3, 4)
+    prefill = StepPlan.prefill([2, 0], [[1, 2, 3], [4]])
+    assert (prefill.rows, prefill.prompts, prefill.input_rows) == ((2, 0), ((1, 2, 3), (4,)), 2)
+    assert StepPlan.mixed([5, 1, 2], [7, 0, 1], [0, 3, 3]).rows == (0, 3, 3)
+    with pytest.raises(ValueError, match="bucket 2 is smaller than the step's 3 rows"):
+        StepPlan.decode([5, 6, 7], [3, 9, 4], graph_bucket=2)
+    with pytest.raises(ValueError, match="one prompt per cache row"):
+        StepPlan.prefill([0, 1], [[1]])
+    with pytest.raises(ValueError, match="a position and a cache row per token"):
+        StepPlan.mixed([5, 1], [7, 0], [0])
+
+
 @pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-llama", "tiny-gpt2"])
 def test_batched_generation_matches_full_forward(tmp_path, preset):
     engine = make_engine(tmp_path, preset)
     assert engine.self_check_report["ok"]
     want = [reference_greedy(engine.model, p, 6) for p in PROMPTS]
+    plans = record_plans(engine)
     engine.start()
     try:
         reqs = [engine.submit(GenRequest(p, 6)) for p in PROMPTS * 2]  # 10 requests, 4 slots
@@ -33,6 +62,12 @@ def test_batched_generation_matches_full_forward(tmp_path, preset):
             assert r.done.wait(60)
         assert [r.output_ids for r in reqs] == want * 2
         assert all(r.finish_reason == "length" for r in reqs)
+        # Every pass went through the runner as a plan: prefills of the 10 prompts, eager decode steps.
+        assert {p.kind for p in plans} == {"prefill", "decode"}
+        prefills = [p for p in plans if p.kind == "prefill"]
+        assert sum(p.input_rows for p in prefills) == 10
+        assert all(len(set(p.rows)) == len(p.rows) and set(p.rows) <= set(range(4)) for p in prefills)
+        assert all(p.graph_bucket is None and p.input_rows <= 4 for p in plans if p.kind == "decode")
     finally:
         engine.stop()
 
@@ -43,6 +78,7 @@ def test_static_decode_path_matches_eager_and_recaptures_on_swap(tmp_path):
     engine = make_engine(tmp_path, cuda_graphs=True)
     assert engine.graphs is not None and not engine.graphs.capture_enabled
     want = [reference_greedy(engine.model, p, 5) for p in PROMPTS]
+    plans = record_plans(engine)
     engine.start()
     try:
         captures = engine.graphs.captures
@@ -50,6 +86,8 @@ def test_static_decode_path_matches_eager_and_recaptures_on_swap(tmp_path):
         for r in reqs:
             assert r.done.wait(60)
         assert [r.output_ids for r in reqs] == want
+        graph_steps = [p for p in plans if p.kind == "decode"]  # the steps the host fed (not run ahead)
+        assert graph_steps and all(p.graph_bucket == engine.graphs.bucket_for(p.input_rows) for p in graph_steps)
         record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result()
         assert record.parity["graph"]["buckets"] == [1, 2, 4]
         assert engine.graphs.captures == captures + 1
@@ -71,13 +109,13 @@ def test_compare_captures_each_side_once_and_serves_the_swap_after(tmp_path):
         record = engine.call(lambda: engine.swaps.swap(RMS_NORM_KERNEL)).result()
         captures = engine.graphs.captures
         seen = []
-        real_benchmark = engine.benchmark
+        real_benchmark = engine.speed.benchmark
 
         def benchmark(*args):  # which forwards each phase measures
             seen.append(swapped_id(engine.model.model.norm))
             return real_benchmark(*args)
 
-        engine.benchmark = benchmark
+        engine.speed.benchmark = benchmark  # type: ignore[method-assign]
         answer = engine.call(
             lambda: engine.compare_swap(record.swap_id, [1, 2], rounds=2, max_tokens=3, repeats=1), exclusive=True
         ).result()
@@ -227,13 +265,13 @@ def test_prefill_batches_stay_within_the_token_budget(tmp_path, monkeypatch):
         engine.submit(GenRequest(p, 2))
 
     def admit_lengths():
-        admitted = engine._admit()
+        admitted = engine.scheduler._admit()
         return [len(r.prompt_ids) for _, r in admitted]
 
     assert admit_lengths() == [5, 3]  # 2 rows x 5 tokens = 10 fits; adding 7 would pad to 3 x 7
     assert admit_lengths() == [7]  # a lone prompt always fits; 7 + 3 would pad to 2 x 7 = 14
     assert admit_lengths() == [3]
-    assert engine._admit() == []
+    assert engine.scheduler._admit() == []
 
 
 def test_live_speed_reads_served_steps_without_pausing_traffic(tmp_path):

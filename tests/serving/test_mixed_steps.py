@@ -26,13 +26,13 @@ def drive(engine: Engine, first: list[GenRequest], later: list[GenRequest], afte
     for r in first:
         engine.submit(r)
     for _ in range(after_passes):
-        engine._one_pass()
+        engine.scheduler._one_pass()
     for r in later:
         engine.submit(r)
     for _ in range(200):
         if all(r.done.is_set() for r in first + later):
             return
-        engine._one_pass()
+        engine.scheduler._one_pass()
     raise AssertionError("requests did not finish")
 
 
@@ -115,7 +115,7 @@ def test_a_failing_mixed_step_fails_its_rows_and_serving_goes_on(tmp_path, monke
     def broken(*_args, **_kw) -> torch.Tensor:
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine, "mixed_rows", broken)
+    monkeypatch.setattr(engine.runner, "mixed_rows", broken)
     monkeypatch.setattr(engine.graphs, "mixed_fed", broken)  # queued ahead: the request waits, then fails
     drive(engine, [decoding], [joining])
     assert decoding.finish_reason == "error" and joining.finish_reason == "error"
@@ -132,7 +132,7 @@ def test_with_a_measured_cost_a_mixed_step_is_taken_only_while_it_costs_less_tha
     engine.graphs.mixed_extra_ms = 1e9  # dearer than any prefill: arrivals prefill alone, and are timed
     costly = GenRequest(PROMPTS[1], 4)
     drive(engine, [GenRequest(PROMPTS[0], 12)], [costly])
-    assert engine.mixed_admissions == 0 and len(engine._interrupting_prefill_ms) == 1
+    assert engine.mixed_admissions == 0 and len(engine.scheduler._interrupting_prefill_ms) == 1
     engine.graphs.mixed_extra_ms = 0.0  # cheaper than the prefill just timed
     cheap = GenRequest(PROMPTS[4], 4)
     drive(engine, [GenRequest(PROMPTS[2], 12)], [cheap])
@@ -146,7 +146,7 @@ def test_a_mixed_step_waits_for_a_timed_prefill_when_its_cost_is_known(tmp_path)
     assert engine.graphs is not None
     engine.graphs.mixed_extra_ms = 0.0
     assert not engine.mixed_pays()  # nothing to weigh it against yet
-    engine._interrupting_prefill_ms.append(0.5)
+    engine.scheduler._interrupting_prefill_ms.append(0.5)
     assert engine.mixed_pays()
 
 
@@ -164,10 +164,10 @@ def test_a_prefill_that_captured_a_graph_is_no_sample_of_what_a_prefill_costs(tm
 
     monkeypatch.setattr(graphs, "run", first_use)
     drive(engine, [GenRequest(PROMPTS[0], 12)], [GenRequest(PROMPTS[1], 4)])
-    assert not engine._interrupting_prefill_ms
+    assert not engine.scheduler._interrupting_prefill_ms
     monkeypatch.setattr(graphs, "run", replay)
     drive(engine, [GenRequest(PROMPTS[2], 12)], [GenRequest(PROMPTS[4], 4)])
-    assert len(engine._interrupting_prefill_ms) == 1 and engine.mixed_admissions == 0
+    assert len(engine.scheduler._interrupting_prefill_ms) == 1 and engine.mixed_admissions == 0
 
 
 def test_the_kernels_report_says_what_the_interrupting_prefills_held(tmp_path):
@@ -189,12 +189,12 @@ def test_a_request_joins_ahead_into_the_row_of_a_request_that_ended(tmp_path):
     for r in (short, long):
         engine.submit(r)
     while not short.done.is_set():
-        engine._one_pass()
-    assert engine._ahead is not None and engine.slots[0] is None
+        engine.scheduler._one_pass()
+    assert engine.scheduler._ahead is not None and engine.scheduler.slots[0] is None
     joining = GenRequest(list(range(30, 38)), 5)
     drive(engine, [], [joining], after_passes=0)
     while not long.done.is_set():
-        engine._one_pass()
+        engine.scheduler._one_pass()
     assert engine.graphs.mixed_fed_steps == 1 and engine.mixed_admissions == 1
     for r in (short, long, joining):
         assert r.output_ids == reference_greedy(engine.model, r.prompt_ids, r.max_tokens)

@@ -125,14 +125,14 @@ def test_a_recapture_while_a_step_runs_ahead_hands_it_out_and_feeds_the_next_fro
     # still count, and the next step loads its inputs from the host instead of running ahead.
     engine = make_engine(tmp_path, run_ahead=True)
     requests = [engine.submit(GenRequest(p, 8)) for p in PROMPTS[:2]]
-    engine._one_pass()  # prefill both
-    engine._one_pass()  # a decode step, and the next one queued ahead
-    assert engine._ahead is not None and engine.graphs.fed_steps == 1
+    engine.scheduler._one_pass()  # prefill both
+    engine.scheduler._one_pass()  # a decode step, and the next one queued ahead
+    assert engine.scheduler._ahead is not None and engine.graphs.fed_steps == 1
     engine.graphs.capture_all()
     for _ in range(20):
         if all(r.done.is_set() for r in requests):
             break
-        engine._one_pass()
+        engine.scheduler._one_pass()
     assert [r.finish_reason for r in requests] == ["length", "length"]
     assert [r.output_ids for r in requests] == [reference_greedy(engine.model, p, 8) for p in PROMPTS[:2]]
 
@@ -146,7 +146,7 @@ def test_a_row_ending_before_the_others_does_not_stop_the_steps_running_ahead(tm
     for _ in range(40):
         if all(r.done.is_set() for r in requests):
             break
-        engine._one_pass()
+        engine.scheduler._one_pass()
     assert [r.output_ids for r in requests] == [reference_greedy(engine.model, p, n) for p, n in zip(PROMPTS, lengths)]
     assert engine.graphs.fed_steps == max(lengths) - 2  # decode steps (all but the prefill's token) but the first
 
@@ -160,7 +160,7 @@ def test_decode_timing_reports_the_host_cycle_of_each_step_run_ahead(tmp_path):
     for _ in range(30):
         if all(r.done.is_set() for r in requests):
             break
-        engine._one_pass()
+        engine.scheduler._one_pass()
     timing = engine.decode_timing()
     assert timing is not None and timing["steps"] == engine.graphs.fed_steps
     assert 0 <= timing["wait_ms"] <= timing["cycle_ms"] <= timing["cycle_p90_ms"]
@@ -176,16 +176,16 @@ def test_after_a_request_joins_the_next_step_is_queued_before_the_tokens_are_han
     lengths = [10, 10, 6]
     requests = [engine.submit(GenRequest(p, n)) for p, n in zip(PROMPTS[:2], lengths)]
     for _ in range(4):
-        engine._one_pass()  # prefill, then decode steps running ahead
-    assert engine._ahead is not None and engine.steps_queued_from_host == 0
+        engine.scheduler._one_pass()  # prefill, then decode steps running ahead
+    assert engine.scheduler._ahead is not None and engine.steps_queued_from_host == 0
     requests.append(engine.submit(GenRequest(PROMPTS[2], lengths[2])))
-    engine._one_pass()  # its prefill, with a step in flight
-    engine._one_pass()  # that step handed out: the next one queued from the host first
-    assert engine.steps_queued_from_host == 1 and engine._ahead is not None
+    engine.scheduler._one_pass()  # its prefill, with a step in flight
+    engine.scheduler._one_pass()  # that step handed out: the next one queued from the host first
+    assert engine.steps_queued_from_host == 1 and engine.scheduler._ahead is not None
     for _ in range(30):
         if all(r.done.is_set() for r in requests):
             break
-        engine._one_pass()
+        engine.scheduler._one_pass()
     want = [reference_greedy(engine.model, p, n) for p, n in zip(PROMPTS, lengths)]
     assert [r.output_ids for r in requests] == want
     assert engine.steps_queued_from_host == 1  # afterwards every step ran ahead on the device

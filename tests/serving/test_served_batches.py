@@ -23,8 +23,8 @@ def make_engine(tmp_path, **kw) -> Engine:
 def served_traffic(engine: Engine, rows: int, steps: int = 20) -> None:
     """As if live traffic had decoded `steps` steps at `rows` rows."""
     for _ in range(steps):
-        engine._live_steps.append((time.monotonic(), rows, rows, 0.01))
-        engine._recent_batches.append(rows)
+        engine.scheduler.traffic.live_steps.append((time.monotonic(), rows, rows, 0.01))
+        engine.scheduler.traffic.batches.append(rows)
 
 
 def by_key(profile: dict) -> dict[tuple[str, str], dict]:

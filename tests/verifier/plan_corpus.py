@@ -29,6 +29,8 @@ class Entry:
         return CANDIDATES / f"{self.name}.py"
 
 
+# The last token of each of 4 prompts of 16: [4, 1, 64] strided 16 x 64 apart, at the last row's offset.
+LAST_TOKEN = {"input": 0, "shape": [4, 1, 64], "stride": [1024, 64, 1], "offset": 960}
 F16 = {"dtypes": ["float16"]}
 F32 = {"dtypes": ["float32"]}
 
@@ -41,6 +43,8 @@ WRONG = [
     # Qwen3's q/k norm inputs: [batch, seq, heads, head_dim] (a live rank-4 shape keeps its rank too).
     Entry("plan_wrong_rank4", "rank4", "unseen-shape", F32),
     Entry("plan_wrong_view_layout", "view", "input-layout", F32),
+    # The served prefill's head input `h[:, -1:, :]` (the profile target's `layouts`), rows capped.
+    Entry("plan_wrong_live_leading_stride", "live_layout", "input-layout", {**F32, "layouts": [LAST_TOKEN]}),
     Entry("plan_wrong_bias_none", "no_optional", "optional-parameter", F32),
     Entry("plan_wrong_full_rotary_only", "partial_rotary", "optional-parameter", F32),
     Entry("plan_wrong_zero_rows", "zero_rows", "unstable-numerics", F32),

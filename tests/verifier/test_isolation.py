@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpuyantra.candidate import CandidateError, encoding_problem, load_candidate
-from gpuyantra.verifier import isolation, run_verification, verify
+from gpuyantra.verifier import compiler_cache, isolation, run_verification, verify
 from gpuyantra.verifier.static import check_source
 from tests.verifier.conftest import HEADER, HONEST_ENTRY, candidate_path, rules_of
 
@@ -188,6 +188,15 @@ def test_state_folder_is_not_writable(tmp_path, state):
     _, message = _probe(tmp_path, "cheat_writes_state", str(state))
     assert "PROBE blocked" in message, message
     assert not (state / "planted.py").exists()
+
+
+def test_shared_compiler_cache_is_readable_not_writable(tmp_path, state):
+    """A candidate cannot plant an artefact that a later verification or baseline would load: the
+    shared Triton cache is listed for reading only (`compiler_cache`)."""
+    shared = compiler_cache.shared_dirs(state)[0]
+    _, message = _probe(tmp_path, "cheat_writes_state", str(shared))
+    assert "PROBE blocked" in message, message
+    assert not (shared / "planted.py").exists()
 
 
 def test_shared_memory_is_not_writable_on_cpu(tmp_path):

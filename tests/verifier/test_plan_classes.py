@@ -9,6 +9,8 @@ of the plan before the classes, and honest kernels in several styles; each verdi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -97,12 +99,58 @@ def test_view_cases_are_strided_slices_with_the_same_values():
     assert cos.is_contiguous()  # bounded inputs stay as made
 
 
+def test_served_layouts_are_drawn_exactly_and_rows_capped():
+    """The profile target's `layouts`: a case per served strided shape and dtype, input 0 at exactly
+    the served strides and offset, NaN around it; rows capped on CPU (the verdict says reduced)."""
+    family = get_op("rms_norm")
+    last_token = {"input": 0, "shape": [3, 1, 64], "stride": [1024, 64, 1], "offset": 960}
+    long_prompts = {"input": 0, "shape": [80, 1, 64], "stride": [2**20, 64, 1], "offset": 2**20 - 64}
+    extras = class_cases("cpu", family, [[3, 64]], ["float32", "float16"], live_layouts=[last_token, long_prompts])
+    served = [c for c in extras if c.klass == "live_layout"]
+    assert [(c.dtype, c.shape) for c in served] == [
+        ("float32", (3, 1, 64)),
+        ("float16", (3, 1, 64)),
+        ("float32", (64, 1, 64)),
+        ("float16", (64, 1, 64)),
+    ]
+    cases = plan("cpu", [[3, 64]], ["float32"], extras=served[:1])
+    case = Case.from_json(cases[-1].to_json())  # as the child reads it
+    (x,), _ = make_case(family, case, [])
+    assert x.stride() == (1024, 64, 1) and x.storage_offset() == 960
+    base = x.as_strided((x.untyped_storage().nbytes() // x.element_size(),), (1,), 0)
+    assert int(torch.isnan(base).sum()) == base.numel() - x.numel()  # a wrong read meets NaN
+    assert plan_classes("cpu", cases, family)["live_layout"] == "full"
+    capped = plan("cpu", [[3, 64]], ["float32"], extras=served[2:3])
+    (y,), _ = make_case(family, capped[-1], [])
+    assert y.shape == (64, 1, 64) and y.stride()[0] > 64 and y.storage_offset() % 64 == 0
+    assert y.untyped_storage().nbytes() < 2**22  # gaps shrunk, still a gap between rows
+    assert plan_classes("cpu", capped, family)["live_layout"] == "reduced"
+
+
+@pytest.mark.parametrize(
+    "layouts,field",
+    [
+        ({"input": 0}, "layouts must be a list"),
+        ([{"input": 0, "shape": [2, 64], "stride": [64], "offset": 0}], "layouts[0].stride"),
+        ([{"input": -1, "shape": [2, 64], "stride": [128, 1], "offset": 0}], "layouts[0].input"),
+        ([{"input": 0, "shape": [0, 64], "stride": [128, 1], "offset": 0}], "layouts[0].shape"),
+        ([{"shape": [2, 64]}], "layouts[0] must hold"),
+    ],
+)
+def test_bad_served_layouts_name_the_field(layouts, field):
+    with pytest.raises(ValueError, match=re.escape(field)):
+        run_verification(HONEST[0].path, device="cpu", layouts=layouts)
+
+
 def test_value_classes_hold_zero_rows_masked_rows_and_late_peaks():
     family = get_op("softmax")
     (zero,), _ = make_case(family, Case(0, "main", "float32", (4, 100), 0, 1.0, "zero_rows"), [])
     assert bool((zero[0::2] == 0).all()) and bool((zero[1::2] != 0).any())
     (masked,), _ = make_case(family, Case(0, "main", "float32", (6, 300), 0, 1.0, "masked_rows"), [])
-    assert bool(torch.isneginf(masked).any(dim=-1).all()) and bool(torch.isfinite(masked[:, -1]).all())
+    assert bool(torch.isneginf(masked).any(dim=-1).all())
+    whole = torch.isneginf(masked).all(dim=-1)
+    assert whole.tolist() == [False, False, False, True, False, False]  # every fourth row masked whole
+    assert bool(torch.isfinite(masked[~whole, -1]).all())
     (late,), _ = make_case(family, Case(0, "main", "float32", (3, 300), 0, 1.0, "late_peak"), [])
     assert bool((late[:, -1] - late[:, :-1].amax(-1) > 88.8).all())
 
@@ -144,6 +192,23 @@ def test_layer_norm_error_model_takes_every_correct_order_and_not_a_one_pass_var
     assert (finding is None) == honest, finding
 
 
+def test_a_row_masked_whole_must_give_nan_as_the_module_does():
+    """softmax of a row of -inf is NaN in float64 and in the module: a kernel must give NaN there (not
+    zeros, not a uniform row); every other row is judged as before."""
+    family = get_op("softmax")
+    (x,), params = make_case(family, Case(0, "main", "float32", (8, 64), 0, 1.0, "masked_rows"), [])
+    want = torch.softmax(x.double(), dim=-1)
+    honest = torch.softmax(x, dim=-1)
+    assert bool(torch.isnan(honest[3]).all())
+    assert compare_values(honest, want, (1e-5, 1e-5), 0, "case") is None
+    zeroed = honest.nan_to_num(0.0)
+    finding = compare_values(zeroed, want, (1e-5, 1e-5), 0, "case")
+    assert finding is not None and "want nan" in finding.message
+    wrong_elsewhere = honest.clone()
+    wrong_elsewhere[0, -1] += 0.5
+    assert compare_values(wrong_elsewhere, want, (1e-5, 1e-5), 0, "case") is not None
+
+
 def test_softmax_error_model_is_zero_where_masked():
     x = torch.tensor([[float("-inf"), 0.0, 1.0], [2.0, float("-inf"), 2.0]])
     bound = softmax_bound(x, torch.float32)
@@ -165,7 +230,8 @@ def test_honest_kernel_passes_every_class(entry):
 
 
 def test_the_corpus_has_a_wrong_kernel_per_class_and_rule():
-    classes = {"wide_rows", "prefill_rows", "large_tensor", "rank4", "view", "no_optional", "partial_rotary"}
+    classes = {"wide_rows", "prefill_rows", "large_tensor", "rank4", "view", "live_layout", "no_optional"}
+    classes |= {"partial_rotary"}
     classes |= {"zero_rows", "masked_rows", "late_peak"}
     assert {e.plan_class for e in WRONG} == classes
     rules = {"unseen-shape", "input-layout", "optional-parameter", "unstable-numerics", "shape-cap"}

@@ -31,6 +31,10 @@ CUDA_CASE_ELEMENTS = 1 << 24
 # Stress sizes along the largest variable dim: past a 1024-program grid on the CPU interpreter, past
 # a 65,535 grid dimension and a 16,384-wide tile on CUDA.
 STRESS_SIZE = {"cpu": 1031, "cuda": 70001}
+# The plan classes' sizes along an open target's variable dims (`OpenTarget.class_keys`): a width
+# between tile sizes, a prefill row count, a size no tile divides (a GEMM's K), past a persistent
+# loop's reach (2^20 elements on CUDA). The CPU case cap (2^15 elements) shrinks them there.
+OPEN_CLASS_SIZES = {"cpu": (5120, 130, 203, 1 << 16), "cuda": (5120, 2053, 1003, (1 << 20) + 7)}
 
 
 class CaseKey(tuple):

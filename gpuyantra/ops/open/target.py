@@ -19,6 +19,7 @@ from gpuyantra.ops.open.library import kinds_in_forward
 from gpuyantra.ops.open.spec import (
     CPU_CASE_ELEMENTS,
     CUDA_CASE_ELEMENTS,
+    OPEN_CLASS_SIZES,
     STRESS_SIZE,
     OpenInput,
     OpenParam,
@@ -319,6 +320,36 @@ class OpenTarget:
                     break
         # Sizes the module itself refuses (an instance norm over one element) are no test of a kernel.
         return [s for s in shapes if self.accepts(s)] or shapes[:1], stress
+
+    def class_keys(self, device: str) -> dict[str, list[int]]:
+        """The plan classes' keys along the dims the module lets change (input 0's keys, the other
+        inputs following): `wide_rows`, the last dim (where it varies) at a width between tile
+        sizes; `prefill_rows`, the outermost at a prefill row count with the last (a GEMM's K where
+        it varies) at a size no tile divides; `large_tensor`, the outermost grown past a persistent
+        loop's reach (on the CPU the last, where it varies). Each fitted to the device's case cap
+        (the verdict says which ran reduced); a class whose dims the module fixes is left out."""
+        dims = sorted(self.variable_dims[0]) if self.variable_dims else []
+        if not dims:
+            return {}
+        first = [int(d) for d in self.inputs[0].shape]
+        cap = CPU_CASE_ELEMENTS if device == "cpu" else CUDA_CASE_ELEMENTS
+        inner, outer = dims[-1], dims[0]
+        wide, rows, odd, large = OPEN_CLASS_SIZES[device]
+        keys: dict[str, list[int]] = {}
+
+        def sized(changes: dict[int, int]) -> list[int]:
+            return [changes.get(d, 2 if d in dims else n) for d, n in enumerate(first)]
+
+        last = len(first) - 1
+        if inner == last:  # a reduction width the module lets change
+            keys["wide_rows"] = sized({inner: wide})
+        if outer != last:
+            keys["prefill_rows"] = sized({outer: rows, **({inner: odd} if inner == last else {})})
+        # On the CPU a long outer dim is a program per row of the interpreter: the stress shapes have it.
+        if device != "cpu" or inner == last:
+            keys["large_tensor"] = sized({outer if device != "cpu" else inner: large})
+        fitted = {klass: self.fit(key, cap) for klass, key in keys.items()}
+        return {klass: key for klass, key in fitted.items() if self.accepts(key)}
 
     def _valid_key(self, key: Sequence[int]) -> bool:
         return len(key) in (len(self.inputs[0].shape), sum(self.ranks)) and all(int(d) >= 1 for d in key)
