@@ -154,6 +154,8 @@ def verify_candidate(request: VerifyInput) -> VerdictSummary:
     shapes = [list(s) for s in target.shapes] or None
     # The interpreter checks float32 and float16 (its bfloat16 is unreliable); a GPU checks the live dtype.
     dtypes = [target.dtype] if target.dtype and device != "cpu" else None
+    # The served activations' strided/offset layouts the profile saw: the plan draws them exactly.
+    layouts = request.target.get("layouts") or None
     # The same bytes asked the same question before (a warm campaign's seeded candidate): reuse.
     key = reuse.verdict_key(
         request.source,
@@ -164,6 +166,7 @@ def verify_candidate(request: VerifyInput) -> VerdictSummary:
         param_shapes=target.param_shapes or None,
         device_name=device_name(device),
         versions=library_versions(),
+        layouts=layouts,
     )
     result = reuse.load(key) if reuse.enabled() else None
     if result is None:
@@ -177,6 +180,7 @@ def verify_candidate(request: VerifyInput) -> VerdictSummary:
                 dtypes=dtypes,
                 keep_warm=device == "cuda",
                 param_shapes=target.param_shapes or None,  # linear: the live weight's out-features
+                layouts=layouts,
             )
         )
         result = verdict.to_dict()

@@ -68,3 +68,13 @@ def test_the_activity_verifies_once_then_reuses_and_fresh_verdicts_can_be_asked(
     monkeypatch.setenv(reuse.FRESH_ENV, "1")
     third = env.run(verify_candidate, VerifyInput(**{**request.__dict__, "iteration": 3}))
     assert third.accepted and third.reused is None
+
+
+def test_the_activity_hands_the_served_layouts_to_the_verifier(state):
+    # The profile target's strided layouts reach the plan (`live_layout`): a malformed one is refused
+    # by the verifier's own check, naming the field, before any candidate runs.
+    target = {"op": "rms_norm", "module_class": "Qwen2RMSNorm", "shapes": [[4, 64]], "dtype": "float32"}
+    target["layouts"] = [{"input": 0, "shape": [4, 64], "stride": [-1, 1], "offset": 0}]
+    request = VerifyInput(campaign_id="c1", target=target, iteration=1, source=TEMPLATE.read_text(), device="cpu")
+    with pytest.raises(ValueError, match=r"layouts\[0\]"):
+        ActivityEnvironment().run(verify_candidate, request)
