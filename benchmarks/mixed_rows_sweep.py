@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for budget in args.budgets:
         rows = args.max_batch + budget
-        graphs = GraphDecoder(engine, [args.max_batch], mixed_rows=rows)
+        graphs = GraphDecoder(engine.runner, [args.max_batch], mixed_rows=rows)
         graphs.capture_all()
         decode = replay_ms(graphs, graphs.static[args.max_batch], args.replays)
         mixed = replay_ms(graphs, graphs.mixed_static[rows], args.replays)

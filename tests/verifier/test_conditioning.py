@@ -98,7 +98,8 @@ def test_honest_kernel_is_held_to_what_float32_can_do_on_plain_draws(tmp_path, t
     # though the parent's own float32 computation fails the tolerance there too.
     verdict = run_verification(_candidate(tmp_path, target.op), device="cpu", **F32)
     assert verdict.accepted, verdict.failures
-    assert verdict.checks == 8  # the 6 plain calls, then the view and zero-row plan classes
+    assert verdict.checks == 9  # the 6 plain calls, then the view, zero-row and prefill-row plan classes
+    assert verdict.plan_classes["prefill_rows"] == "reduced" and verdict.plan_classes["zero_rows"] == "full"
 
 
 def test_low_precision_accumulation_is_still_rejected_there(tmp_path, target):
