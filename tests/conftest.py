@@ -45,3 +45,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not item.get_closest_marker("xdist_group") and _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_fork_server():
+    """Sandbox children are forked from one server per test process, as a worker's are (torch
+    imported once, not in every verification's child: 2-3 CPU-s each). Tests of the new-interpreter
+    path stop it (`no_fork_server`) or start children with `fork=False`."""
+    from gpuyantra.verifier import fork_server, sandbox
+
+    sandbox.start_fork_server("cpu")
+    yield
+    sandbox.close_spares()
+    fork_server.close_all()
+
+
+@pytest.fixture(autouse=True)
+def _fork_server_kept(cpu_fork_server):
+    """A test that stopped or killed the server (the fork server's own tests) leaves one running."""
+    yield
+    from gpuyantra.verifier import fork_server, sandbox
+
+    if fork_server.running("cpu") is None:
+        sandbox.start_fork_server("cpu")
+
+
+@pytest.fixture
+def no_fork_server(cpu_fork_server):
+    """Children start as new interpreters for this test (the server is started again after it)."""
+    from gpuyantra.verifier import fork_server
+
+    fork_server.close_all()
+    yield

@@ -150,6 +150,14 @@ def _start_sandbox_spares(count: int) -> None:
     keep_spare("cuda")
 
 
+def _start_fork_server(device: str) -> None:
+    """Verifications on a CPU keep no warm spare (a spare is there for the CUDA context's start), but
+    their children are forked with torch imported: 2-3 CPU-s saved per candidate."""
+    from gpuyantra.verifier.sandbox import start_fork_server
+
+    start_fork_server(device)
+
+
 async def run_workers(
     role: str,
     address: str,
@@ -179,6 +187,8 @@ async def run_workers(
     if role in ("gpu", "all") and device == "cuda":
         _start_sandbox_spares(slots)
         _measure_copy_bandwidth_in_background()
+    elif role in ("gpu", "all"):
+        _start_fork_server(device)
     gpu_threads = slots * len(gpu_queues(facts)) if role in ("gpu", "all") else 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=4 + gpu_threads) as executor:
         workers = build_workers(client, role, executor, slots, facts)

@@ -55,13 +55,11 @@ def write_candidate(tmp_path):
 @pytest.fixture
 def state(tmp_path, monkeypatch):
     """A fresh state folder; afterwards no warm sandbox child is left for the next test."""
-    from gpuyantra.verifier import fork_server
     from gpuyantra.verifier import sandbox as sandbox_module
 
     monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path))
     yield tmp_path
     sandbox_module.close_spares()
-    fork_server.close_all()  # a test that kept spares started one: later tests start children anew
 
 
 def can_take(path: Path | str, operation: int = fcntl.LOCK_EX) -> bool:

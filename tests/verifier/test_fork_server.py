@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not fork_server.enabled(), reason="no pidfd_open
 @pytest.fixture
 def forking(state):
     """A running fork server for CPU children; stopped afterwards."""
-    sandbox_module._start_fork_server("cpu")
+    sandbox_module.start_fork_server("cpu")
     yield fork_server.running("cpu")
     fork_server.close_all()
 
@@ -87,10 +87,12 @@ def probe_folder_writable(tmp_path, monkeypatch):
     monkeypatch.setattr(isolation, "policy", with_probe_folder)
 
 
-def test_a_forked_child_sees_the_sandbox_a_new_interpreter_sees(state, tmp_path, monkeypatch, probe_folder_writable):
+def test_a_forked_child_sees_the_sandbox_a_new_interpreter_sees(
+    state, tmp_path, monkeypatch, probe_folder_writable, no_fork_server
+):
     monkeypatch.setenv("GPUYANTRA_TEST_SECRET_TOKEN", "do-not-leak")
     execed, exec_timings = _probe(tmp_path, "exec")
-    sandbox_module._start_fork_server("cpu")
+    sandbox_module.start_fork_server("cpu")
     try:
         forked, fork_timings = _probe(tmp_path, "fork")
     finally:

@@ -132,7 +132,7 @@ def _pipe_fds(inode_of: int) -> list[int]:
 def test_a_sandbox_hands_its_child_the_write_end_only(tmp_path):
     box = sandbox_module.Sandbox("cpu")
     try:
-        box.start()
+        box.start(fork=False)  # a new interpreter: its argv is the Popen's
         assert box.notify_fd is not None and box.proc is not None
         assert "--notify-fd" in box.proc.args
         assert _pipe_fds(box.notify_fd) == [box.notify_fd]  # the child holds the only write end

@@ -24,13 +24,11 @@ QUICK = ["--device", "cpu", "--dtypes", "float32", "--where", "here", "--json"]
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A state folder of the test's own; no warm sandbox child is left behind."""
-    from gpuyantra.verifier import fork_server
     from gpuyantra.verifier import sandbox as sandbox_module
 
     monkeypatch.setenv("GPUYANTRA_STATE_DIR", str(tmp_path / "state"))
     yield tmp_path / "state"
     sandbox_module.close_spares()
-    fork_server.close_all()
 
 
 def verify(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, dict]:
