@@ -40,7 +40,7 @@ from gpuyantra import attestation
 from serving import openai_api, routes_admin, routes_health
 from serving.auth import AdminAuth, AdminAuthMiddleware
 from serving.engine import Engine
-from serving.limits import BodyLimitMiddleware
+from serving.limits import BodyLimitMiddleware, ClientLimitMiddleware
 from serving.metrics import Metrics
 from serving.models import describe, load_model
 from serving.state import RETRY_AFTER_S, ServeConfig, ServerState
@@ -72,6 +72,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     # Added first, so it runs inside the admin check: an unauthenticated admin body is never read at all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AdminAuthMiddleware, auth=auth)
+    # Outermost: a client over its limit is refused before its body is read.
+    app.add_middleware(ClientLimitMiddleware, max_requests=config.max_client_requests)
     # Added to the app itself, not included as routers: FastAPI (0.165) keeps an included router as one
     # lazy entry of `app.routes`, and the routes' paths are what tools and tests read there.
     for routes in (routes_health, openai_api, routes_admin):  # the order of the schema's paths

@@ -189,6 +189,7 @@ class Generation:
         seed: int | None,
         stops: list[str] | None,
         logprobs: int | None,
+        client: str | None = None,
     ):
         self.engine = engine
         self.tok = engine.tokenizer
@@ -210,6 +211,7 @@ class Generation:
                     top_p=top_p,
                     seed=_sample_seed(seed, j),
                     logprobs=logprobs,
+                    client=client,
                     stop_token_ids=frozenset(self.tok.eos_token_ids),
                     on_token=partial(self._post, index, "token"),
                     on_finish=partial(self._post, index, "finish"),

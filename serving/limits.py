@@ -2,6 +2,8 @@
 
 - `RequestLimits`: body bytes, choices (prompts x n) and prompt tokens per request (`gpuyantra serve
   --max-body-bytes / --max-choices / --max-prompt-tokens`).
+- `ClientLimitMiddleware`: a 429 for a completions request from a client (its address) that already has
+  `--max-client-requests` in flight, before its body is read.
 - `BodyLimitMiddleware`: a 413 for a body over the limit, before the app reads it: from its
   Content-Length when it declares one, else counted while the body streams in (it is buffered, so at
   most the limit is ever held).
@@ -31,6 +33,13 @@ T = TypeVar("T")
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_CHOICES = 128
 DEFAULT_MAX_PROMPT_TOKENS = 32_768
+# Requests one client address may have in flight on the completions routes: four times the default
+# --max-batch, so a client that pipelines keeps every slot busy, while a flood of connections from
+# one address is refused before its bodies are read or tokenized. Behind a proxy every client shares
+# its address: raise it there, or 0 (off).
+DEFAULT_MAX_CLIENT_REQUESTS = 32
+LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+RETRY_AFTER_429_S = "1"
 # Bodies and prompt text above this are parsed and tokenized on a worker thread: a thread hop costs
 # ~50 us, parsing 64 KiB on the loop about as much as a decode step of a small model.
 OFF_LOOP_BYTES = 64 * 1024
@@ -42,6 +51,7 @@ class RequestLimits:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_choices: int = DEFAULT_MAX_CHOICES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS  # 0: no limit
 
 
 def too_large_response(limit: int) -> Response:
@@ -49,6 +59,50 @@ def too_large_response(limit: int) -> Response:
     message = f"the request body is larger than this server's limit of {limit} bytes (gpuyantra serve --max-body-bytes)"
     body = {"error": {"message": message, "type": "invalid_request_error", "code": 413}, "detail": message}
     return Response(json.dumps(body), status_code=413, media_type="application/json", headers={"Connection": "close"})
+
+
+def too_many_response(limit: int) -> Response:
+    """429 in the OpenAI error shape, with Retry-After."""
+    message = (
+        f"this client already has {limit} requests in flight, this server's limit per client address "
+        "(gpuyantra serve --max-client-requests); retry once one has finished"
+    )
+    body = {"error": {"message": message, "type": "rate_limit_exceeded", "code": 429}, "detail": message}
+    headers = {"Retry-After": RETRY_AFTER_429_S, "Connection": "close"}
+    return Response(json.dumps(body), status_code=429, media_type="application/json", headers=headers)
+
+
+def client_address(request: Request | None) -> str | None:
+    """The address a request came from (None in-process): what per-client limits and fair admission key on."""
+    client = request.client if request is not None else None
+    return client.host if client is not None else None
+
+
+class ClientLimitMiddleware:
+    """ASGI middleware: at most `max_requests` completions requests in flight per client address
+    (counted until the answer, a stream included, has been sent); over it a 429, body unread.
+    0: no limit. One event loop updates the counts, so they need no lock."""
+
+    def __init__(self, app: ASGIApp, max_requests: int) -> None:
+        self.app = app
+        self.max_requests = max_requests
+        self.in_flight: dict[str, int] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.max_requests or scope.get("path") not in LIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        client = (scope.get("client") or ("unknown",))[0]
+        if self.in_flight.get(client, 0) >= self.max_requests:
+            await too_many_response(self.max_requests)(scope, receive, send)
+            return
+        self.in_flight[client] = self.in_flight.get(client, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            left = self.in_flight.pop(client) - 1
+            if left:
+                self.in_flight[client] = left
 
 
 def _declared_length(scope: Scope) -> int | None:

@@ -48,7 +48,7 @@ from serving.generation import (
     chat_logprobs,
     completion_logprobs,
 )
-from serving.limits import OffLoopJSONRoute, RequestLimits, off_loop, until_disconnected
+from serving.limits import OffLoopJSONRoute, RequestLimits, client_address, off_loop, until_disconnected
 from serving.request import RequestError
 from serving.responses import NOT_READY
 from serving.state import State
@@ -60,7 +60,7 @@ MAX_LOGPROBS = 20
 # ====================================================================== error bodies
 class OpenAIError(BaseModel):
     message: str
-    type: str = Field(..., description="invalid_request_error, model_not_found or server_error")
+    type: str = Field(..., description="invalid_request_error, model_not_found, rate_limit_exceeded or server_error")
     code: int
 
 
@@ -108,6 +108,11 @@ def openai_responses(answer: type[BaseModel]) -> dict[int | str, dict[str, Any]]
         },
         404: {"model": ErrorBody, "description": "`model` names another model than the one served"},
         413: {"model": ErrorBody, "description": "the body is larger than the server's limit (`--max-body-bytes`)"},
+        429: {
+            "model": ErrorBody,
+            "description": "this client (its address) already has as many requests in flight as the server allows "
+            "(`--max-client-requests`); `Retry-After` says when to ask again",
+        },
         422: {"model": ValidationErrorBody, "description": "malformed body"},
         500: {"model": ErrorBody, "description": "generation failed"},
         **NOT_READY,
@@ -421,6 +426,7 @@ async def create_completion(
             seed=body.seed,
             stops=stop_strings(body.stop),
             logprobs=body.logprobs,
+            client=client_address(request),
         )
     except RequestError as exc:
         return openai_error(400, str(exc))
@@ -526,6 +532,7 @@ async def create_chat_completion(
             seed=body.seed,
             stops=stop_strings(body.stop),
             logprobs=top,
+            client=client_address(request),
         )
     except RequestError as exc:
         return openai_error(400, str(exc))

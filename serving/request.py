@@ -43,6 +43,9 @@ class GenRequest:
     # Log-probabilities of the generated tokens (log_softmax of the model's float32 logits, before
     # temperature / top_p): None = off; k >= 0 = each token's own plus the k most likely alternatives.
     logprobs: int | None = None
+    # Who asked (the HTTP client's address; None in-process): waiting requests are admitted fairly
+    # between clients (serving.scheduler.share_between_clients).
+    client: str | None = None
     on_token: Callable[[int], None] | None = None
     on_finish: Callable[[GenRequest], None] | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])

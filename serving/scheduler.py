@@ -7,7 +7,9 @@ model runner (`serving.runner.ModelRunner`, which it is given, never inherits) e
 
 Requests are admitted into free slots with batched prefill passes (within PREFILL_TOKEN_BUDGET),
 then decode together; a pass during which a swapped kernel raised is rolled back and run again
-(`_clean_pass`).
+(`_clean_pass`). Waiting requests are admitted fairly between clients (`share_between_clients`):
+a client with fewer requests decoding goes first, so one client's burst (a flood of requests, one
+request of n=128) queues behind itself, not in front of every other client.
 
 Mixed steps: while rows decode, a request whose prompt is short joins with a mixed step instead of
 a prefill pass of its own. Each prompt token becomes one more row of the decode step, at its own
@@ -35,8 +37,8 @@ import statistics
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,20 @@ log = logging.getLogger("gpuyantra.serving")
 PREFILL_TOKEN_BUDGET = 8192
 LIVE_STEPS_KEPT = 65536  # served decode steps remembered for live speed measurements
 GRAPH_STEPS_TIMED = 1024  # graph decode steps whose host cycle `decode_timing` reports
+
+
+def share_between_clients(waiting: Iterable[GenRequest], decoding: Counter[str | None]) -> list[GenRequest]:
+    """The waiting requests in the order that shares the slots between clients: a request ranks by
+    how many requests of its client decode (`decoding`) or wait ahead of it; the lowest rank goes
+    first, ties in arrival order. One client's own requests keep their order, and with one client
+    nothing moves."""
+    ahead: Counter[str | None] = Counter(decoding)
+    ranked: list[tuple[int, int, GenRequest]] = []
+    for arrival, request in enumerate(waiting):
+        ranked.append((ahead[request.client], arrival, request))
+        ahead[request.client] += 1
+    ranked.sort(key=lambda entry: (entry[0], entry[1]))
+    return [request for _, _, request in ranked]
 
 
 @dataclass
@@ -249,6 +265,7 @@ class Scheduler:
         with self._cv:
             if not self._can_admit():
                 return admitted
+            self._order_waiting_by_client()
             free = [i for i, s in enumerate(self.slots) if s is None]
             longest = 0
             while self._pending and len(admitted) < len(free):
@@ -269,6 +286,16 @@ class Scheduler:
                 longest = longest_with
                 admitted.append((free[len(admitted)], self._pending.popleft()))
         return admitted
+
+    def _order_waiting_by_client(self) -> None:
+        """Reorder the waiting requests fairly between clients (`share_between_clients`); the caller
+        holds the lock. Only where more than one client waits: the common case costs one pass."""
+        if len({request.client for request in self._pending}) < 2:
+            return
+        decoding = Counter(slot.request.client for slot in self.slots if slot is not None)
+        ordered = share_between_clients(self._pending, decoding)
+        self._pending.clear()
+        self._pending.extend(ordered)
 
     def _one_pass(self) -> None:
         room = self._mixed_room()

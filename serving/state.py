@@ -17,7 +17,13 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request
 
 from serving.engine import Engine
-from serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES, DEFAULT_MAX_PROMPT_TOKENS, RequestLimits
+from serving.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CHOICES,
+    DEFAULT_MAX_CLIENT_REQUESTS,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    RequestLimits,
+)
 from serving.metrics import Metrics
 
 RETRY_AFTER_S = "5"  # Retry-After (seconds) of a 503 while the model loads
@@ -48,12 +54,13 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies: 413 before they are read
     max_choices: int = DEFAULT_MAX_CHOICES  # prompts x n per completions request
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # prompt tokens per request, all prompts together
+    max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS  # completions requests in flight per client; 0: off
     # Called (on the loader thread) with the one-line cause when the model fails to load or warm up:
     # `serve` stops the process with it. None: the server stays up and its probes report the error.
     on_load_failure: Callable[[str], None] | None = None
 
     def request_limits(self) -> RequestLimits:
-        return RequestLimits(self.max_body_bytes, self.max_choices, self.max_prompt_tokens)
+        return RequestLimits(self.max_body_bytes, self.max_choices, self.max_prompt_tokens, self.max_client_requests)
 
     def resolved_state_dir(self) -> Path:
         if self.state_dir:

@@ -16,18 +16,27 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_bench(script: str, out: Path, timeout: int, mode: str = "--smoke") -> dict:
-    """The script in its CPU mode (`--smoke`, or `--dry-run` for the kernel sweeps); its JSON."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+def run_bench(
+    script: str,
+    out: Path,
+    timeout: int,
+    mode: str = "--smoke",
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    exit_codes: tuple[int, ...] = (0,),
+) -> dict:
+    """The script in its CPU mode (`--smoke`, or `--dry-run` for the kernel sweeps) with `extra`
+    arguments and `env` variables; its JSON."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), mode, "--out", str(out)],
+        [sys.executable, str(REPO / "benchmarks" / script), mode, "--out", str(out), *extra],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode in exit_codes, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
@@ -58,6 +67,32 @@ def test_http_serving_bench_smoke(tmp_path):
     assert result["during_swaps"]["failed"] == 0
     assert result["rollback"]["http"] == 200 and result["rollback"]["active"] == []
     assert result["after_rollback_equals_before"]
+
+
+def test_abuse_bench_smoke(tmp_path):
+    """benchmarks/abuse_bench.py on a served tiny chat model (random weights, from a local Hugging Face
+    cache): the normal chat streams alone and beside each abusive client. What each abusive request
+    got is the server's published answer; the verdict (a timing) is left to the GPU run."""
+    from tests.serving.helpers import write_hf_cache_model
+
+    write_hf_cache_model(tmp_path / "hub")
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    extra = ("--model", "gpuyantra-test/tiny-chat", "--seconds", "2", "--flood", "6")
+    extra += ("--serve-arg=--max-client-requests=4",)  # the flood (6 at once) meets the per-client limit
+    result = run_bench("abuse_bench.py", tmp_path / "abuse.json", 300, extra=extra, env=env, exit_codes=(0, 1))
+    assert result["endpoint"] == "chat" and result["largest_n"] == 128
+    for name in ("baseline", "abuse"):
+        normal = result["phases"][name]["normal"]
+        assert normal["failed"] == 0 and normal["ok"] > 0, (name, normal)
+        assert normal["total_s"]["p99"] is not None and result["phases"][name]["healthz_s"]["failed"] == []
+    abuse = result["phases"]["abuse"]["abuse"]
+    assert abuse["many_prompts"]["status"] == 400 and "320 choices" in abuse["many_prompts"]["detail"]
+    assert abuse["body_declared"]["status"] == 413 and abuse["body_chunked"]["status"] == 413
+    assert abuse["largest_allowed"]["status"] == 200 and abuse["largest_allowed"]["n"] == 128
+    assert abuse["slow_loris_0"]["bytes_sent"] > 0
+    assert set(abuse["flood"]["statuses"]) <= {"200", "429"} and abuse["flood"]["statuses"]["429"] > 0
+    assert len({a["source"] for a in abuse.values()}) == len(abuse)  # each from its own address
+    assert set(result["verdict"]) == {"pass", "p99_ratio", "reasons"}
 
 
 def test_linear_gemv_dry_run(tmp_path):

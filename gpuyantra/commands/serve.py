@@ -94,6 +94,14 @@ def register(subparsers) -> None:
         help="prompt tokens one request may hold, all its prompts together (default: 32768)",
     )
     p.add_argument(
+        "--max-client-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="completions requests one client address may have in flight; more are refused (429) "
+        "(default: 32; 0: no limit, as behind a proxy whose address every client shares)",
+    )
+    p.add_argument(
         "--state-dir",
         default=None,
         help="folder for the swap manifest and kept candidate files "
@@ -237,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=limits.max_body_bytes,
         max_choices=limits.max_choices,
         max_prompt_tokens=limits.max_prompt_tokens,
+        max_client_requests=limits.max_client_requests,
     )
     if token is None:
         print(
@@ -321,7 +330,8 @@ def admin_token_of(args: argparse.Namespace) -> str | None:
 
 
 def request_limits_of(args: argparse.Namespace) -> RequestLimits:
-    """The limit flags, defaults for those not given; ValueError naming a flag below 1."""
+    """The limit flags, defaults for those not given; ValueError naming a flag below 1 (below 0 for
+    --max-client-requests, where 0 is no limit)."""
     from serving.limits import RequestLimits
 
     given = {
@@ -332,7 +342,13 @@ def request_limits_of(args: argparse.Namespace) -> RequestLimits:
     for name, value in given.items():
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    return RequestLimits(**{name: value for name, value in given.items() if value is not None})
+    chosen = {name: value for name, value in given.items() if value is not None}
+    clients = args.max_client_requests
+    if clients is not None:
+        if clients < 0:
+            raise ValueError("--max-client-requests must be 0 (no limit) or more")
+        chosen["max_client_requests"] = clients
+    return RequestLimits(**chosen)
 
 
 def _register_with_workers(args: argparse.Namespace, state: Path) -> Path | None:

@@ -4,6 +4,7 @@ the static-shape (CUDA-graph) decode path run eagerly on the CPU, benchmark and 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import pytest
 
@@ -13,6 +14,7 @@ from serving import scheduler as scheduler_module
 from serving.engine import Engine, GenRequest, RequestError
 from serving.models import load_model
 from serving.plan import StepPlan
+from serving.scheduler import share_between_clients
 from tests.serving.helpers import PROMPTS, RMS_NORM_KERNEL, reference_greedy
 
 
@@ -272,6 +274,24 @@ def test_prefill_batches_stay_within_the_token_budget(tmp_path, monkeypatch):
     assert admit_lengths() == [7]  # a lone prompt always fits; 7 + 3 would pad to 2 x 7 = 14
     assert admit_lengths() == [3]
     assert engine.scheduler._admit() == []
+
+
+def test_waiting_requests_are_shared_between_clients_by_what_each_holds():
+    flood = [GenRequest([1], 1, client="10.0.0.9") for _ in range(3)]
+    busy = GenRequest([1], 1, client="10.0.0.2")  # two of its requests decode already
+    in_process = GenRequest([1], 1)
+    order = share_between_clients([*flood, busy, in_process], Counter({"10.0.0.2": 2}))
+    # ranks: flood 0, 1, 2; busy 2; in_process 0; ties go in arrival order
+    assert [r.id for r in order] == [r.id for r in (flood[0], in_process, flood[1], flood[2], busy)]
+    assert share_between_clients(flood, Counter()) == flood  # one client: its order stands
+
+
+def test_a_client_flooding_the_queue_does_not_hold_back_another(tmp_path):
+    engine = make_engine(tmp_path, max_batch=2)  # not started: _admit is driven by hand
+    flood = [engine.submit(GenRequest(PROMPTS[0], 2, client="10.0.0.9")) for _ in range(3)]
+    other = engine.submit(GenRequest(PROMPTS[1], 2, client="10.0.0.1"))
+    assert [r.id for _, r in engine.scheduler._admit()] == [flood[0].id, other.id]
+    assert engine.scheduler.waiting_count == 2
 
 
 def test_live_speed_reads_served_steps_without_pausing_traffic(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.app import create_app
-from serving.limits import OFF_LOOP_BYTES
+from serving.limits import OFF_LOOP_BYTES, ClientLimitMiddleware
 from tests.serving.helpers import metric_value, tiny_cpu_config
 from tests.serving.test_app import wait_ready
 
@@ -30,9 +30,13 @@ def client(tmp_path_factory):
 
 
 def assert_openai_error(response: httpx.Response, status: int, words: str) -> None:
+    assert_openai_error_of(response, status, words, "invalid_request_error")
+
+
+def assert_openai_error_of(response: httpx.Response, status: int, words: str, kind: str) -> None:
     assert response.status_code == status, response.text
     body = response.json()
-    assert body["error"]["code"] == status and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == status and body["error"]["type"] == kind
     assert words in body["error"]["message"] and body["detail"] == body["error"]["message"]
 
 
@@ -71,10 +75,57 @@ def test_a_chunked_body_over_the_limit_is_counted_and_refused(client):
     assert_openai_error(response, 413, "larger than this server's limit of 262144 bytes")
 
 
-def test_the_413_is_declared_in_the_schema(client):
+def test_the_413_and_429_are_declared_in_the_schema(client):
     for path in ("/v1/completions", "/v1/chat/completions"):
         responses = client.get("/openapi.json").json()["paths"][path]["post"]["responses"]
-        assert responses["413"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+        for status in ("413", "429"):
+            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+
+
+# ---------------------------------------------------------------------- requests in flight per client
+def held_app(release: asyncio.Event):
+    """An ASGI app whose completions answer once `release` is set (requests in flight meanwhile)."""
+
+    async def app(scope, receive, send):
+        if scope["path"].startswith("/v1/"):
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    return app
+
+
+def client_from(app, address: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app, client=(address, 5000)), base_url="http://t")
+
+
+async def test_a_client_over_its_requests_in_flight_is_a_429_and_others_are_not():
+    release = asyncio.Event()
+    app = ClientLimitMiddleware(held_app(release), max_requests=2)
+    async with client_from(app, "10.0.0.9") as flood, client_from(app, "10.0.0.1") as other:
+        held = [asyncio.ensure_future(flood.post("/v1/completions", json={})) for _ in range(2)]
+        await asyncio.sleep(0.05)  # both are in flight
+        refused = await flood.post("/v1/chat/completions", json={})
+        assert_openai_error_of(refused, 429, "already has 2 requests in flight", "rate_limit_exceeded")
+        assert refused.headers["retry-after"] == "1"
+        assert (await flood.get("/healthz")).status_code == 200  # only the completions routes count
+        other_request = asyncio.ensure_future(other.post("/v1/completions", json={}))
+        await asyncio.sleep(0.05)
+        assert app.in_flight == {"10.0.0.9": 2, "10.0.0.1": 1}  # another address has its own count
+        release.set()
+        assert [r.status_code for r in await asyncio.gather(*held, other_request)] == [200, 200, 200]
+        assert (await flood.post("/v1/completions", json={})).status_code == 200  # its turn again
+    assert app.in_flight == {}
+
+
+async def test_no_limit_per_client_with_zero():
+    release = asyncio.Event()
+    app = ClientLimitMiddleware(held_app(release), max_requests=0)
+    async with client_from(app, "10.0.0.9") as flood:
+        held = [asyncio.ensure_future(flood.post("/v1/completions", json={})) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        release.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]
 
 
 # ---------------------------------------------------------------------- encoding and ranges

@@ -18,7 +18,7 @@ from tests.serving.helpers import ServerProcess
 
 def flags(**given) -> argparse.Namespace:
     defaults = {"admin_token": None, "admin_token_file": None, "max_body_bytes": None, "max_choices": None}
-    return argparse.Namespace(**{**defaults, "max_prompt_tokens": None, **given})
+    return argparse.Namespace(**{**defaults, "max_prompt_tokens": None, "max_client_requests": None, **given})
 
 
 def test_the_token_file_is_read(tmp_path, monkeypatch):
@@ -46,6 +46,10 @@ def test_limit_flags_below_one_are_refused():
     with pytest.raises(ValueError, match="--max-choices must be at least 1"):
         request_limits_of(flags(max_choices=0))
     assert request_limits_of(flags(max_body_bytes=10)).max_body_bytes == 10
+    with pytest.raises(ValueError, match=r"--max-client-requests must be 0 \(no limit\) or more"):
+        request_limits_of(flags(max_client_requests=-1))
+    assert request_limits_of(flags(max_client_requests=0)).max_client_requests == 0  # no limit
+    assert request_limits_of(flags()).max_client_requests == 32
 
 
 def test_a_server_takes_its_token_from_a_file_and_registers_while_it_runs(tmp_path):
