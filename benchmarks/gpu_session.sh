@@ -2,7 +2,7 @@
 # Every GPU measurement of the project in device calls of < 10 minutes on an H200:
 #   device run, carry [".whl"], command: bash benchmarks/gpu_session.sh [parts...]
 # parts (default: all): verify ops sweep launch profile serving http campaign
-#   on demand: verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes linear-points linear-b8-grid
+#   on demand: abuse verify-speed kb-conv kb-f32 cand-profile (.kb/cands/PROBLEM.py) kb-ab (.kb/ab/GROUP/) kb-matmul kb-pool kb-l1 kb-l2 kb-l2-all kb-both (4 GPUs) campaign-linear campaign-quick campaign-repeat serving-nocompile linear-regimes linear-points linear-b8-grid
 #   campaign-state, then join-ahead and mixed-rows on its kernels (GY_STATE, default /tmp/gystate)
 # Fetch the wheels first, here: benchmarks/device_wheels.sh liger-kernel
 # Results land in $OUT; copy them into docs/perf/<date>-h200-*/ with the date and versions.
@@ -24,6 +24,8 @@ for part in $parts; do
     serving) run serving_bench 420 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" ;;
     serving-nocompile) run serving_bench 300 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" --skip-compile ;;
     http) run http_serving 200 python3 benchmarks/http_serving_bench.py --out "$OUT/http_serving.json" ;;
+    # normal chat streams alone, then beside abusive clients (benchmarks/abuse_bench.py)
+    abuse) run abuse_bench 300 python3 benchmarks/abuse_bench.py --out "$OUT/abuse.json" ;;
     verify-speed) run verify_speed 300 python3 benchmarks/verify_speed.py --out "$OUT/verify_speed.json" --between-s 8 ;;
     # KernelBench parts need the problems carried too: carry [".whl", ".kb"] (.kb/level1, .kb/level2).
     kb-matmul) run kb_matmul 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_matmul" --only 1-18,93,96,98,100 ;;
