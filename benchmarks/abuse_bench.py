@@ -8,7 +8,7 @@ another for T seconds: first alone (the baseline), then beside abusive clients r
 
 - `many_prompts`: one completions request of --prompts prompts x n=--n (over `--max-choices`: a 400);
 - `largest_allowed`: one streamed completions request of one prompt x the largest `n` the published
-  schema (`/openapi.json`) allows, long `max_tokens`: within every limit, cancelled at the phase's end;
+  schema (`/openapi.json`) allows, 4x the normal `max_tokens`: within every limit, cancelled at the phase's end;
 - `body_declared` / `body_chunked`: a --body-mb MB body, with its Content-Length and chunked (a 413,
   from the headers or once the limit is counted);
 - `slow_loris`: --loris connections sending request headers one byte per --loris-interval-s, never done;
@@ -21,7 +21,7 @@ per-client limit (`--max-client-requests`) key on the client's address.
 Per phase: the normal requests ok / failed, p50 / p99 of time to first token and total latency, and
 `/healthz` latency (polled every 0.2 s); per abusive client what it got back (status codes, time).
 Verdict: pass when no normal request failed and the normal p99 total latency under abuse is at most
-2x the baseline's. Exit 0 on pass, 1 on fail.
+2x the baseline's. Exit 0 on pass, 1 on fail, 3 when the run itself failed (the JSON says why).
 
     python benchmarks/abuse_bench.py --out $OUT/abuse.json                     # GPU: qwen2.5-1.5b, graphs
     python benchmarks/abuse_bench.py --url http://127.0.0.1:8000 --out a.json  # a server already running
@@ -59,6 +59,7 @@ HEALTH_POLL_S = 0.2
 MB = 1_000_000
 CHUNK = 256 * 1024  # bytes per write of the large bodies
 VERDICT_P99_FACTOR = 2.0
+LARGEST_ALLOWED_TOKENS = 4  # x --max-tokens: long, and within the started server's 512 positions
 
 # Realistic prompts: questions and instructions of the lengths chat traffic has (tens to hundreds of tokens).
 PROMPTS = [
@@ -512,7 +513,7 @@ def abusive_clients(url: str, args: argparse.Namespace, n_max: int) -> dict[str,
         made["many_prompts"] = lambda source, stop_at: many_prompts(url, source, args.prompts, args.n)
     if "largest_allowed" in kinds:
         made["largest_allowed"] = lambda source, stop_at: largest_allowed(
-            url, source, n_max, 8 * args.max_tokens, stop_at
+            url, source, n_max, LARGEST_ALLOWED_TOKENS * args.max_tokens, stop_at
         )
     if "body" in kinds and args.body_mb > 0:
         made["body_declared"] = lambda source, stop_at: large_body(url, source, args.body_mb, chunked=False)
@@ -556,7 +557,7 @@ def start_own_server(args: argparse.Namespace) -> Managed:
     env = {"TRITON_INTERPRET": "1"} if args.smoke else {}
     state = Path(tempfile.mkdtemp(prefix="gy-abuse-bench-"))
     extra += args.serve_arg
-    return start_server(args.model, state, free_port(), TOKEN, device=device, extra_args=extra, env=env)
+    return start_server(args.model, state, free_port(), TOKEN, device=device, extra_args=extra, env=env, timeout_s=600)
 
 
 def fmt(value: float | None) -> str:
@@ -589,14 +590,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     server = None if args.url else start_own_server(args)
     url = args.url or server.info["url"]  # type: ignore[union-attr]
-    out: dict[str, Any] = {"config": {k: v for k, v in vars(args).items()}, "url": url}
+    out: dict[str, Any] = {"config": dict(vars(args)), "url": url}
     try:
         out.update(asyncio.run(bench(url, args)))
+    except Exception as exc:  # noqa: BLE001 - recorded with the server's log, then the exit code says so
+        out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         if server is not None:
             out["server_log"] = server.log_tail(20)
             server.stop()
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    if "error" in out:
+        print(f"abuse_bench: the run failed: {out['error']} (server log in {args.out})", file=sys.stderr)
+        return 3
     print("\n".join(summary_lines(out)))
     return 0 if out["verdict"]["pass"] else 1
 

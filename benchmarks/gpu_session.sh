@@ -25,7 +25,7 @@ for part in $parts; do
     serving-nocompile) run serving_bench 300 python3 benchmarks/serving_bench.py --out "$OUT/serving_bench.json" --skip-compile ;;
     http) run http_serving 200 python3 benchmarks/http_serving_bench.py --out "$OUT/http_serving.json" ;;
     # normal chat streams alone, then beside abusive clients (benchmarks/abuse_bench.py)
-    abuse) run abuse_bench 300 python3 benchmarks/abuse_bench.py --out "$OUT/abuse.json" ;;
+    abuse) run abuse_bench 420 python3 benchmarks/abuse_bench.py --out "$OUT/abuse.json" ;;
     verify-speed) run verify_speed 300 python3 benchmarks/verify_speed.py --out "$OUT/verify_speed.json" --between-s 8 ;;
     # KernelBench parts need the problems carried too: carry [".whl", ".kb"] (.kb/level1, .kb/level2).
     kb-matmul) run kb_matmul 560 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/kernelbench_sharded.py .kb/level1 --device cuda --shards 3 --max-iterations 2 --deadline-s 530 --out "$OUT/kb_matmul" --only 1-18,93,96,98,100 ;;
