@@ -746,7 +746,7 @@ def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) 
     return {
         "op": target.op,
         "module_class": target.module_class,
-        **variant_of(target),
+        **variant_of(target.variant),
         "modules": target.modules,
         "reward": campaign_reward(verdict),
         "speedup_vs_eager": speedup_vs_eager,

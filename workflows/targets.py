@@ -34,7 +34,7 @@ def measured_noise(benchmark: Measurement | None) -> float:
 
 def skip_entry(target: Target, reason: str) -> SkipEntry:
     """The result's entry of a target the campaign did not go after."""
-    return {"op": target.op, "module_class": target.module_class, "reason": reason, **variant_of(target)}
+    return {"op": target.op, "module_class": target.module_class, "reason": reason, **variant_of(target.variant)}
 
 
 def already_swapped_reason(swaps: Sequence[str]) -> str:

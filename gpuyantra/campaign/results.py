@@ -15,10 +15,7 @@ and owns those).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
-
-if TYPE_CHECKING:
-    from gpuyantra.campaign.records import Target  # records imports this module
+from typing import Any, NotRequired, Required, TypedDict
 
 # An author's knobs (`{"BLOCK": 1024, "num_warps": 4}`): each template family has its own space.
 Strategy = dict[str, Any]
@@ -226,6 +223,7 @@ class FileVerdict(TypedDict, total=False):
     candidate_path: str
 
 
-def variant_of(target: Target) -> Variant:
-    """`{"variant": ...}` for a linear target's entry, `{}` for any other (the key is then absent)."""
-    return {"variant": target.variant} if target.variant else {}
+def variant_of(variant: str | None) -> Variant:
+    """`{"variant": ...}` for a linear target's entry (its projection shape), `{}` for any other
+    target, whose entry has no such key."""
+    return {"variant": variant} if variant else {}
