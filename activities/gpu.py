@@ -30,7 +30,7 @@ from gpuyantra.campaign.results import FileVerdict
 from gpuyantra.files import write_whole
 from gpuyantra.hardware import DeviceFacts
 from gpuyantra.served_speed import Measurement, PairedAnswer, measurement_of
-from gpuyantra.server_client import AdminClient, ServerError
+from gpuyantra.server_client import AdminClient, JsonObject, ServerError
 from gpuyantra.trusted_servers import UntrustedServer, resolve
 
 
@@ -44,8 +44,9 @@ def trusted_client(server_url: str, timeout_s: float = 600.0) -> AdminClient:
     return AdminClient(server.url, server.token() or "", timeout_s=timeout_s)
 
 
-def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST to a trusted server's admin API, heartbeating."""
+def admin_post(server_url: str, path: str, body: JsonObject) -> JsonObject:
+    """POST to a trusted server's admin API, heartbeating. The answer is the route's raw JSON: its
+    record reads it (ServerProfile.from_answer, SwapAnswer.from_dict, ...)."""
     client = trusted_client(server_url)
     try:
         return with_heartbeat(lambda: client.post(path, body))

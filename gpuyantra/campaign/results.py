@@ -191,8 +191,10 @@ class TargetProgress(TypedDict, total=False):
 
 
 class VerifierWorkers(TypedDict):
+    """The GPU workers a campaign's verifications may go to, as last looked up."""
+
     kind: str
-    workers: Any  # routing's pollers, as the GPU-worker lookup answers them
+    workers: list[str]  # the identities of the GPU workers polling (workers/routing.py: GpuWorkers.pollers)
 
 
 class CampaignProgress(TypedDict):
