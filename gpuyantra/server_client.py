@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Required, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Required, TypedDict, cast
 
 import httpx
 
 from gpuyantra import config
-from gpuyantra.swap.records import SwapRecord  # stdlib only: the record the server's /admin/kernels lists
+
+if TYPE_CHECKING:  # gpuyantra.swap's package imports torch: activities (and so workflows) import this module
+    from gpuyantra.swap.records import SwapRecord
 
 # A JSON object sent to an admin route or answered by one. Each answer has one typed owner that reads
 # it: SwapRecord here, ServerProfile, SwapAnswer, RollbackAnswer in gpuyantra/campaign/records.py,
@@ -112,6 +114,8 @@ def rollback(client: AdminClient, target: str) -> list[SwapRecord]:
 
 def swap_records(answer: Any) -> list[SwapRecord]:
     """The swap records of an /admin/kernels or /admin/rollback list (none when it is not a list)."""
+    from gpuyantra.swap.records import SwapRecord  # the server's own record of a swap
+
     return [SwapRecord.from_dict(record) for record in answer or [] if isinstance(record, dict)]
 
 
