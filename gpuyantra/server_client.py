@@ -121,13 +121,20 @@ def swap_records(answer: Any) -> list[SwapRecord]:
 
 class Readiness(TypedDict, total=False):
     """GET /readyz's answer: `ready` (200) with the served model, or `loading`/`error` (503) with
-    `error` (serving/routes_health.py: Readiness, ProbeFailure). What its readers use."""
+    `error` (serving/routes_health.py declares both: Readiness, ProbeFailure; one key list, checked
+    by tests/campaign/test_records.py)."""
 
-    status: Required[str]
-    error: str | None
+    status: Required[str]  # ready, loading or error
+    error: str | None  # why loading failed or the model thread stopped
     model: str
     device: str
     active_swaps: list[str]  # swap ids bound now
+    reapplied: list[dict[str, Any]]  # the kept swaps re-applied at startup
+    cuda_graphs: bool
+    decode_attention: str  # triton or sdpa
+    fused_projection_groups: int
+    fused_residual_norms: int
+    mixed_prompt_tokens: int
 
 
 def readiness(server_url: str, timeout_s: float = LIST_TIMEOUT_S) -> Readiness:
