@@ -4,10 +4,12 @@ and 6)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from temporalio.converter import value_to_type
 
 from gpuyantra.campaign.records import CampaignResult, Target, VerdictSummary
-from gpuyantra.campaign.results import CampaignResultJson, FileVerdict
+from gpuyantra.campaign.results import AuthorAttempt, CampaignResultJson, FileVerdict
 from workflows.campaign import verdict_digest
 from workflows.targets import skip_entry
 
@@ -86,3 +88,10 @@ def test_a_campaign_result_decodes_to_the_same_json() -> None:
     out = result.to_dict()
     decoded = value_to_type(CampaignResultJson, out)
     assert decoded == out and "skipped" not in decoded
+
+
+def test_the_authors_view_of_an_attempt_is_the_authors_record() -> None:
+    """write_candidate rebuilds each AuthorAttempt as gpuyantra.authors.Attempt(**entry): one key list."""
+    from gpuyantra.authors.base import Attempt
+
+    assert set(AuthorAttempt.__annotations__) == {f.name for f in dataclasses.fields(Attempt)}
