@@ -27,6 +27,7 @@ from gpuyantra.campaign.records import (
     WriteInput,
     WriteResult,
 )
+from gpuyantra.campaign.results import Strategy
 
 
 @activity.defn(name="retrieve_skills")
@@ -106,7 +107,7 @@ def write_candidate(request: WriteInput) -> WriteResult:
     return WriteResult(source=written.source, strategy=written.strategy, author=written.author, notes=written.notes)
 
 
-def shared_knobs(op: str, strategy: dict[str, Any] | None) -> dict[str, Any] | None:
+def shared_knobs(op: str, strategy: Strategy | None) -> Strategy | None:
     """The part of another family's strategy that `op`'s template understands, or None."""
     from gpuyantra.authors.template import STRATEGY_SPACES
 

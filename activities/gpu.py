@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -26,9 +26,11 @@ from gpuyantra.campaign.records import (
     VerifyFileInput,
     VerifyInput,
 )
+from gpuyantra.campaign.results import FileVerdict
 from gpuyantra.files import write_whole
+from gpuyantra.hardware import DeviceFacts
 from gpuyantra.served_speed import Measurement, PairedAnswer, measurement_of
-from gpuyantra.server_client import AdminClient, ServerError
+from gpuyantra.server_client import AdminClient, JsonObject, ServerError
 from gpuyantra.trusted_servers import UntrustedServer, resolve
 
 
@@ -42,8 +44,9 @@ def trusted_client(server_url: str, timeout_s: float = 600.0) -> AdminClient:
     return AdminClient(server.url, server.token() or "", timeout_s=timeout_s)
 
 
-def admin_post(server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST to a trusted server's admin API, heartbeating."""
+def admin_post(server_url: str, path: str, body: JsonObject) -> JsonObject:
+    """POST to a trusted server's admin API, heartbeating. The answer is the route's raw JSON: its
+    record reads it (ServerProfile.from_answer, SwapAnswer.from_dict, ...)."""
     client = trusted_client(server_url)
     try:
         return with_heartbeat(lambda: client.post(path, body))
@@ -185,9 +188,9 @@ def verify_candidate(request: VerifyInput) -> VerdictSummary:
         )
         result = verdict.to_dict()
         result.setdefault("device", device)
-        result["timed_on"] = timed_on(device)
+        result["timed_on"] = timed_on(device).to_dict()
         reuse.store(key, result)
-    result.setdefault("timed_on", timed_on(device))  # a verdict reused from before devices were named
+    result.setdefault("timed_on", timed_on(device).to_dict())  # a verdict reused from before devices were named
     result["candidate_path"] = str(path)
     # The campaign's gates go beside the signed verdict, never over it.
     judged = served_decode_judgement(result, request.target)
@@ -195,7 +198,7 @@ def verify_candidate(request: VerifyInput) -> VerdictSummary:
 
 
 @activity.defn(name="verify_file")
-def verify_file(request: VerifyFileInput) -> dict[str, Any]:
+def verify_file(request: VerifyFileInput) -> FileVerdict:
     """`gpuyantra verify FILE` on this worker (the VerifyKernel workflow): the same verifier with the
     command's options, from a sandbox child this worker keeps started. The candidate is written under
     the state folder's `candidates/verify/` (the audit trail), named by its bytes. A KernelBench
@@ -234,16 +237,18 @@ def verify_file(request: VerifyFileInput) -> dict[str, Any]:
         )
     except TargetUnusable as exc:
         raise ApplicationError(str(exc), type=TARGET_UNUSABLE, non_retryable=True) from None
-    return {**verdict.to_dict(), "device": device, "timed_on": timed_on(device), "candidate_path": str(path)}
+    return cast(
+        FileVerdict,
+        {**verdict.to_dict(), "device": device, "timed_on": timed_on(device).to_dict(), "candidate_path": str(path)},
+    )
 
 
-def timed_on(device: str) -> dict[str, Any]:
+def timed_on(device: str) -> DeviceFacts:
     """The device a verdict was timed on: the worker's announced facts (kind, device, its name and
-    key, host), else what this process knows of `device`."""
+    key, host), else what this process knows of `device`. A verdict carries it as `to_dict()`."""
     from gpuyantra.hardware import announced, device_facts
 
-    facts = announced() or device_facts(device)
-    return facts.to_dict()
+    return announced() or device_facts(device)
 
 
 def device_name(device: str) -> str:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict, cast
 
 import httpx
 
 from gpuyantra import config
+
+if TYPE_CHECKING:  # gpuyantra.swap's package imports torch: activities (and so workflows) import this module
+    from gpuyantra.swap.records import SwapRecord
+
+# A JSON object sent to an admin route or answered by one. Each answer has one typed owner that reads
+# it: SwapRecord here, ServerProfile, SwapAnswer, RollbackAnswer in gpuyantra/campaign/records.py,
+# Measurement and PairedAnswer in gpuyantra/served_speed.py.
+JsonObject = dict[str, Any]
 
 
 class ServerError(RuntimeError):
@@ -23,13 +31,13 @@ class AdminClient:
         self.token = token if token is not None else config.admin_token()
         self.timeout_s = timeout_s
 
-    def get(self, path: str) -> dict[str, Any]:
+    def get(self, path: str) -> JsonObject:
         return self._request("GET", path, None)
 
-    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def post(self, path: str, body: JsonObject | None = None) -> JsonObject:
         return self._request("POST", path, body or {})
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: JsonObject | None) -> JsonObject:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         url = f"{self.server_url}{path}"
         try:
@@ -85,30 +93,55 @@ LIST_TIMEOUT_S = 5.0  # listing answers at once; a rollback may wait behind a be
 ROLLBACK_TIMEOUT_S = 120.0
 
 
-def active_kernels(client: AdminClient) -> list[dict[str, Any]]:
-    """The swaps bound in the live model now (GET /admin/kernels `active`)."""
-    return list(client.get("/admin/kernels").get("active") or [])
+def active_kernels(client: AdminClient) -> list[SwapRecord]:
+    """The swaps bound in the live model now (GET /admin/kernels `active`: the server's own records)."""
+    return swap_records(client.get("/admin/kernels").get("active"))
 
 
-def rollback(client: AdminClient, target: str) -> list[dict[str, Any]]:
+def rollback(client: AdminClient, target: str) -> list[SwapRecord]:
     """Roll back the active swap with id `target`, or every active swap of op `target`; the records
     rolled back. BadRequest naming what is active when nothing matches."""
     active = active_kernels(client)
-    ids = [k["swap_id"] for k in active if target in (k.get("swap_id"), k.get("op"))]
+    ids = [k.swap_id for k in active if target in (k.swap_id, k.op)]
     if not ids:
-        now = ", ".join(f"{k.get('op')} ({k.get('swap_id')})" for k in active) or "none"
+        now = ", ".join(f"{k.op} ({k.swap_id})" for k in active) or "none"
         raise ServerError("BadRequest", f"no active kernel is op or swap id {target!r}; active: {now}")
-    done: list[dict[str, Any]] = []
+    done: list[SwapRecord] = []
     for swap_id in ids:
-        done += client.post("/admin/rollback", {"swap_id": swap_id}).get("rolled_back") or []
+        done += swap_records(client.post("/admin/rollback", {"swap_id": swap_id}).get("rolled_back"))
     return done
 
 
-def readiness(server_url: str, timeout_s: float = LIST_TIMEOUT_S) -> dict[str, Any]:
+def swap_records(answer: Any) -> list[SwapRecord]:
+    """The swap records of an /admin/kernels or /admin/rollback list (none when it is not a list)."""
+    from gpuyantra.swap.records import SwapRecord  # the server's own record of a swap
+
+    return [SwapRecord.from_dict(record) for record in answer or [] if isinstance(record, dict)]
+
+
+class Readiness(TypedDict, total=False):
+    """GET /readyz's answer: `ready` (200) with the served model, or `loading`/`error` (503) with
+    `error` (serving/routes_health.py declares both: Readiness, ProbeFailure; one key list, checked
+    by tests/campaign/test_records.py)."""
+
+    status: Required[str]  # ready, loading or error
+    error: str | None  # why loading failed or the model thread stopped
+    model: str
+    device: str
+    active_swaps: list[str]  # swap ids bound now
+    reapplied: list[dict[str, Any]]  # the kept swaps re-applied at startup
+    cuda_graphs: bool
+    decode_attention: str  # triton or sdpa
+    fused_projection_groups: int
+    fused_residual_norms: int
+    mixed_prompt_tokens: int
+
+
+def readiness(server_url: str, timeout_s: float = LIST_TIMEOUT_S) -> Readiness:
     """GET /readyz's answer (ready or still loading, both as JSON); ServerError when it does not answer."""
     try:
         response = httpx.get(f"{server_url.rstrip('/')}/readyz", timeout=timeout_s)
-        return dict(response.json())
+        return cast(Readiness, dict(response.json()))  # its readers .get() every key but status
     except httpx.TransportError as exc:
         raise ServerError("ServerUnreachable", f"server not reachable at {server_url}: {exc}") from exc
     except ValueError as exc:

@@ -18,10 +18,10 @@ them (passed through the sandbox) brings no torch into the workflow.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
@@ -53,6 +53,21 @@ with workflow.unsafe.imports_passed_through():
         VerifyInput,
         WriteInput,
         WriteResult,
+    )
+    from gpuyantra.campaign.results import (
+        AttemptReport,
+        AuthorAttempt,
+        BenchRow,
+        CampaignProgress,
+        CampaignResultJson,
+        JudgedOn,
+        PairedBatchFigures,
+        PairedCheck,
+        Strategy,
+        TargetEntry,
+        TargetProgress,
+        VerdictDigest,
+        variant_of,
     )
     from gpuyantra.config import CONTROL_TASK_QUEUE, CPU_TASK_QUEUE, GPU_TASK_QUEUE  # stdlib only
     from gpuyantra.hardware import hardware_kind  # stdlib only at import
@@ -103,25 +118,7 @@ HARDWARE_KEY = SearchAttributeKey.for_keyword("GpuyantraHardware")
 DEPLOYED_KEY = SearchAttributeKey.for_int("GpuyantraDeployed")
 BEST_SPEEDUP_KEY = SearchAttributeKey.for_float("GpuyantraBestSpeedup")
 SEARCH_KEYS = (MODEL_KEY, OPS_KEY, HARDWARE_KEY, DEPLOYED_KEY, BEST_SPEEDUP_KEY)
-# What each target's result keeps of its best (or last) verdict: what `gpuyantra report` shows.
-VERDICT_KEYS = (
-    "accepted",
-    "reward",
-    "device",
-    "failures",
-    "speedup_vs_eager",
-    "speedup_vs_compile",
-    "kernel_us",
-    "eager_us",
-    "compile_us",
-    "compile_ro_us",
-    "floor_us",
-    "shapes",
-    "dtypes",
-    "candidate_path",
-    "judged_on",
-    "timed_on",
-)
+# What each target's result keeps of a verdict's `bench` rows: what `gpuyantra report` shows.
 BENCH_KEYS = ("shape", "kernel_us", "eager_us", "compile_us", "compile_ro_us", "floor_us", "bytes")
 
 __all__ = ["OptimizeCampaign", "CONTROL_TASK_QUEUE"]
@@ -140,7 +137,7 @@ class Passed:
 class Outcome:
     """One target's end: its result entry (docs/CONTRACTS.md section 6), and whether it was deployed."""
 
-    entry: dict[str, Any]
+    entry: TargetEntry
     deployed: bool = False
 
 
@@ -149,14 +146,13 @@ class Search:
     """One target's write/verify loop so far (workflow state only: nothing here is sent as it is)."""
 
     seed: SkillSeed | None
-    history: list[dict[str, Any]] = field(default_factory=list)  # what the author sees of earlier attempts
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # what the result reports of them
+    history: list[AuthorAttempt] = field(default_factory=list)  # what the author sees of earlier attempts
+    attempts: list[AttemptReport] = field(default_factory=list)  # what the result reports of them
     last: VerdictSummary = field(default_factory=VerdictSummary)
     best: Passed | None = None  # the accepted candidate with the highest reward; the earliest on ties
 
     def record(self, iteration: int, written: WriteResult, verdict: VerdictSummary) -> None:
         self.last = verdict
-        # Keys of gpuyantra.authors.Attempt: write_candidate rebuilds it with Attempt(**entry).
         self.history.append(
             {
                 "strategy": written.strategy,
@@ -182,7 +178,7 @@ class Search:
             self.best = Passed(verdict, written, iteration)
 
 
-def enter(progress: dict[str, Any], stage: str) -> None:
+def enter(progress: TargetProgress, stage: str) -> None:
     """A target's progress moves to `stage`; `trail` keeps every stage it passed through, so a
     follower polling now and then still sees a stage that lasted a moment (a reused verdict)."""
     progress["stage"] = stage
@@ -220,7 +216,7 @@ def server_kind(profile: ServerProfile) -> str:
 class OptimizeCampaign:
     def __init__(self) -> None:
         # stage: the campaign's; targets: each target's own stage; deploying: the target holding the server
-        self._progress: dict[str, Any] = {"stage": "starting", "targets": {}, "deploying": None, "notices": []}
+        self._progress: CampaignProgress = {"stage": "starting", "targets": {}, "deploying": None, "notices": []}
         self._approved: set[str] = set()
         self._rejected_by_user: set[str] = set()
         self._target_ops: set[str] = set()  # known once the profile is in; signals naming others get a notice
@@ -236,7 +232,7 @@ class OptimizeCampaign:
         self._routing: Routing | None = None  # None: every verification on the shared GPU queue
 
     @workflow.query
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> CampaignProgress:
         return self._progress
 
     # Signals take raw arguments (*args) and never raise: an exception in a handler fails the
@@ -262,7 +258,7 @@ class OptimizeCampaign:
             self._progress["notices"] = [*self._progress["notices"], notice][-MAX_NOTICES:]
 
     @workflow.run
-    async def run(self, *args: Any) -> dict[str, Any]:
+    async def run(self, *args: Any) -> CampaignResultJson:
         # Raw JSON in, checked here: a bad input fails this run at once with the field named, where
         # the SDK's own decoding into CampaignInput would fail the workflow task again and again.
         try:
@@ -295,7 +291,7 @@ class OptimizeCampaign:
             *(self._optimize_target(campaign_id, params, target, hardware) for target in targets)
         )
         deployed = [outcome.entry for outcome in outcomes if outcome.deployed]
-        rejected = [
+        rejected: list[TargetEntry] = [
             {"op": op, "reason": f"the served model has no module computing {op}"}
             for op in (params.ops or [])
             if not any(t.op == op for t in targets) and not any(entry["op"] == op for entry in skipped)
@@ -390,7 +386,7 @@ class OptimizeCampaign:
             return outcome
 
     async def _write_and_verify(
-        self, campaign_id: str, params: CampaignInput, target: Target, hardware: str, progress: dict[str, Any]
+        self, campaign_id: str, params: CampaignInput, target: Target, hardware: str, progress: TargetProgress
     ) -> Search:
         """Retrieve a seed skill, then write and verify candidates until one reaches its device's
         ceiling reward or max_iterations runs out."""
@@ -466,9 +462,9 @@ class OptimizeCampaign:
         self,
         params: CampaignInput,
         target: Target,
-        summary: dict[str, Any],
+        summary: TargetEntry,
         best: Passed,
-        progress: dict[str, Any],
+        progress: TargetProgress,
     ) -> Outcome:
         """Swap, measure served speed, keep or roll back. Called with the deploy lock held."""
         enter(progress, "deploy")
@@ -488,7 +484,7 @@ class OptimizeCampaign:
             )
         except ActivityError as exc:
             return Outcome({**summary, "reason": f"swap failed: {root_message(exc)}"})
-        summary.update(modules=swap.modules, swap_id=swap.swap_id)
+        summary["modules"], summary["swap_id"] = swap.modules, swap.swap_id
         judged = verdict.speed_judged  # the interpreter's speed says nothing about the server's
         # Served speed is the number users see: a kernel fast in isolation can still slow a
         # launch-bound decode step, or help one row and hurt a batch. Roll back a drop at any
@@ -557,7 +553,7 @@ class OptimizeCampaign:
             retry_policy=RETRY,
         )
 
-    async def _remember_rollback(self, summary: dict[str, Any], reason: str, judgement: dict[str, Any]) -> None:
+    async def _remember_rollback(self, summary: TargetEntry, reason: str, judgement: Mapping[str, Any]) -> None:
         """Keep the rollback with the kernel's skill: the next campaign on this model does not deploy
         the same kernel again to measure the same loss."""
         await workflow.execute_activity(
@@ -576,7 +572,7 @@ class OptimizeCampaign:
 
     async def _paired_check(
         self, params: CampaignInput, target: Target, swap: SwapAnswer, after: Measurement
-    ) -> dict[str, Any] | None:
+    ) -> PairedCheck | None:
         """The swap measured off and on in turns (compare_swap) at the batches `after` measured: the
         result's `paired` figures; None when the server cannot (then the first judgement stands)."""
         batches = sorted(per_batch(after))
@@ -593,20 +589,17 @@ class OptimizeCampaign:
         if answer.measured != "paired":
             return None
         self._warn(lock_warning(f"paired served speed of {target.op}", answer))
-        return {
-            "judged": judge_paired(answer),
-            "seconds": answer.seconds,
-            "batches": {
-                str(entry.batch): {
-                    "with": figures(entry.with_swap),
-                    "without": figures(entry.without),
-                    "drops": entry.drops,
-                }
-                for entry in answer.batches
-            },
+        per_batch_figures: dict[str, PairedBatchFigures] = {
+            str(entry.batch): {
+                "with": figures(entry.with_swap),
+                "without": figures(entry.without),
+                "drops": entry.drops,
+            }
+            for entry in answer.batches
         }
+        return {"judged": judge_paired(answer), "seconds": answer.seconds, "batches": per_batch_figures}
 
-    async def _wait_for_approval(self, op: str, progress: dict[str, Any]) -> bool:
+    async def _wait_for_approval(self, op: str, progress: TargetProgress) -> bool:
         enter(progress, "awaiting-approval")
         decided = lambda: bool({op, "*"} & (self._approved | self._rejected_by_user))  # noqa: E731
         await workflow.wait_condition(decided)
@@ -632,7 +625,7 @@ class OptimizeCampaign:
                 f"preflight_campaign failed: {root_message(exc)}", type="PreflightFailed", non_retryable=True
             ) from exc
 
-    async def _verify_queue(self, progress: dict[str, Any]) -> str:
+    async def _verify_queue(self, progress: TargetProgress) -> str:
         """The task queue of a target's next verification: the shared GPU queue without routing; else
         a worker of the server's kind (workers/routing.py), waiting, and saying so in the progress,
         while none polls."""
@@ -721,7 +714,7 @@ class OptimizeCampaign:
             workflow.upsert_search_attributes(kept)
 
 
-def not_passed_entry(target: Target, search: Search) -> dict[str, Any]:
+def not_passed_entry(target: Target, search: Search) -> TargetEntry:
     """The result's entry of a target no candidate of which passed: why, from the last failures."""
     last = search.history[-1]["failures"] if search.history else []
     reason = "; ".join(f"{f['layer']}/{f['rule']}: {f['message']}" for f in last[:3]) or "no candidate"
@@ -746,14 +739,14 @@ def not_redeployed(earlier: list[ServedRollback], model: str) -> str:
     )
 
 
-def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) -> dict[str, Any]:
+def passed_summary(target: Target, search: Search, best: Passed, skill_id: str) -> TargetEntry:
     """The result's entry of a target with an accepted candidate (deployed or not: a reason says why not)."""
     verdict = best.verdict
     speedup_vs_eager, speedup_vs_compile = campaign_speedups(verdict)  # what the campaign decided on
     return {
         "op": target.op,
         "module_class": target.module_class,
-        **({"variant": target.variant} if target.variant else {}),  # linear: which projection shape
+        **variant_of(target.variant),
         "modules": target.modules,
         "reward": campaign_reward(verdict),
         "speedup_vs_eager": speedup_vs_eager,
@@ -781,18 +774,41 @@ def below_min_reward(verdict: VerdictSummary, min_reward: int) -> str:
     return reason
 
 
-def strategy_text(strategy: dict[str, Any] | None, limit: int = 120) -> str:
+def strategy_text(strategy: Strategy | None, limit: int = 120) -> str:
     """`BLOCK=1024 num_warps=4`: an author's strategy in an activity summary."""
     text = " ".join(f"{key}={value}" for key, value in (strategy or {}).items()) or "default strategy"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def verdict_digest(verdict: VerdictSummary) -> dict[str, Any]:
+def verdict_digest(verdict: VerdictSummary) -> VerdictDigest:
     """The figures of a verdict the result reports (no attestation, no per-stage timings); the
-    campaign's served decode judgement only where there is one."""
-    digest = {key: getattr(verdict, key) for key in VERDICT_KEYS if key != "judged_on" or verdict.judged_on}
-    digest["bench"] = [{key: row.get(key) for key in BENCH_KEYS if key in row} for row in verdict.bench]
-    return digest
+    campaign's served decode judgement only where there is one. Keys in the order the result has
+    always had them."""
+    judged: JudgedOn = {"judged_on": verdict.judged_on} if verdict.judged_on else {}
+    return {
+        "accepted": verdict.accepted,
+        "reward": verdict.reward,
+        "device": verdict.device,
+        "failures": verdict.failures,
+        "speedup_vs_eager": verdict.speedup_vs_eager,
+        "speedup_vs_compile": verdict.speedup_vs_compile,
+        "kernel_us": verdict.kernel_us,
+        "eager_us": verdict.eager_us,
+        "compile_us": verdict.compile_us,
+        "compile_ro_us": verdict.compile_ro_us,
+        "floor_us": verdict.floor_us,
+        "shapes": verdict.shapes,
+        "dtypes": verdict.dtypes,
+        "candidate_path": verdict.candidate_path,
+        **judged,
+        "timed_on": verdict.timed_on,
+        "bench": [bench_row(row) for row in verdict.bench],
+    }
+
+
+def bench_row(row: Mapping[str, Any]) -> BenchRow:
+    """A verdict's bench row as the result keeps it: the keys of BENCH_KEYS the row has."""
+    return cast(BenchRow, {key: row.get(key) for key in BENCH_KEYS if key in row})
 
 
 def root_message(exc: BaseException) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuyantra.campaign.records import Target  # stdlib only
+from gpuyantra.campaign.results import SkipEntry, variant_of  # stdlib only
 from gpuyantra.served_speed import Measurement  # stdlib only
 
 
@@ -21,7 +21,7 @@ class TargetChoice:
     """The targets to optimize, in the profile's order, and those left out with the reason."""
 
     chosen: list[Target] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[SkipEntry] = field(default_factory=list)
 
 
 def measured_noise(benchmark: Measurement | None) -> float:
@@ -32,12 +32,9 @@ def measured_noise(benchmark: Measurement | None) -> float:
     return max((float(s) for s in spreads if s is not None), default=0.0)
 
 
-def skip_entry(target: Target, reason: str) -> dict[str, Any]:
+def skip_entry(target: Target, reason: str) -> SkipEntry:
     """The result's entry of a target the campaign did not go after."""
-    entry: dict[str, Any] = {"op": target.op, "module_class": target.module_class, "reason": reason}
-    if target.variant:
-        entry["variant"] = target.variant
-    return entry
+    return {"op": target.op, "module_class": target.module_class, "reason": reason, **variant_of(target.variant)}
 
 
 def already_swapped_reason(swaps: Sequence[str]) -> str:
@@ -63,7 +60,7 @@ def choose_targets(
     `noise`, the first `max_targets` of them when given. Either way a target already served by a
     committed swap is skipped."""
     chosen: list[Target] = []
-    skipped: list[dict[str, Any]] = []
+    skipped: list[SkipEntry] = []
     for target in targets:
         if ops and target.op not in ops:
             continue

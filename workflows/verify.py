@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities import gpu  # torch only inside the activities' bodies
     from gpuyantra.campaign.inputs import InvalidInput, parse_verify_input
+    from gpuyantra.campaign.results import FileVerdict  # stdlib only
     from gpuyantra.config import GPU_TASK_QUEUE  # stdlib only
 
 # The sandbox's own limit on CUDA when the request names none (gpuyantra/verifier/sandbox.py).
@@ -30,7 +31,7 @@ ONCE = RetryPolicy(maximum_attempts=1)
 @workflow.defn(name="VerifyKernel")
 class VerifyKernel:
     @workflow.run
-    async def run(self, *args: Any) -> dict[str, Any]:
+    async def run(self, *args: Any) -> FileVerdict:
         # Raw JSON in, checked here (as the campaign's): a bad input fails the run with the field named.
         try:
             request = parse_verify_input(args)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
+from gpuyantra.campaign.results import AuthorAttempt, CampaignResultJson, SkipEntry, Skipped, Strategy, TargetEntry
 from gpuyantra.profile_digest import profile_digest  # stdlib only
 from gpuyantra.rewards import REWARD_MAX, REWARD_MIN  # stdlib only
 from gpuyantra.served_speed import benchmark_batches  # stdlib only
@@ -156,7 +157,7 @@ class SkillSeed:
     id: str
     op: str | None = None
     source: str | None = None
-    strategy: dict[str, Any] | None = None
+    strategy: Strategy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,13 +230,13 @@ class WriteInput:
     hardware: str
     iteration: int
     seed: SkillSeed | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[AuthorAttempt] = field(default_factory=list)
 
 
 @dataclass
 class WriteResult:
     source: str
-    strategy: dict[str, Any]
+    strategy: Strategy
     author: str
     notes: str = ""
 
@@ -299,7 +300,7 @@ class LearnInput:
     hardware: str
     iteration: int
     source: str
-    strategy: dict[str, Any]
+    strategy: Strategy
     verdict: VerdictSummary
     author: str
 
@@ -406,9 +407,9 @@ class CampaignResult:
     server: str
     model: str | None = None
     hardware: str = "unknown"
-    deployed: list[dict[str, Any]] = field(default_factory=list)  # one entry per kept deployment
-    rejected: list[dict[str, Any]] = field(default_factory=list)  # one entry, with its reason, per op not deployed
-    skipped: list[dict[str, Any]] = field(default_factory=list)  # targets not searched; absent from the JSON when none
+    deployed: list[TargetEntry] = field(default_factory=list)  # one entry per kept deployment
+    rejected: list[TargetEntry] = field(default_factory=list)  # one entry, with its reason, per op not deployed
+    skipped: list[SkipEntry] = field(default_factory=list)  # targets not searched; absent from the JSON when none
     e2e: dict[str, float | None] = field(default_factory=dict)  # tokens_per_s_before, tokens_per_s_after
     served_speed: dict[str, Any] = field(default_factory=dict)  # before, after, after_source, batches
     profile: dict[str, Any] | None = None  # digests (gpuyantra/profile_digest.py)
@@ -419,8 +420,19 @@ class CampaignResult:
     def from_dict(cls, data: Mapping[str, Any]) -> CampaignResult:
         return cls(**known_fields(cls, data))
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if not self.skipped:
-            del out["skipped"]
-        return out
+    def to_dict(self) -> CampaignResultJson:
+        skipped: Skipped = {"skipped": self.skipped} if self.skipped else {}
+        return {
+            "workflow_id": self.workflow_id,
+            "server": self.server,
+            "model": self.model,
+            "hardware": self.hardware,
+            "deployed": self.deployed,
+            "rejected": self.rejected,
+            **skipped,
+            "e2e": self.e2e,
+            "served_speed": self.served_speed,
+            "profile": self.profile,
+            "profile_after": self.profile_after,
+            "warnings": self.warnings,
+        }

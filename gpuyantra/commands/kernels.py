@@ -65,18 +65,16 @@ def _list(args: argparse.Namespace) -> int:
     except ServerError as exc:
         return _failed(exc, args)
     if args.json:
-        print(json.dumps(active, indent=2))
+        print(json.dumps([record.to_dict() for record in active], indent=2))
         return 0
     if not active:
         print("no kernels swapped in", file=sys.stderr)
         return 0
     print(f"{'swap id':22} {'op':14} {'module class':22} {'modules':>7} {'calls':>7} {'fallbacks':>9}  committed")
     for k in active:
-        text = {key: "-" if k.get(key) is None else str(k[key]) for key in ("swap_id", "op", "module_class")}
-        counts = {key: int(k.get(key) or 0) for key in ("modules", "calls", "fallbacks")}
         print(
-            f"{text['swap_id']:22} {text['op']:14} {text['module_class']:22} {counts['modules']:>7} "
-            f"{counts['calls']:>7} {counts['fallbacks']:>9}  {when(k.get('committed_at'))}"
+            f"{k.swap_id:22} {k.op:14} {k.module_class or '-':22} {k.modules:>7} "
+            f"{k.calls:>7} {k.fallbacks:>9}  {when(k.committed_at)}"
         )
     return 0
 
@@ -87,7 +85,7 @@ def _rollback(args: argparse.Namespace) -> int:
     except ServerError as exc:
         return _failed(exc, args)
     for record in done:
-        print(f"rolled back {record.get('swap_id')} ({record.get('op')}, {record.get('modules', 0)} module(s))")
+        print(f"rolled back {record.swap_id} ({record.op}, {record.modules} module(s))")
     return 0
 
 

@@ -85,10 +85,12 @@ def server_summary(url: str, token: str | None) -> dict[str, Any]:
         ready = readiness(url)
     except ServerError as exc:
         return {"url": url, "ok": False, "error": str(exc).splitlines()[0]}
-    kernels = [{"swap_id": swap_id} for swap_id in ready.get("active_swaps") or []]
+    kernels = [{"swap_id": swap_id, "op": None} for swap_id in ready.get("active_swaps") or []]
     if token:
         try:
-            kernels = active_kernels(AdminClient(url, token, timeout_s=5.0))
+            kernels = [
+                {"swap_id": k.swap_id, "op": k.op} for k in active_kernels(AdminClient(url, token, timeout_s=5.0))
+            ]
         except ServerError:
             pass  # the ids from /readyz still say how many
     try:
@@ -102,7 +104,7 @@ def server_summary(url: str, token: str | None) -> dict[str, Any]:
         "model": ready.get("model"),
         "device": ready.get("device"),
         "error": ready.get("error"),
-        "kernels": [{"swap_id": k.get("swap_id"), "op": k.get("op")} for k in kernels],
+        "kernels": kernels,
         "tokens_per_s": figures.tokens_per_s if figures else None,
         "requests_ok": figures.requests_ok if figures else None,
         "requests_error": figures.requests_error if figures else None,

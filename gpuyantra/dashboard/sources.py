@@ -174,7 +174,7 @@ class Sources:
             self.kernels = []  # no rollback button for a swap the server may no longer have
             self.status["kernels"] = Status(False, str(exc).splitlines()[0])
             return
-        self.kernels = [{key: record.get(key) for key in KERNEL_FIELDS} for record in records]
+        self.kernels = [{key: getattr(record, key) for key in KERNEL_FIELDS} for record in records]
         self.status["kernels"] = Status(True, f"{len(records)} kernel(s) swapped in")
 
     # ------------------------------------------------------------------ on request

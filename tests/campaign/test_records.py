@@ -106,12 +106,18 @@ def test_ceiling_per_device() -> None:
         CEILING["cpu"] = 3  # type: ignore[index]  # one table, read-only
 
 
-def test_the_swap_and_rollback_answers_are_the_servers_own():
+def test_the_swap_rollback_and_readiness_answers_are_the_servers_own():
     # The server declares its answers in serving/admin_schema.py (pydantic, in the OpenAPI schema); the
     # workflow side reads them as these records (no pydantic in the sandbox). One field list, checked.
     from serving import admin_schema
 
     assert {f.name for f in dataclasses.fields(SwapAnswer)} == set(admin_schema.SwapAnswer.model_fields)
     assert {f.name for f in dataclasses.fields(RollbackAnswer)} == set(admin_schema.RollbackAnswer.model_fields)
+    # The clients' /readyz answer: the server's ready and not-ready bodies, one key list.
+    from gpuyantra.server_client import Readiness
+    from serving import routes_health
+
+    probe = set(routes_health.Readiness.model_fields) | set(routes_health.ProbeFailure.model_fields)
+    assert set(Readiness.__annotations__) == probe
     answer = {"swap_id": "s1", "op": "rms_norm", "modules": 3, "status": "committed", "new_key": 1}
     assert SwapAnswer.from_dict(answer) == SwapAnswer(swap_id="s1", op="rms_norm", modules=3)  # a new key: ignored
