@@ -110,9 +110,17 @@ async def running_campaign(
             isinstance(other, dict)
             and isinstance(other.get("server_url"), str)
             and server_key(other["server_url"]) == key
+            and await _still_running(client, execution.id, execution.run_id)
         ):
             return execution.id
     return None
+
+
+async def _still_running(client: Client, workflow_id: str, run_id: str | None) -> bool:
+    """The list comes from visibility, which lags (a campaign refused a moment ago may still be
+    listed as running); the execution's own record says whether it still runs."""
+    description = await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+    return description.status == WorkflowExecutionStatus.RUNNING
 
 
 async def _input_of(client: Client, workflow_id: str, run_id: str | None) -> Any:

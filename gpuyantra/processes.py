@@ -165,9 +165,28 @@ def start_temporal(
     argv = [a for a in argv if not (headless and a == "--ui-disable-news-fetch")]
     argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
     managed = spawn("temporal", argv, state_dir / "logs")
+    deadline = time.monotonic() + timeout_s
     wait_until(lambda: port_open("127.0.0.1", port), managed, timeout_s, f"its gRPC port {port}")
-    managed.info = {"address": f"127.0.0.1:{port}", "ui": "" if headless else f"http://127.0.0.1:{ui_port}"}
+    # The port opens before the frontend serves: a client connecting then is told "Frontend is not
+    # healthy yet" (a restarted server on a loaded machine took seconds). Ready once it answers a call.
+    address = f"127.0.0.1:{port}"
+    wait_until(lambda: temporal_answers(address), managed, max(deadline - time.monotonic(), 5.0), "its frontend")
+    managed.info = {"address": address, "ui": "" if headless else f"http://127.0.0.1:{ui_port}"}
     return managed
+
+
+def temporal_answers(address: str) -> bool:
+    """Whether the Temporal frontend at `address` answers a namespace lookup (the CLI: no event loop
+    needed, so callers inside one can ask too)."""
+    try:
+        done = subprocess.run(
+            [temporal_binary(), "operator", "namespace", "describe", "-n", "default", "--address", address],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def start_worker(

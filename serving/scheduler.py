@@ -751,13 +751,15 @@ class Scheduler:
         req.finish_reason = reason
         req.error = error
         req.finished_at = time.perf_counter()
+        # Counted before anyone waiting on it wakes: a client that reads /metrics after its answer
+        # finds its request there.
+        self.observer.on_request_finished(req)
         req.done.set()
         if req.on_finish is not None:
             try:
                 req.on_finish(req)
             except Exception:  # noqa: BLE001
                 log.exception("on_finish callback failed")
-        self.observer.on_request_finished(req)
 
 
 @dataclass
