@@ -66,7 +66,7 @@ def _avg_pool(n: int) -> Callable[..., torch.Tensor]:
         window = Window(x, n, kernel_size, stride, padding, 1, ceil_mode)
         total: torch.Tensor | None = None
         for offset in window.offsets():
-            values, _ = window.read(offset, 0.0)
+            values = window.read_values(offset, 0.0)
             total = values if total is None else total + values
         assert total is not None
         if divisor_override:

@@ -95,12 +95,29 @@ class Window:
 
     def read(self, offset: Sequence[int], fill: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(values, flat index over the pooled dims) at one window offset; padding reads `fill`."""
-        reads = [tuple(_axis(t, dim, self.n) for t in self.position(dim, j)) for dim, j in enumerate(offset)]
-        values, index = self._gather(reads, fill)
-        flat = index[0]
+        reads = [self._placed_read(dim, j) for dim, j in enumerate(offset)]
+        values = self._gather(reads, fill)
+        flat = reads[0][0]
         for dim in range(1, self.n):
-            flat = flat * self.sizes[dim] + index[dim]
+            flat = flat * self.sizes[dim] + reads[dim][0]
         return values, flat
+
+    def read_values(self, offset: Sequence[int], fill: float) -> torch.Tensor:
+        """`read`'s values alone (average pooling needs no index)."""
+        return self._gather([self._placed_read(dim, j) for dim, j in enumerate(offset)], fill)
+
+    def _placed_read(self, dim: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(clamped index, inside) of offset j along dim, shaped to broadcast there; made once per
+        (dim, j): a k x k window reads k^2 offsets but has 2k distinct positions, and an op made again
+        is traced again (symbolic sizes: hundreds of nodes each) and written again into the kernel."""
+        placed: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = self.__dict__.setdefault("_placed", {})
+        if (dim, j) not in placed:
+            pos, inside = (_axis(t, dim, self.n) for t in self.position(dim, j))
+            placed[(dim, j)] = (self._clamped(dim, pos), inside)
+        return placed[(dim, j)]
+
+    def _clamped(self, dim: int, pos: torch.Tensor) -> torch.Tensor:
+        return pos.clamp(0, self.sizes[dim] - 1)
 
     def read_all(self, fill: float) -> torch.Tensor:
         """Every window offset at once: values [..., offsets, *out] (offsets in `offsets()` order),
@@ -117,20 +134,18 @@ class Window:
             j = (flat // below % k).reshape(-1, 1)  # this dim's offset of each flat offset, [offsets, 1]
             shape = [count] + [1] * self.n
             shape[1 + dim] = -1
-            reads.append(tuple(t.reshape(shape) for t in self.position(dim, j)))  # [offsets, out] placed
-        return self._gather(reads, fill)[0]
+            pos, inside = (t.reshape(shape) for t in self.position(dim, j))  # [offsets, out] placed
+            reads.append((self._clamped(dim, pos), inside))
+        return self._gather(reads, fill)
 
-    def _gather(
-        self, reads: Sequence[tuple[torch.Tensor, ...]], fill: float
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """(values, clamped index per dim) of one gather: `reads` holds per window dim its
-        (position, inside) already shaped to broadcast; outside the input reads `fill`."""
-        index = [pos.clamp(0, self.sizes[dim] - 1) for dim, (pos, _) in enumerate(reads)]
+    def _gather(self, reads: Sequence[tuple[torch.Tensor, torch.Tensor]], fill: float) -> torch.Tensor:
+        """The values of one gather: `reads` holds per window dim its (clamped index, inside), shaped
+        to broadcast; outside the input reads `fill`."""
         valid = reads[0][1]
         for _, inside in reads[1:]:
             valid = valid & inside
-        where: tuple[Any, ...] = (Ellipsis, *index)
-        return torch.where(valid, self.x[where], fill), index
+        where: tuple[Any, ...] = (Ellipsis, *(index for index, _ in reads))
+        return torch.where(valid, self.x[where], fill)
 
     def divisor(self, count_include_pad: bool) -> torch.Tensor:
         """ATen's divide_factor per output position (float), without divisor_override."""
