@@ -11,6 +11,10 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ["TRITON_INTERPRET"] == "1":  # kernels the tests run in this process reduce as children do
+    from gpuyantra.interpreter_reduce import install
+
+    install()
 # One CPU thread per process: the suite runs several xdist workers, servers, workers and sandbox
 # children on a machine of few cores, where torch's OpenMP threads only spin against each other (a
 # model test's CPU time halves with one). Set before torch loads; every process started inherits it.

@@ -996,6 +996,9 @@ def preload(device: str) -> dict[str, float]:
 
         all_ops()
     if device != "cuda":
+        from gpuyantra.interpreter_reduce import install
+
+        install()  # the candidate's own-combine reductions as a tree, not a Python call per element
         return timings
     with _timed(timings, "warm_compile_modules"):
         # float32_as_float32's torch.use_deterministic_algorithms imports torch._inductor, and with it
