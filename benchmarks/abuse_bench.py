@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# Over 600 lines: one benchmark, top to bottom: the server, the normal load, five kinds of abuse, the verdict.
 """Abusive clients against a real `gpuyantra serve`: do the server's request limits hold, and do the
 normal clients beside them keep their latency?
 

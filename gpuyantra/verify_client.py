@@ -48,11 +48,30 @@ async def _connect(address: str) -> Any:
     from gpuyantra.temporal_auth import connect_options
 
     options = connect_options()  # Temporal's TLS and API key, as the workers and `optimize` use them
+    if not _listening(address):
+        # Said without the SDK: a client whose connection was refused leaves Rust threads that can
+        # crash the process as it exits (SIGSEGV/SIGABRT instead of the usage error's exit 2).
+        raise WorkerUnavailable(f"no Temporal server answers at {address} (connection refused)")
     try:
         connecting = Client.connect(address, namespace=config.temporal_namespace(), **options)
         return await asyncio.wait_for(connecting, CONNECT_WITHIN_S)
     except Exception as exc:  # noqa: BLE001 - refused, timed out, bad address: all mean "not here"
         raise WorkerUnavailable(f"no Temporal server answers at {address} ({type(exc).__name__})") from None
+
+
+def _listening(address: str) -> bool:
+    """Whether anything accepts TCP connections at `host:port` (True where the address is not of
+    that form: the SDK then says what is wrong with it)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return True
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_WITHIN_S):
+            return True
+    except OSError:
+        return False
 
 
 async def _polled_recently(client: Any, queue: str, kind: Any) -> bool:
