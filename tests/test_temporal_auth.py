@@ -54,16 +54,21 @@ def _first_bytes_sent_to_a_listener(connect) -> bytes:
         server.settimeout(10)
 
         def accept_once() -> None:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
+            # A client may first probe the port (connect, send nothing, close): the first bytes of
+            # the first connection that sends any are what the SDK said.
+            while not received:
                 try:
-                    received.append(conn.recv(16))
+                    conn, _ = server.accept()
                 except OSError:
-                    pass
+                    return
+                with conn:
+                    conn.settimeout(5)
+                    try:
+                        first = conn.recv(16)
+                    except OSError:
+                        continue
+                    if first:
+                        received.append(first)
 
         listener = threading.Thread(target=accept_once, daemon=True)
         listener.start()

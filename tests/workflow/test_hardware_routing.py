@@ -265,10 +265,30 @@ async def test_verifications_go_to_the_gpu_the_server_does_not_use(env) -> None:
     control = CONTROL_TASK_QUEUE + suffix
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         async with fleet_workers(env.client, control, fleet, {"on-server": kind, "spare": kind}, pool):
+            # Until Temporal lists both as pollers the campaign cannot tell the devices apart (it then
+            # uses the kind's queue, which either may take): started once both are seen.
+            await pollers_seen(env.client, gpu_kind_queue(kind), 2)
             handle = await start(env.client, control, "http://x")
             result = await handle.result()
     assert result["deployed"][0]["op"] == "rms_norm"
     assert {(worker, queue) for _, worker, queue in fleet.verified} == {("spare", gpu_device_queue(kind, "spare:cpu"))}
+
+
+async def pollers_seen(client: Client, queue: str, count: int, within_s: float = 30.0) -> None:
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    )
+    for _ in range(int(within_s / 0.2)):
+        if len((await client.workflow_service.describe_task_queue(request)).pollers) >= count:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"fewer than {count} pollers on {queue} within {within_s:g} s")
 
 
 async def test_a_gpu_worker_with_device_facts_polls_its_kind_and_device_queues(env) -> None:
