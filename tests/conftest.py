@@ -49,19 +49,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not item.get_closest_marker("xdist_group") and _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    # Longest first: the run ends when its last worker does, and a several-minute test handed out
-    # last (these files sort late) kept one worker busy while the others had finished.
-    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FILES))
-
-
-# The files whose tests take minutes each on the 2-core machine (`--durations` lists them).
-LONGEST_FILES = (
-    "tests/test_benchmarks.py",
-    "tests/serving/test_server_e2e.py",
-    "tests/integration/test_transfer.py",
-    "tests/integration/test_campaign.py",
-    "tests/integration/test_durability.py",
-)
 
 
 @pytest.fixture(scope="session", autouse=True)
