@@ -328,24 +328,16 @@ def _kill_leftovers(sid: int) -> list[int]:
     leftover = _session_members(sid)
     if leftover:
         _kill_session(sid)
-        _wait_gone(leftover, KILL_WAIT_SECONDS)
+        _wait_gone(sid, KILL_WAIT_SECONDS)
     return leftover
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a killed process reparented elsewhere stays a zombie until reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _wait_gone(pids: list[int], seconds: float) -> None:
+def _wait_gone(sid: int, seconds: float) -> None:
     """SIGKILL lands asynchronously (a loaded host takes a while): a verdict that says a process was
-    killed is given once it has stopped, or after `seconds`."""
+    killed is given once nothing of the session is alive (`_sessions` skips zombies), or after
+    `seconds`."""
     deadline = time.monotonic() + seconds
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+    while _session_members(sid) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
