@@ -98,6 +98,7 @@ def test_abuse_bench_smoke(tmp_path):
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     extra = ("--model", "gpuyantra-test/tiny-chat", "--seconds", "2", "--flood", "6")
     extra += ("--serve-arg=--max-client-requests=4",)  # the flood (6 at once) meets the per-client limit
+    extra += ("--serve-arg=--header-timeout=1",)  # within the 2 s phase: the loris is answered and closed
     result = run_bench("abuse_bench.py", tmp_path / "abuse.json", 300, extra=extra, env=env, exit_codes=(0, 1))
     assert result["endpoint"] == "chat" and result["largest_n"] == 128
     for name in ("baseline", "abuse"):
@@ -109,6 +110,7 @@ def test_abuse_bench_smoke(tmp_path):
     assert abuse["body_declared"]["status"] == 413 and abuse["body_chunked"]["status"] == 413
     assert abuse["largest_allowed"]["status"] == 200 and abuse["largest_allowed"]["n"] == 128
     assert abuse["slow_loris_0"]["bytes_sent"] > 0
+    assert abuse["slow_loris_0"]["closed_by_server"] and abuse["slow_loris_0"]["status"] == 408, abuse["slow_loris_0"]
     assert set(abuse["flood"]["statuses"]) <= {"200", "429"} and abuse["flood"]["statuses"]["429"] > 0
     assert len({a["source"] for a in abuse.values()}) == len(abuse)  # each from its own address
     assert set(result["verdict"]) == {"pass", "p99_ratio", "reasons"}

@@ -102,6 +102,14 @@ def register(subparsers) -> None:
         "(default: 32; 0: no limit, as behind a proxy whose address every client shares)",
     )
     p.add_argument(
+        "--header-timeout",
+        type=header_timeout,
+        default=30.0,
+        metavar="SECONDS",
+        help="a connection's request headers must arrive within this time, else 408 and closed "
+        "(slow-loris connections; default: 30; 0: no deadline)",
+    )
+    p.add_argument(
         "--state-dir",
         default=None,
         help="folder for the swap manifest and kept candidate files "
@@ -263,8 +271,17 @@ def run(args: argparse.Namespace) -> int:
     registration = _register_with_workers(args, config.resolved_state_dir())
     if registration is not None:
         _forget_at_shutdown(app, registration)
+    from serving.header_deadline import http_protocol
+
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            http=http_protocol(args.header_timeout),
+        )
     )
     load_failure = stop_on_load_failure(config, server)
     server.run()
@@ -327,6 +344,17 @@ def admin_token_of(args: argparse.Namespace) -> str | None:
         print(ADMIN_TOKEN_ON_COMMAND_LINE, file=sys.stderr)
         return str(args.admin_token)
     return os.environ.get("GPUYANTRA_ADMIN_TOKEN") or None
+
+
+def header_timeout(text: str) -> float:
+    """--header-timeout: seconds, 0 for no deadline."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 (no deadline) or a positive number of seconds")
+    return seconds
 
 
 def request_limits_of(args: argparse.Namespace) -> RequestLimits:
