@@ -21,7 +21,7 @@ def prepare(device: str | None = None) -> str:
         device = "cuda" if cuda_available() else "cpu"
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        from gpuyantra.interpreter_reduce import install
+        from gpuyantra.interpreter_speed import install
 
-        install()  # the interpreter's reductions with a kernel's own combine, as a tree
+        install()  # the interpreter's repeated work per launch removed (gpuyantra/interpreter_speed.py)
     return device

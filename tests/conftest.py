@@ -11,8 +11,8 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if os.environ["TRITON_INTERPRET"] == "1":  # kernels the tests run in this process reduce as children do
-    from gpuyantra.interpreter_reduce import install
+if os.environ["TRITON_INTERPRET"] == "1":  # kernels the tests run in this process run as in children
+    from gpuyantra.interpreter_speed import install
 
     install()
 # One CPU thread per process: the suite runs several xdist workers, servers, workers and sandbox

@@ -996,9 +996,9 @@ def preload(device: str) -> dict[str, float]:
 
         all_ops()
     if device != "cuda":
-        from gpuyantra.interpreter_reduce import install
+        from gpuyantra.interpreter_speed import install
 
-        install()  # the candidate's own-combine reductions as a tree, not a Python call per element
+        install()  # reductions with a kernel's own combine as a tree; the language patched once per launch
         return timings
     with _timed(timings, "warm_compile_modules"):
         # float32_as_float32's torch.use_deterministic_algorithms imports torch._inductor, and with it
