@@ -145,7 +145,8 @@ def _drop_unused(graph: torch.fx.Graph) -> None:
 def _with_imports(src: str, globals_: dict[str, Any]) -> str:
     """The forward's source, preceded by the names it uses (torch.fx's code refers to its globals)."""
     lines: list[str] = []
-    body = textwrap.dedent(src).strip("\n")
+    # fx frees each value after its last use (`;  x = None`): not needed for a reader.
+    body = re.sub(r";  (?:\w+ = )+None$", "", textwrap.dedent(src).strip("\n"), flags=re.M)
     for name, value in sorted(globals_.items()):
         if not re.search(rf"\b{re.escape(name)}\b", body) or name == "torch" or getattr(builtins, name, None) is value:
             continue
@@ -242,7 +243,7 @@ def _traced_class(partition: Partition, kernels: dict[int, RegionKernel]) -> str
     return (
         "class ModelNew(Model):\n"
         '    """Model with its costliest regions computed by verified kernels (the regions table above)."""\n\n'
-        f"{forward}\n{methods}"
+        f"{forward}\n\n{methods}"
     )
 
 

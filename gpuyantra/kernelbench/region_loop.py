@@ -245,6 +245,17 @@ def describe(run: RegionRun) -> str:
     return text
 
 
+def region_lines(regions: Sequence[dict[str, Any]]) -> list[str]:
+    """The human summary's lines for a problem's regions (`Region.to_dict`), in the forward's order:
+    `region_2  31.0%  verified   kernel    Conv2d features.3, BatchNorm2d features.4, relu: ...`."""
+    return [
+        f"    {r['name']:<10} {r['share']:6.1%}  {r['status']:<11} {r['runs_as']:<9} "
+        + ", ".join(r["ops"])[:100]
+        + (f": {r['reason'][:160]}" if r["reason"] else "")
+        for r in regions
+    ]
+
+
 def record(result: ProblemResult, run: RegionRun) -> None:
     result.regions = [r.to_dict() for r in run.regions]
     result.library_calls = sorted({c for r in run.regions if r.runs_as == "kernel" for c in r.library_calls})
@@ -272,5 +283,6 @@ __all__ = [
     "optimize_regions",
     "plan_regions",
     "record",
+    "region_lines",
     "write_model_new",
 ]

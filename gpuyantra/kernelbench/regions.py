@@ -162,7 +162,10 @@ def partition(model: nn.Module, inputs: Sequence[Any]) -> Partition:
     unknown = [n.target for n in graph.nodes if n.op == "get_attr" and not _has_attr(model, str(n.target))]
     if unknown:  # constants fx made at trace time: ModelNew's forward could not name them
         return _module_tree(model, inputs, f"the trace holds constants the Model does not: {unknown[:3]}")
-    values = _node_values(model, graph, inputs)
+    try:
+        values = _node_values(model, graph, inputs)
+    except PartitionError as exc:  # a trace that does not run as the forward does (state set in forward)
+        return _module_tree(model, inputs, str(exc).splitlines()[0][:200])
     membership = _assign(model, graph, values)
     return _traced_partition(model, graph, membership, values)
 
@@ -264,7 +267,7 @@ def _traced_partition(
             Region(
                 index=index,
                 kind=kind,
-                ops=[op_label(model, n) for n in members if isinstance(values.get(n), torch.Tensor)],
+                ops=[op_label(model, n) for n in members if isinstance(values.get(n), (torch.Tensor, tuple))],
                 module=sub,
                 inputs=[values[n] for n in external],
                 input_names=[n.name for n in external],

@@ -1,0 +1,233 @@
+"""A whole model in fusable regions (KernelBench level 3): the partition of small models written
+here, the module-tree fallback, and one end-to-end run on CPU where ModelNew composes the regions'
+verified kernels with a region whose kernel was rejected (the LLM author, against a local fake
+server, writes a wrong kernel for the costliest region; the template author writes the others)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpuyantra import kernelbench as kb
+from gpuyantra.kernelbench.regions import Partition, partition, rank_by_cost
+from tests.authors.fake_llm_server import FakeLLM, Reply, reply_json
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class ResidualMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        return torch.tanh(self.fc2(h) + x)
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.fc1(x))
+        if h.sum() > 0:
+            h = h * 2
+        return self.fc2(h)
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, batch_first=True)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return torch.sigmoid(self.fc(out[:, -1, :]))
+
+
+def run_regions_in_order(found: Partition, x: torch.Tensor) -> Any:
+    """The forward rebuilt from the regions' sub-modules alone (traced partitions): each region's
+    inputs looked up by the names the Model's code gives them."""
+    values: dict[str, Any] = {"x": x}
+    for region in found.regions:
+        out = region.module(*[values[name] for name in region.input_names])
+        outs = out if len(region.output_names) > 1 else (out,)
+        values.update(zip(region.output_names, outs))
+    return values[found.regions[-1].output_names[-1]]
+
+
+def test_conv_bn_relu_pool_linear_is_an_anchor_with_its_epilogue_then_the_linear():
+    model, x = ConvNet().eval(), torch.randn(2, 3, 8, 8)
+    found = partition(model, [x])
+    assert found.traced
+    assert [r.ops for r in found.regions] == [
+        ["Conv2d conv", "BatchNorm2d bn", "relu", "max_pool2d", "view"],
+        ["Linear fc"],
+    ]
+    assert [r.kind for r in found.regions] == ["anchor", "anchor"]
+    first, second = found.regions
+    # Parameters keep the Model's dotted paths (ModelNew binds them as self.conv.weight).
+    assert {"conv.weight", "conv.bias", "bn.weight", "bn.bias"} <= set(dict(first.module.named_parameters()))
+    assert [tuple(t.shape) for t in first.inputs] == [(2, 3, 8, 8)]
+    assert [tuple(t.shape) for t in second.inputs] == [(2, 128)]  # the live shape after the pool and view
+    with torch.no_grad():
+        torch.testing.assert_close(run_regions_in_order(found, x), model(x))
+
+
+def test_an_mlp_with_a_residual_takes_the_residual_as_a_second_input():
+    model, x = ResidualMLP(), torch.randn(4, 16)
+    found = partition(model, [x])
+    assert [r.ops for r in found.regions] == [["Linear fc1", "relu"], ["Linear fc2", "add", "tanh"]]
+    assert [r.input_names for r in found.regions] == [["x"], ["relu", "x"]]
+    assert [[tuple(t.shape) for t in r.inputs] for r in found.regions] == [[(4, 16)], [(4, 32), (4, 16)]]
+    with torch.no_grad():
+        torch.testing.assert_close(run_regions_in_order(found, x), model(x))
+    ranked = rank_by_cost(found.regions, "cpu")
+    assert sum(r.share for r in ranked) == pytest.approx(1.0)
+    assert [r.cost_us for r in ranked] == sorted((r.cost_us for r in ranked), reverse=True)
+    assert all(r.cost_basis == "estimate" and r.cost_us > 0 for r in ranked)
+
+
+def test_a_model_fx_cannot_trace_falls_back_to_its_module_tree():
+    model, x = Branchy(), torch.randn(3, 8)
+    found = partition(model, [x])
+    assert not found.traced and found.why_untraced  # fx's reason, for the log
+    assert [(r.child, r.kind) for r in found.regions] == [("fc1", "anchor"), ("act", "chain"), ("fc2", "anchor")]
+    assert [tuple(r.inputs[0].shape) for r in found.regions] == [(3, 8), (3, 8), (3, 8)]
+
+
+def test_a_recurrent_layer_is_kept_whole_in_the_library():
+    found = partition(Recurrent(), [torch.randn(2, 5, 8)])
+    kinds = [(r.kind, r.ops) for r in found.regions]
+    assert kinds[0] == ("library", ["LSTM lstm"])
+    assert ("anchor", ["Linear fc", "sigmoid"]) in kinds
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+THREE_REGIONS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, features, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, features)
+        self.fc3 = nn.Linear(features, features)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        y = torch.tanh(self.fc2(h) + x)
+        return torch.sigmoid(self.fc3(y))
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return [16, 32]
+"""
+
+# A kernel that ignores its weights: the verifier rejects it on values.
+WRONG_KERNEL = """
+import torch
+
+OP = "{op}"
+ADAPTER = []
+
+
+def entry(*inputs, **params):
+    return inputs[0].clone()
+"""
+
+
+class WrongFirstLLM(FakeLLM):
+    """Answers the first request (the costliest region) with a wrong kernel for the op it names,
+    and every later one with an error, so the LLM author falls back to the template author."""
+
+    def _next(self) -> Reply:
+        with self._lock:
+            chats = [r for r in self.requests if r.api == "openai"]  # not the model listing
+            count, body = len(chats), chats[-1].body
+        if count == 1:
+            op = re.search(r"open\.three_regions_region_\d+_[0-9a-f]+", json.dumps(body))
+            assert op is not None, "the prompt names the region's open target"
+            return Reply(text=reply_json(WRONG_KERNEL.format(op=op.group(0)), []))
+        return Reply(status=400, body={"error": {"message": "no more kernels"}})
+
+
+@pytest.fixture(scope="module")
+def three_regions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[kb.RunResult, Path]]:
+    folder = tmp_path_factory.mktemp("regions")
+    (folder / "three_regions.py").write_text(THREE_REGIONS)
+    server = WrongFirstLLM().start()
+    patch = pytest.MonkeyPatch()
+    try:
+        patch.setenv("GPUYANTRA_AUTHOR", "openai")
+        patch.setenv("GPUYANTRA_LLM_BASE_URL", f"{server.url}/v1")
+        patch.setenv("GPUYANTRA_LLM_MAX_ATTEMPTS", "1")
+        result = kb.run(folder / "three_regions.py", device="cpu", out=folder / "out", max_iterations=1)
+        yield result, folder / "out"
+    finally:
+        patch.undo()
+        server.stop()
+
+
+def test_model_new_composes_the_verified_region_kernels_and_matches_model_in_float64(three_regions):
+    result, out = three_regions
+    problem = result.problems[0]
+    assert problem.op == "regions" and problem.status == "optimized" and problem.correct, problem.reason
+    assert "against Model in float64" in problem.reason
+    kept = [r for r in problem.regions if r["runs_as"] == "kernel"]
+    assert len(kept) == 2 and all(r["status"] == "verified" and r["reward"] >= 1 for r in kept)
+    assert "2 of 3 regions run verified kernels" in problem.reason
+    source = Path(problem.model_new).read_text()
+    for region in kept:  # each kept kernel is one method of ModelNew, called from its forward
+        assert f"self._gy_{region['name']}(" in source
+        assert (out / "three_regions" / region["name"] / Path(region["candidate"]).name).is_file()
+    saved = json.loads((out / "kernelbench.json").read_text())["problems"][0]["regions"]
+    assert [r["name"] for r in saved] == ["region_0", "region_1", "region_2"]
+    assert sum(r["share"] for r in saved) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_region_whose_kernel_is_rejected_stays_the_models_own_and_says_why(three_regions):
+    result, _ = three_regions
+    regions = result.problems[0].regions
+    rejected = [r for r in regions if r["status"] == "rejected"]
+    assert len(rejected) == 1
+    wrong = rejected[0]
+    assert wrong["share"] == max(r["share"] for r in regions)  # the costliest region was tried first
+    assert wrong["runs_as"] == "unchanged" and wrong["reward"] == -1
+    assert wrong["reason"].startswith("rejected: no candidate passed verification")
+    assert re.search(r"\(\w+/[\w-]+: ", wrong["reason"])  # the verifier's layer/rule and message
+    source = Path(result.problems[0].model_new).read_text()
+    assert f"self._gy_{wrong['name']}(" not in source
