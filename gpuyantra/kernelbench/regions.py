@@ -119,7 +119,7 @@ class Region:
             "name": self.name,
             "kind": self.kind,
             "ops": list(self.ops),
-            "inputs": [list(x.shape) if isinstance(x, torch.Tensor) else x for x in self.inputs],
+            "inputs": [_shapes(x) for x in self.inputs],
             "share": round(self.share, 4),
             "cost_us": round(self.cost_us, 3),
             "cost_basis": self.cost_basis,
@@ -132,6 +132,15 @@ class Region:
             "library_calls": list(self.library_calls),
             "kernel_us": self.kernel_us,
         }
+
+
+def _shapes(value: Any) -> Any:
+    """A region input for the JSON: a tensor's shape, a tuple's shapes, a number as it is."""
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (tuple, list)):
+        return [_shapes(v) for v in value]
+    return value if isinstance(value, (int, float, bool, str)) or value is None else type(value).__name__
 
 
 @dataclass
@@ -155,10 +164,14 @@ class _Tracer(torch.fx.Tracer):
 def partition(model: nn.Module, inputs: Sequence[Any]) -> Partition:
     """The model's forward in regions, each with the live inputs it saw on `inputs`. Raises
     PartitionError when the model does not run on them."""
+    state = _attributes(model)
     try:
         graph = _Tracer().trace(model)
     except Exception as exc:  # noqa: BLE001 - fx refuses data-dependent control flow and the like
+        _restore(state)
         return _module_tree(model, inputs, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    if _restore(state):  # `self.hidden = ...` in forward: the trace would bake one call's state
+        return _module_tree(model, inputs, "the forward assigns the Model's own attributes")
     unknown = [n.target for n in graph.nodes if n.op == "get_attr" and not _has_attr(model, str(n.target))]
     if unknown:  # constants fx made at trace time: ModelNew's forward could not name them
         return _module_tree(model, inputs, f"the trace holds constants the Model does not: {unknown[:3]}")
@@ -168,6 +181,27 @@ def partition(model: nn.Module, inputs: Sequence[Any]) -> Partition:
         return _module_tree(model, inputs, str(exc).splitlines()[0][:200])
     membership = _assign(model, graph, values)
     return _traced_partition(model, graph, membership, values)
+
+
+_State = list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]]]
+
+
+def _attributes(model: nn.Module) -> _State:
+    """Every submodule's attributes, parameters and buffers, by identity."""
+    return [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+
+
+def _restore(state: _State) -> bool:
+    """Put back what tracing the forward assigned (fx runs the forward's Python: `self.h = ...`
+    stores a proxy); True when anything had changed."""
+    changed = False
+    for module, attrs, params, buffers in state:
+        for now, saved in ((module.__dict__, attrs), (module._parameters, params), (module._buffers, buffers)):
+            if now.keys() != saved.keys() or any(now[k] is not saved[k] for k in saved):
+                changed = True
+                now.clear()
+                now.update(saved)
+    return changed
 
 
 def _has_attr(model: nn.Module, dotted: str) -> bool:
@@ -363,16 +397,11 @@ def _module_tree(model: nn.Module, inputs: Sequence[Any], why: str) -> Partition
     modules = dict(children)
     regions: list[Region] = []
     for path in order:
-        if len(calls[path]) != 1 or not all(isinstance(a, torch.Tensor) for a in calls[path][0]):
-            continue  # called twice, or with other arguments: one region cannot stand for it
         child = modules[path]
-        kind = (
-            "library"
-            if isinstance(child, LIBRARY_MODULES)
-            else "anchor"
-            if isinstance(child, ANCHOR_MODULES)
-            else "chain"
-        )
+        library = isinstance(child, LIBRARY_MODULES)  # listed whatever its arguments: no kernel replaces it
+        if len(calls[path]) != 1 or not library and not all(isinstance(a, torch.Tensor) for a in calls[path][0]):
+            continue  # called twice, or with other arguments: one region cannot stand for it
+        kind = "library" if library else "anchor" if isinstance(child, ANCHOR_MODULES) else "chain"
         regions.append(
             Region(
                 index=len(regions),

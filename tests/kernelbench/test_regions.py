@@ -231,3 +231,147 @@ def test_a_region_whose_kernel_is_rejected_stays_the_models_own_and_says_why(thr
     assert re.search(r"\(\w+/[\w-]+: ", wrong["reason"])  # the verifier's layer/rule and message
     source = Path(result.problems[0].model_new).read_text()
     assert f"self._gy_{wrong['name']}(" not in source
+
+
+# --- composing ModelNew (entries written here in torch: the composition alone is under test) ----
+
+INTERLEAVED = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc_a = nn.Linear(8, 8)
+        self.fc_b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        a = self.fc_a(x)
+        c = self.fc_b(a)
+        d = torch.relu(a)  # joins fc_a's region after fc_b's region began
+        return c * d
+
+
+def get_inputs():
+    return [torch.randn(3, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+REGION_0_ENTRY = """
+import torch
+
+calls = []
+
+
+def entry(x, fc_a_weight, fc_a_bias):
+    calls.append(x.shape)
+    a = torch.nn.functional.linear(x, fc_a_weight, fc_a_bias)
+    return a, torch.relu(a)
+"""
+
+GELU_ENTRY = """
+import torch
+
+calls = []
+
+
+def entry(x):
+    calls.append(x.shape)
+    return torch.nn.functional.gelu(x)
+"""
+
+
+def compose_and_load(tmp_path: Path, source: str, found: Partition, kernels: dict[int, Any]) -> Any:
+    from gpuyantra.kernelbench.compose import model_new_source
+    from gpuyantra.kernelbench.model_new import load_model_new
+
+    problem = tmp_path / "problem.py"
+    problem.write_text(source)
+    path = tmp_path / "ModelNew.py"
+    path.write_text(model_new_source(source, problem, found, kernels, tmp_path))
+    return load_model_new(path)
+
+
+def kernel_file(folder: Path, region: int, source: str) -> Path:
+    path = folder / f"region_{region}" / "candidate_1.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
+
+
+def test_a_replaced_region_runs_before_the_regions_that_use_its_outputs(tmp_path):
+    from gpuyantra.kernelbench.compose import RegionKernel
+
+    namespace: dict[str, Any] = {}
+    exec(INTERLEAVED, namespace)
+    torch.manual_seed(0)
+    model, x = namespace["Model"](), torch.randn(3, 8)
+    found = partition(model, [x])
+    assert [r.ops for r in found.regions] == [["Linear fc_a", "relu"], ["Linear fc_b", "mul"]]
+    assert found.regions[0].output_names == ["fc_a", "relu"]
+    first = found.regions[0]
+    first.reward = 1
+    adapter = [{"kernel_param": f"fc_a_{p}", "module_attr": f"fc_a.{p}"} for p in ("weight", "bias")]
+    kernels = {0: RegionKernel(first, kernel_file(tmp_path, 0, REGION_0_ENTRY), adapter)}
+    new_module = compose_and_load(tmp_path, INTERLEAVED, found, kernels)
+    torch.manual_seed(0)
+    model_new = new_module.ModelNew()
+    assert model_new.state_dict().keys() == model.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(model_new(x), model(x))
+    assert new_module._gy_region_0_kernel.calls == [x.shape]  # the kernel ran fc_a's region, once
+
+
+def test_a_module_tree_model_new_points_the_childs_forward_at_its_kernel(tmp_path):
+    from gpuyantra.kernelbench.compose import RegionKernel
+
+    source = BRANCHY_PROBLEM
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    torch.manual_seed(0)
+    model, x = namespace["Model"](), torch.randn(3, 8)
+    found = partition(model, [x])
+    assert not found.traced
+    act = next(r for r in found.regions if r.child == "act")
+    act.reward = 1
+    path = kernel_file(tmp_path, act.index, GELU_ENTRY.replace("calls = []", "calls = []  # tree"))
+    new_module = compose_and_load(tmp_path, source, found, {act.index: RegionKernel(act, path, [])})
+    torch.manual_seed(0)
+    model_new = new_module.ModelNew()
+    assert model_new.state_dict().keys() == model.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(model_new(x), model(x))
+    kernel = new_module._gy_region_1_kernel
+    assert kernel.calls == [x.shape]  # the child's forward ran the kernel, once
+
+
+BRANCHY_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.act(self.fc1(x))
+        if h.sum() > 0:
+            h = h * 2
+        return self.fc2(h)
+
+
+def get_inputs():
+    return [torch.randn(3, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
