@@ -15,7 +15,7 @@ import torch
 
 from gpuyantra.kernelbench.compose import ComposeError, RegionKernel, model_new_source
 from gpuyantra.kernelbench.optimize import optimize
-from gpuyantra.kernelbench.regions import Partition, PartitionError, Region, partition, rank_by_cost
+from gpuyantra.kernelbench.regions import Partition, PartitionError, Region, partition, rank_by_cost, signature
 from gpuyantra.kernelbench.results import Attempt, ProblemResult, beats_best
 
 # Seconds a problem's regions may take in all (verifications in Triton's interpreter on CPU take
@@ -64,11 +64,19 @@ def optimize_regions(
     started = time.perf_counter()
     run = RegionRun(found)
     us = (lambda fn: timer(fn)[0]) if timer is not None else None
+    tried: dict[str, Region] = {}  # signature -> the first region of that computation tried
     for region in rank_by_cost(found.regions, device, us):
         why_not = _left_alone(region)
         if why_not:
             region.status, region.runs_as, region.reason = why_not
             continue
+        same = tried.get(signature(region))
+        if same is not None:  # a repeated block: the kernel (or the verdict) of its first instance
+            kernel = _reuse(region, same, run.kernels.get(same.index), problem, file, module)
+            if kernel is not None:
+                run.kernels[region.index] = kernel
+            continue
+        tried[signature(region)] = region
         if time.perf_counter() - started > budget_s:
             region.reason = f"not tried: the problem's {budget_s:.0f} s for regions went to costlier ones"
             continue
@@ -78,6 +86,50 @@ def optimize_regions(
             run.kernels[region.index] = kernel
             run.family = run.family or kernel.family
     return run
+
+
+def _reuse(
+    region: Region, same: Region, kernel: RegionKernel | None, problem: str, file: Path, module: ModuleType
+) -> RegionKernel | None:
+    """The kernel of `same`, an earlier region of the same computation, bound to this region's own
+    parameters (the same kernel params, in the same order, read from this region's paths); without
+    one, `same`'s verdict. ModelNew's check against Model judges every region it runs."""
+    region.op, region.reward, region.candidate = same.op, same.reward, same.candidate
+    if kernel is None:
+        region.status = same.status
+        region.reason = f"as {same.name} (the same computation): {same.reason}"
+        return None
+    from gpuyantra.ops.open import OpenTargetError, build_open_target
+
+    try:
+        target = build_open_target(
+            region.module,
+            region.inputs,
+            name_hint=f"{problem}_{region.name}",
+            source_file=str(file.resolve()),
+            source_module=module.__name__,
+        )
+    except OpenTargetError as exc:
+        region.status, region.reason = "unsupported", f"unsupported: {exc}"
+        return None
+    own = target.adapter
+    leaf = [b["module_attr"].rsplit(".", 1)[-1] for b in own]
+    if leaf != [b["module_attr"].rsplit(".", 1)[-1] for b in kernel.adapter]:
+        region.reason = f"not tried: its parameters do not line up with {same.name}'s"
+        return None
+    region.status, region.runs_as = same.status, "kernel"
+    region.library_calls, region.kernel_us = list(same.library_calls), same.kernel_us
+    region.reason = f"{same.name}'s kernel (the same computation): {same.reason}"
+    return RegionKernel(
+        region=region,
+        candidate=kernel.candidate,
+        adapter=[
+            {"kernel_param": k["kernel_param"], "module_attr": b["module_attr"]} for k, b in zip(kernel.adapter, own)
+        ],
+        updated_buffers=target.updated_attrs,
+        buffer_steps=target.buffer_steps,
+        forward_returns_tuple=target.forward_returns_tuple,
+    )
 
 
 def _left_alone(region: Region) -> tuple[str, str, str] | None:

@@ -445,6 +445,39 @@ def rank_by_cost(
     return sorted(regions, key=lambda r: -r.cost_us)
 
 
+def signature(region: Region) -> str:
+    """The region's computation up to its parameters' values and paths: the ops in order with their
+    modules' configuration (`Conv2d(64, 64, kernel_size=(3, 3), stride=(1, 1), ...)`), how they
+    connect, and the inputs' shapes and dtypes. A ResNet's repeated blocks share one, and so one kernel."""
+    inputs = "|".join(f"{tuple(x.shape)}:{x.dtype}" if isinstance(x, torch.Tensor) else repr(x) for x in region.inputs)
+    module = region.module
+    if not isinstance(module, torch.fx.GraphModule):
+        return f"{type(module).__module__}.{type(module).__qualname__}|{module!r}|{module.training}|{inputs}"
+    index: dict[torch.fx.Node, str] = {}
+    parts = [inputs]
+    for node in module.graph.nodes:
+        index[node] = f"%{len(index)}"
+        target: Any = node.target
+        if node.op == "call_module":
+            sub = module.get_submodule(str(node.target))
+            target = f"{type(sub).__qualname__}:{sub!r}:{sub.training}"
+        elif node.op == "get_attr":
+            value = _tensor_at(module, str(node.target))
+            target = f"{tuple(value.shape)}:{value.dtype}" if value is not None else "attr"
+        elif node.op == "placeholder":
+            target = "input"
+        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: index[n])
+        parts.append(f"{node.op} {getattr(target, '__name__', target)} {args!r}")
+    return "\n".join(parts)
+
+
+def _tensor_at(module: nn.Module, dotted: str) -> torch.Tensor | None:
+    owner: Any = module
+    for part in dotted.split("."):
+        owner = getattr(owner, part, None)
+    return owner if isinstance(owner, torch.Tensor) else None
+
+
 def _caller(module: nn.Module, inputs: Sequence[Any]) -> Callable[[], Any]:
     return lambda: module(*inputs)
 

@@ -375,3 +375,74 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
+
+
+REPEATED = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+        self.strided = nn.Conv1d(8, 8, 3, stride=2)
+        self.plain = nn.Conv1d(8, 8, 3)
+
+    def forward(self, x, y):
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x.sum() + torch.relu(self.strided(y)).sum() + torch.relu(self.plain(y)).sum()
+
+
+def get_inputs():
+    return [torch.randn(6, 8), torch.randn(1, 8, 9)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+LINEAR_RELU_ENTRY = """
+import torch
+
+calls = []
+
+
+def entry(x, blocks_0_weight, blocks_0_bias):
+    calls.append(blocks_0_weight.data_ptr())
+    return torch.relu(torch.nn.functional.linear(x, blocks_0_weight, blocks_0_bias))
+"""
+
+
+def test_a_repeated_block_takes_the_kernel_of_its_first_instance_with_its_own_parameters(tmp_path):
+    from gpuyantra.kernelbench.compose import RegionKernel
+    from gpuyantra.kernelbench.problems import load_module
+    from gpuyantra.kernelbench.region_loop import _reuse
+    from gpuyantra.kernelbench.regions import signature
+
+    problem = tmp_path / "repeated.py"
+    problem.write_text(REPEATED)
+    module = load_module(problem)
+    torch.manual_seed(0)
+    model, x, y = module.Model(), torch.randn(6, 8), torch.randn(1, 8, 9)
+    found = partition(model, [x, y])
+    first, second, _, strided, plain = (r for r in found.regions if r.kind == "anchor")
+    assert signature(first) == signature(second)
+    assert signature(strided) != signature(plain)  # the same weights' shapes, another stride
+    first.reward, first.status = 1, "verified"
+    adapter = [{"kernel_param": f"blocks_0_{p}", "module_attr": f"blocks.0.{p}"} for p in ("weight", "bias")]
+    kept = RegionKernel(first, kernel_file(tmp_path, first.index, LINEAR_RELU_ENTRY), adapter)
+    reused = _reuse(second, first, kept, "repeated", problem, module)
+    assert reused is not None and second.runs_as == "kernel" and second.reason.startswith("region_0's kernel")
+    assert reused.adapter == [
+        {"kernel_param": "blocks_0_weight", "module_attr": "blocks.1.weight"},
+        {"kernel_param": "blocks_0_bias", "module_attr": "blocks.1.bias"},
+    ]
+    new_module = compose_and_load(tmp_path, REPEATED, found, {first.index: kept, second.index: reused})
+    torch.manual_seed(0)
+    model_new = new_module.ModelNew()
+    with torch.no_grad():
+        torch.testing.assert_close(model_new(x, y), model(x, y))
+    weights = [model_new.blocks[0].weight.data_ptr(), model_new.blocks[1].weight.data_ptr()]
+    assert new_module._gy_region_0_kernel.calls == weights  # one kernel, each block's own weights
