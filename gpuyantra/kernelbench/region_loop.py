@@ -283,18 +283,15 @@ def write_model_new(run: RegionRun, file: Path, folder: Path) -> Path:
 
 
 def describe(run: RegionRun) -> str:
-    """`3 of 7 regions run verified kernels (81% of the forward's cost): region_2, ...; ...`"""
+    """`3 of 7 regions run verified kernels (81% of the forward's estimated cost: region_2, ...)`;
+    the library calls they make follow in the reason (`_Judging.report`)."""
     kept = [r for r in run.regions if r.runs_as == "kernel"]
     share = sum(r.share for r in kept)
     basis = "measured" if any(r.cost_basis == "measured" for r in run.regions) else "estimated"
-    text = (
+    return (
         f"{len(kept)} of {len(run.regions)} regions run verified kernels ({share:.0%} of the forward's {basis} "
         f"cost: {', '.join(r.name for r in kept) or 'none'})"
     )
-    calls = sorted({c for r in kept for c in r.library_calls})
-    if calls:
-        text += f"; library calls: {', '.join(calls)} (the rest is Triton)"
-    return text
 
 
 def region_lines(regions: Sequence[dict[str, Any]]) -> list[str]:
