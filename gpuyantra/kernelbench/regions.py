@@ -258,7 +258,8 @@ def op_label(model: nn.Module, node: torch.fx.Node) -> str:
 def _assign(model: nn.Module, graph: torch.fx.Graph, values: dict[torch.fx.Node, Any]) -> dict[torch.fx.Node, int]:
     """Region index of every computing node. An anchor starts a region; a library layer is a region
     of its own; any other op joins the latest region its inputs come from (so regions only ever
-    depend on earlier ones), or starts a chain when that region is a library layer or there is none."""
+    depend on earlier ones; an op on the forward's inputs alone, the latest region), or starts a
+    chain when that region is a library layer or there is none."""
     membership: dict[torch.fx.Node, int] = {}
     closed: set[int] = set()  # library regions: nothing joins them
     count = 0
@@ -273,7 +274,8 @@ def _assign(model: nn.Module, graph: torch.fx.Graph, values: dict[torch.fx.Node,
             count += 1
             continue
         sources = [membership[a] for a in node.all_input_nodes if a in membership]
-        latest = max(sources, default=None)
+        # An op on the forward's inputs alone joins the latest region (it depends on nothing there).
+        latest = max(sources, default=count - 1 if count else None)
         if not isinstance(values.get(node), torch.Tensor):
             continue  # sizes and numbers: kept in the forward, copied into each region that uses them
         if latest is None or latest in closed:
