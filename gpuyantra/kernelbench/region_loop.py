@@ -85,6 +85,8 @@ def optimize_regions(
         if kernel is not None:
             run.kernels[region.index] = kernel
             run.family = run.family or kernel.family
+    for region in found.regions:
+        region.release()
     return run
 
 

@@ -105,6 +105,15 @@ class Region:
     reward: int | None = None
     library_calls: list[str] = field(default_factory=list)
     kernel_us: float | None = None
+    input_shapes: list[Any] = field(default_factory=list)  # kept when the inputs are released
+
+    def __post_init__(self) -> None:
+        self.input_shapes = [_shapes(x) for x in self.inputs]
+
+    def release(self) -> None:
+        """Drop the live inputs and the Model's submodules (device memory the ModelNew check needs);
+        what the result and ModelNew's source need stays."""
+        self.inputs, self.module = [], nn.Module()
 
     @property
     def name(self) -> str:
@@ -119,7 +128,7 @@ class Region:
             "name": self.name,
             "kind": self.kind,
             "ops": list(self.ops),
-            "inputs": [_shapes(x) for x in self.inputs],
+            "inputs": self.input_shapes,
             "share": round(self.share, 4),
             "cost_us": round(self.cost_us, 3),
             "cost_basis": self.cost_basis,
