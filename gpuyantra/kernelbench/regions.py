@@ -130,7 +130,7 @@ class Region:
             "ops": list(self.ops),
             "inputs": self.input_shapes,
             "share": round(self.share, 4),
-            "cost_us": round(self.cost_us, 3),
+            "cost_us": float(f"{self.cost_us:.4g}"),
             "cost_basis": self.cost_basis,
             "status": self.status,
             "runs_as": self.runs_as,
