@@ -163,6 +163,11 @@ def parse_args(argv=None):
         help="comma-separated name prefixes: run only the sections whose names start with one "
         "(e.g. 'graphs+attn+fused+swaps,profile_graph_step'); default all",
     )
+    p.add_argument(
+        "--skip-sections",
+        default="",
+        help="comma-separated name prefixes: leave out the sections whose names start with one",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny-qwen2 on the CPU (interpreter), few tokens")
     return p.parse_args(argv)
 
@@ -215,6 +220,8 @@ def main(argv=None) -> int:
             return
         wanted = [s for s in args.sections.split(",") if s]
         if wanted and not any(name.startswith(s) for s in wanted):
+            return
+        if any(name.startswith(s) for s in args.skip_sections.split(",") if s):
             return
         t0 = time.perf_counter()
         try:

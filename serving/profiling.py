@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gpuyantra.binding import ModuleGroup, find_open_groups
-from gpuyantra.hardware import gpu_uuid
+from gpuyantra.hardware import gpu_uuid, hardware_kind
 from gpuyantra.profile_targets import (
     add_served_shapes,
     function_target_fields,
@@ -220,6 +220,9 @@ class Profiling:
         result.setdefault("device", str(self.runner.device))
         result.setdefault("hardware", _hardware_name(self.runner.device))
         result.setdefault("device_key", gpu_uuid(self.runner.device))  # which GPU: campaigns verify on others
+        # The kind GPU workers derive from the same device name (their queue): the profile's `hardware`
+        # is the roofline class ("nvidia-h100"), coarser than a worker's kind ("nvidia-h100-80gb").
+        result.setdefault("hardware_kind", served_kind(self.runner.device))
         result["source"] = source
         if error:
             result["profiler_error"] = error
@@ -389,6 +392,11 @@ def run_profiler(
         return profile_model(model, dict(probes), device, groups=list(groups or []), **extra)
     # The minimal contract: one callable probe.
     return profile_model(model, lambda: [p() for p in probes.values()], device)
+
+
+def served_kind(device: torch.device) -> str:
+    """The served device's hardware kind, as a GPU worker on it announces it (gpuyantra/hardware.py)."""
+    return hardware_kind(_hardware_name(device)) if device.type == "cuda" else "cpu"
 
 
 def _hardware_name(device: torch.device) -> str:
