@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from gpuyantra.kernelbench.model_new import _forward_with_updates, attribute_code
-from gpuyantra.kernelbench.regions import Partition, Region
+from gpuyantra.kernelbench.regions import Partition, Region, node_named
 
 
 class ComposeError(Exception):
@@ -55,7 +55,7 @@ def composed_forward(partition: Partition, kernels: dict[int, RegionKernel]) -> 
     order = list(graph.nodes)
     position = {n: i for i, n in enumerate(order)}
     owner: dict[torch.fx.Node, int] = {n: r for r in kernels for n in partition.nodes[r]}
-    externals = {r: [_named(graph, name) for name in kernels[r].region.input_names] for r in kernels}
+    externals = {r: [node_named(graph, name) for name in kernels[r].region.input_names] for r in kernels}
 
     def unit(node: torch.fx.Node) -> Any:
         return ("region", owner[node]) if node in owner else ("node", position[node])
@@ -112,10 +112,6 @@ def _needed(
         needed.add(node)
         todo += externals[owner[node]] if node in owner else node.all_input_nodes
     return needed
-
-
-def _named(graph: torch.fx.Graph, name: str) -> torch.fx.Node:
-    return next(n for n in graph.nodes if n.name == name)
 
 
 def _call_region(

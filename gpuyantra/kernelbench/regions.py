@@ -189,7 +189,18 @@ def partition(model: nn.Module, inputs: Sequence[Any]) -> Partition:
     except PartitionError as exc:  # a trace that does not run as the forward does (state set in forward)
         return _module_tree(model, inputs, str(exc).splitlines()[0][:200])
     membership = _assign(model, graph, values)
-    return _traced_partition(model, graph, membership, values)
+    found = _traced_partition(model, graph, membership, values)
+    # The regions' inputs, live: a second run keeping only those.
+    wanted = {node_named(graph, name) for region in found.regions for name in region.input_names}
+    live = _node_values(model, graph, inputs, keep=wanted)
+    for region in found.regions:
+        region.inputs = [live[node_named(graph, name)] for name in region.input_names]
+    return found
+
+
+def node_named(graph: torch.fx.Graph, name: str) -> torch.fx.Node:
+    """The graph's node called `name` (regions keep their inputs' names, not the nodes)."""
+    return next(n for n in graph.nodes if n.name == name)
 
 
 _State = list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]]]
@@ -222,14 +233,22 @@ def _has_attr(model: nn.Module, dotted: str) -> bool:
     return True
 
 
-def _node_values(model: nn.Module, graph: torch.fx.Graph, inputs: Sequence[Any]) -> dict[torch.fx.Node, Any]:
-    """Every node's live value in one run of the traced forward (no grad)."""
+def _node_values(
+    model: nn.Module, graph: torch.fx.Graph, inputs: Sequence[Any], keep: set[torch.fx.Node] | None = None
+) -> dict[torch.fx.Node, Any]:
+    """One run of the traced forward (no grad): the live values of the nodes in `keep`, or without
+    `keep` every node's value with each tensor a meta-device stand-in of its shape and dtype. Values
+    no later node needs are freed as the forward goes (fx's Interpreter does), so a partition holds
+    at most the activations its regions take as inputs, never every intermediate of the forward."""
     values: dict[torch.fx.Node, Any] = {}
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             out = super().run_node(n)
-            values[n] = out
+            if keep is None:
+                values[n] = _stand_in(out)
+            elif n in keep:
+                values[n] = out
             return out
 
     try:
@@ -238,6 +257,14 @@ def _node_values(model: nn.Module, graph: torch.fx.Graph, inputs: Sequence[Any])
     except Exception as exc:  # noqa: BLE001
         raise PartitionError(f"the traced forward does not run: {type(exc).__name__}: {exc}") from exc
     return values
+
+
+def _stand_in(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return tuple(_stand_in(v) for v in value)
+    return value
 
 
 def node_kind(model: nn.Module, node: torch.fx.Node) -> str:
@@ -314,7 +341,7 @@ def _traced_partition(
                 kind=kind,
                 ops=[op_label(model, n) for n in members if isinstance(values.get(n), (torch.Tensor, tuple))],
                 module=sub,
-                inputs=[values[n] for n in external],
+                inputs=[values[n] for n in external],  # stand-ins until the live run
                 input_names=[n.name for n in external],
                 output_names=[n.name for n in outputs],
             )

@@ -96,6 +96,8 @@ def test_conv_bn_relu_pool_linear_is_an_anchor_with_its_epilogue_then_the_linear
     assert {"conv.weight", "conv.bias", "bn.weight", "bn.bias"} <= set(dict(first.module.named_parameters()))
     assert [tuple(t.shape) for t in first.inputs] == [(2, 3, 8, 8)]
     assert [tuple(t.shape) for t in second.inputs] == [(2, 128)]  # the live shape after the pool and view
+    with torch.no_grad():  # live values (the second run's), not the first run's meta stand-ins
+        torch.testing.assert_close(second.inputs[0], first.module(x))
     with torch.no_grad():
         torch.testing.assert_close(run_regions_in_order(found, x), model(x))
 
