@@ -448,3 +448,46 @@ def test_a_repeated_block_takes_the_kernel_of_its_first_instance_with_its_own_pa
         torch.testing.assert_close(model_new(x, y), model(x, y))
     weights = [model_new.blocks[0].weight.data_ptr(), model_new.blocks[1].weight.data_ptr()]
     assert new_module._gy_region_0_kernel.calls == weights  # one kernel, each block's own weights
+
+
+RECURRENT_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, batch_first=True)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1, :])
+
+
+def get_inputs():
+    return [torch.randn(2, 5, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_library_layers_lone_anchors_and_views_get_no_kernel_and_say_why(tmp_path):
+    from gpuyantra.kernelbench.problems import load_module
+    from gpuyantra.kernelbench.region_loop import no_kernel_reason, optimize_regions
+
+    problem = tmp_path / "recurrent.py"
+    problem.write_text(RECURRENT_PROBLEM)
+    module = load_module(problem)
+    found = partition(module.Model(), [torch.randn(2, 5, 8)])
+    run = optimize_regions(found, "recurrent", problem, module, tmp_path / "out", "cpu", 1, lambda _: None)
+    outcome = {r.ops[0]: (r.status, r.runs_as, r.reason) for r in run.regions}
+    assert outcome["LSTM lstm"] == ("library", "library", "kept whole in the library (a recurrent or attention layer)")
+    assert outcome["Linear fc"][:2] == ("library", "library") and "nothing to fuse" in outcome["Linear fc"][2]
+    assert outcome["getitem"][:2] == ("not_tried", "unchanged") and "views" in outcome["getitem"][2]
+    assert not run.kernels and not (tmp_path / "out").exists()  # nothing was written or verified
+    status, reason = no_kernel_reason(run)
+    assert status == "unsupported" and reason.startswith("no region kept a kernel (3 regions): region_0: kept whole")
