@@ -69,7 +69,10 @@ LIBRARY_MODULES: tuple[type[nn.Module], ...] = (
 LIBRARY_FUNCTIONS: frozenset[Any] = frozenset({F.scaled_dot_product_attention, F.multi_head_attention_forward})
 # Ops that move no data worth a kernel: a region of these alone is left as it is.
 VIEW_OPS = frozenset(
-    {"view", "reshape", "flatten", "contiguous", "squeeze", "unsqueeze", "expand", "size", "getattr", "getitem"}
+    {
+        *("view", "reshape", "flatten", "unflatten", "contiguous", "squeeze", "unsqueeze", "expand"),
+        *("permute", "transpose", "t", "movedim", "size", "getattr", "getitem"),
+    }
 )
 
 # Nominal rates for the CPU estimate of a region's cost (an H100-class GPU in float32): the ranking
@@ -298,6 +301,7 @@ def _assign(model: nn.Module, graph: torch.fx.Graph, values: dict[torch.fx.Node,
     chain when that region is a library layer or there is none."""
     membership: dict[torch.fx.Node, int] = {}
     closed: set[int] = set()  # library regions: nothing joins them
+    unpacked: dict[torch.fx.Node, int] = {}  # elements of a tuple a region returns: that region
     count = 0
     for node in graph.nodes:
         kind = node_kind(model, node)
@@ -309,11 +313,20 @@ def _assign(model: nn.Module, graph: torch.fx.Graph, values: dict[torch.fx.Node,
                 closed.add(count)
             count += 1
             continue
-        sources = [membership[a] for a in node.all_input_nodes if a in membership]
+        found = (membership.get(a, unpacked.get(a)) for a in node.all_input_nodes)
+        sources = [r for r in found if r is not None]
         # An op on the forward's inputs alone joins the latest region (it depends on nothing there).
         latest = max(sources, default=count - 1 if count else None)
         if not isinstance(values.get(node), torch.Tensor):
+            if isinstance(values.get(node), tuple) and latest is not None:
+                unpacked[node] = latest  # a tuple inside a layer's output: `out, (hn, cn) = self.lstm(x)`
             continue  # sizes and numbers: kept in the forward, copied into each region that uses them
+        if node.target is operator.getitem and not isinstance(values.get(node.args[0]), torch.Tensor):
+            # Unpacking a layer's tuple (`out, _ = self.lstm(x)`): the element is an input of the
+            # regions that use it, and comes from the layer's region.
+            if latest is not None:
+                unpacked[node] = latest
+            continue
         if latest is None or latest in closed:
             membership[node] = count
             count += 1

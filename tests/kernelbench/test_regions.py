@@ -131,6 +131,28 @@ def test_a_recurrent_layer_is_kept_whole_in_the_library():
     assert ("anchor", ["Linear fc", "sigmoid"]) in kinds
 
 
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.attn(x, x, x)
+        return self.norm(out + x)
+
+
+def test_what_follows_an_attention_layer_takes_its_output_tensor_not_its_tuple():
+    x = torch.randn(5, 2, 8)
+    found = partition(Attention(), [x])
+    assert [(r.kind, r.ops) for r in found.regions] == [
+        ("library", ["MultiheadAttention attn"]),
+        ("chain", ["add", "LayerNorm norm"]),
+    ]
+    after = found.regions[1]
+    assert all(isinstance(t, torch.Tensor) for t in after.inputs) and after.input_shapes == [[5, 2, 8], [5, 2, 8]]
+
+
 # --- end to end --------------------------------------------------------------------------------
 
 THREE_REGIONS = """
