@@ -217,6 +217,8 @@ def progress_lines(seen: dict[str, str], progress: Any) -> list[str]:
             trails += [f"{key}: {stage}" for stage in trail[done:]]
             seen[f"{key}#trail"] = str(len(trail))
             seen[key] = now[key]
+    if progress.get("waiting"):  # what the campaign waits for, once each time it changes
+        now["waiting"] = str(progress["waiting"])
     notices = progress.get("notices") or []
     lines = [text for key, text in now.items() if seen.get(key) != text] + trails
     lines += [f"notice: {notice}" for notice in notices[int(seen.get("notices", 0)) :]]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from temporalio import activity
 
-from gpuyantra.config import gpu_device_queue, gpu_kind_queue
+from gpuyantra.config import GPU_TASK_QUEUE, gpu_device_queue, gpu_kind_queue
 
 IDENTITY_TAG = "gpuyantra-gpu"
 
@@ -55,12 +55,16 @@ def choose_verify_queue(kind: str, devices: list[str], serving_device: str | Non
     return gpu_kind_queue(kind)
 
 
-def waiting_note(kind: str) -> str:
-    """What a campaign's progress says while no GPU worker of its server's kind polls."""
-    return (
+def waiting_note(kind: str, other_kinds: list[str] | tuple[str, ...] = ()) -> str:
+    """What a campaign's progress says while no GPU worker of its server's kind polls; `other_kinds`,
+    the kinds of the GPU workers that do poll, show a kind named two ways in one line."""
+    note = (
         f"waiting for a GPU worker of kind {kind}: none polls {gpu_kind_queue(kind)} "
         f"(start one on such a GPU: gpuyantra worker gpu, or --hardware-kind {kind})"
     )
+    if other_kinds:
+        note += f"; GPU workers of kind {', '.join(sorted(other_kinds))} poll, none verifies for {kind}"
+    return note
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +75,7 @@ class GpuWorkers:
     queue: str
     devices: list[str] = field(default_factory=list)
     pollers: list[str] = field(default_factory=list)
+    other_kinds: list[str] = field(default_factory=list)  # kinds of the other GPU workers polling now
 
 
 @activity.defn(name="gpu_workers")
@@ -82,20 +87,27 @@ async def gpu_workers(kind: str) -> GpuWorkers:
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
     client = activity.client()
-    queue = gpu_kind_queue(kind)
-    answer = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+
+    async def polling(queue: str) -> list[Poller]:
+        answer = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            )
         )
-    )
-    pollers = [p for p in (parse_identity(info.identity) for info in answer.pollers) if p and p.kind == kind]
+        return [p for p in (parse_identity(info.identity) for info in answer.pollers) if p]
+
+    queue = gpu_kind_queue(kind)
+    pollers = [p for p in await polling(queue) if p.kind == kind]
+    # Every GPU worker also polls the shared queue: who polls there, when none of `kind` does.
+    others = [] if pollers else sorted({p.kind for p in await polling(GPU_TASK_QUEUE) if p.kind != kind})
     return GpuWorkers(
         kind=kind,
         queue=queue,
         devices=sorted({p.device_key for p in pollers}),
         pollers=sorted(p.identity for p in pollers),
+        other_kinds=others,
     )
 
 

@@ -203,6 +203,7 @@ class Routing:
     devices: list[str] | None = None  # device keys of the kind's workers, as last looked up
     looked_up: float | None = None  # workflow time (s) of that lookup
     turn: int = 0  # verifications routed so far: device queues take them in turns
+    other_kinds: list[str] = field(default_factory=list)  # GPU workers of other kinds seen at the lookup
     lookup: asyncio.Lock = field(default_factory=asyncio.Lock)  # one lookup at a time
 
 
@@ -645,7 +646,7 @@ class OptimizeCampaign:
                 if waits:
                     enter(progress, "verify")
                 return queue
-            self._progress["waiting"] = waiting_note(routing.kind)
+            self._progress["waiting"] = waiting_note(routing.kind, routing.other_kinds)
             if not waits:
                 enter(progress, "waiting-for-gpu-worker")
             first, longest = WAIT_FOR_VERIFIERS
@@ -673,6 +674,7 @@ class OptimizeCampaign:
                     return None
                 raise
             routing.devices, routing.looked_up = list(answer.devices), now
+            routing.other_kinds = list(answer.other_kinds)
             self._progress["verifiers"] = {"kind": routing.kind, "workers": answer.pollers}
             return routing.devices
 

@@ -160,3 +160,11 @@ def test_progress_lines_show_every_stage_a_target_passed_between_two_polls():
         "rms_norm:Qwen2RMSNorm: deploy (iteration 1)",
     ]
     assert campaign_client.progress_lines(seen, progress) == []  # nothing new, nothing printed
+
+
+def test_progress_lines_say_what_the_campaign_waits_for_once():
+    seen: dict[str, str] = {}
+    note = "waiting for a GPU worker of kind k: none polls gpuyantra-gpu-k"
+    progress = {"stage": "targets", "targets": {}, "notices": [], "waiting": note}
+    assert campaign_client.progress_lines(seen, progress) == ["stage targets", note]
+    assert campaign_client.progress_lines(seen, progress) == []
