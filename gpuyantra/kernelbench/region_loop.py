@@ -4,6 +4,7 @@ ModelNew composing the kept kernels with the Model's own modules for the rest.""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -258,7 +259,8 @@ class _RegionJudge:
         region, inputs = self.region, self.region.inputs
         if self.eager is None:
             self.eager = self.timer(lambda: region.module(*inputs))
-        kernel = import_file(Path(attempt.candidate), f"gpuyantra_region_{region.index}_{attempt.iteration}")
+        digest = hashlib.sha256(Path(attempt.candidate).read_bytes()).hexdigest()[:16]
+        kernel = import_file(Path(attempt.candidate), f"gpuyantra_kernelbench_kernel_{digest}")
         params = adapter_kwargs(region.module, self.adapter)
         us, spread = self.timer(lambda: kernel.entry(*inputs, **params))
         if self.best_us is None or us < self.best_us:
