@@ -94,6 +94,8 @@ def composed_forward(partition: Partition, kernels: dict[int, RegionKernel]) -> 
         raise ComposeError("the regions depend on each other in a cycle")
     new.node_copy(output, lambda a: env[a])
     _drop_unused(new)
+    for node in new.nodes:
+        node.type = None  # the forward's annotations (`x: torch.Tensor`) are not needed to run it
     code = new.python_code(root_module="self")
     return _with_imports(code.src, code.globals)
 

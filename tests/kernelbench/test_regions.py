@@ -153,6 +153,44 @@ def test_what_follows_an_attention_layer_takes_its_output_tensor_not_its_tuple()
     assert all(isinstance(t, torch.Tensor) for t in after.inputs) and after.input_shapes == [[5, 2, 8], [5, 2, 8]]
 
 
+class Inception(nn.Module):
+    """Branches over one input, a downsampled residual, a concatenation: regions interleave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.branch1 = nn.Conv2d(8, 4, 1)
+        self.branch3 = nn.Sequential(nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+        self.pool_proj = nn.Conv2d(8, 4, 1)
+        self.down = nn.Sequential(nn.Conv2d(8, 12, 1, stride=2), nn.BatchNorm2d(12))
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.relu(self.stem(x))
+        pooled = self.pool_proj(F.max_pool2d(s, 3, stride=1, padding=1))
+        out = torch.cat([self.branch1(s), self.branch3(s), pooled], dim=1)
+        out = F.avg_pool2d(out, 2) + self.down(s)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(torch.relu(out), 1), 1))
+
+
+def test_the_composed_forward_with_every_region_replaced_reproduces_the_model():
+    from gpuyantra.kernelbench.compose import RegionKernel, composed_forward
+
+    model, x = Inception().eval(), torch.randn(2, 3, 8, 8)
+    found = partition(model, [x])
+    assert len(found.regions) >= 6
+    kernels = {r.index: RegionKernel(r, Path("unused.py"), []) for r in found.regions}
+    namespace: dict[str, Any] = {}
+    exec(composed_forward(found, kernels), namespace)
+    # Each region's call runs the region's own sub-module: the composition alone is under test.
+    methods = {f"_gy_{r.name}": (lambda sub: lambda self, *args: sub(*args))(r.module) for r in found.regions}
+    composed = type("Composed", (Inception,), {"forward": namespace["forward"], **methods})
+    with torch.no_grad():
+        want = model(x)
+        model.__class__ = composed
+        torch.testing.assert_close(model(x), want)
+
+
 # --- end to end --------------------------------------------------------------------------------
 
 THREE_REGIONS = """
