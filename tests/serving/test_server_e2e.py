@@ -33,9 +33,11 @@ PROMPTS = [
 ]
 MAX_TOKENS = 4
 # Bounded by count, not by time (each swap's parity check runs Triton's interpreter on the CPU, about
-# 8 s a cycle here): 20 cycles still mix path and source bodies (every fifth a source) and single and
-# all-at-once rollbacks (every tenth all at once), twice each.
-CYCLES = 20
+# 4-10 s a cycle): 10 cycles mix path and source bodies (every third a source) and single and
+# all-at-once rollbacks (every fifth all at once), each kind at least twice.
+CYCLES = 10
+SOURCE_EVERY = 3
+ALL_AT_ONCE_EVERY = 5
 CLIENTS = 8
 
 
@@ -77,7 +79,9 @@ def test_load_with_swap_rollback_cycles(shared_server):
             source = RMS_NORM_KERNEL.read_text()
             proof = attested(source)
             for cycle in range(CYCLES):
-                body = {"source": source} if cycle % 5 == 4 else {"path": str(RMS_NORM_KERNEL)}
+                body = (
+                    {"source": source} if cycle % SOURCE_EVERY == SOURCE_EVERY - 1 else {"path": str(RMS_NORM_KERNEL)}
+                )
                 body["attestation"] = proof
                 r = admin.post("/admin/swap", json=body)
                 assert r.status_code == 200, r.text
@@ -85,7 +89,8 @@ def test_load_with_swap_rollback_cycles(shared_server):
                 assert swap["status"] == "committed" and swap["modules"] == 5 and swap["op"] == "rms_norm"
                 swap_ids.append(swap["swap_id"])
                 time.sleep(0.05)  # let some forward passes run on the kernel
-                rollback = {"all": True} if cycle % 10 == 9 else {"swap_id": swap["swap_id"]}
+                all_at_once = cycle % ALL_AT_ONCE_EVERY == ALL_AT_ONCE_EVERY - 1
+                rollback = {"all": True} if all_at_once else {"swap_id": swap["swap_id"]}
                 r = admin.post("/admin/rollback", json=rollback)
                 assert r.status_code == 200, r.text
                 assert [x["swap_id"] for x in r.json()["rolled_back"]] == [swap["swap_id"]]
