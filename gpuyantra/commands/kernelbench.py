@@ -110,6 +110,10 @@ def format_row(result) -> str:
         lines.append(f"    ModelNew: {result.model_new}")
     if result.reason:
         lines.append(f"    {result.reason}")
+    if getattr(result, "regions", None):
+        from gpuyantra.kernelbench.region_loop import region_lines
+
+        lines += region_lines(result.regions)
     return "\n".join(lines)
 
 

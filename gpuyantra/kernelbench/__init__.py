@@ -37,6 +37,11 @@ For each problem file this module:
    torch.compile and against the better of both, and geometric-mean speedups. On CPU speed is
    not measured, so those are None.
 
+A whole model (KernelBench level 3) whose forward holds several regions (a library anchor and the
+fusable ops after it, or a chain of fusable ops) is not one open target: each region is one
+(`regions`), written and verified costliest first (`region_loop`), and ModelNew runs the Model's
+forward with each kept region's kernel in its place (`compose`); steps 4 and 5 judge it as above.
+
 Verifier binding: the verifier imports `module_class` in its own process (its sandbox child never
 imports it) and checks the ADAPTER's attributes on a meta-device instance built with tiny sizes. The
 problem's module stays registered in sys.modules under its private name, so the candidate is
@@ -49,7 +54,9 @@ The package's modules: `problems` (finding and loading problem files, building m
 `sizes` (the CPU size cap and reduced sizes), `bind` (binding by computation), `optimize` (the
 write/verify loop), `model_new` (writing and checking ModelNew.py), `judge` (a candidate's ModelNew
 checked and timed against eager and torch.compile), `results` (the result records, fast_p and
-geometric means), `runner` (one problem, a whole run).
+geometric means), `runner` (one problem, a whole run), `regions` (a whole model's forward in
+regions, their live inputs and cost), `region_loop` (a kernel per region), `compose` (ModelNew
+from the regions' kernels).
 """
 
 from __future__ import annotations
@@ -94,6 +101,8 @@ from gpuyantra.kernelbench.problems import (
     safe_name,
     to_device,
 )
+from gpuyantra.kernelbench.region_loop import REGION_BUDGET_S, plan_regions
+from gpuyantra.kernelbench.regions import Partition, PartitionError, Region, partition, rank_by_cost
 from gpuyantra.kernelbench.results import (
     STATUSES,
     Attempt,
@@ -130,13 +139,17 @@ __all__ = [
     "REDUCED_ELEMENTS",
     "REDUCED_OUTPUT_ELEMENTS",
     "REDUCED_PARAMETERS",
+    "REGION_BUDGET_S",
     "SEED",
     "STATUSES",
     "Attempt",
     "KernelBenchError",
     "ModelReduction",
+    "Partition",
+    "PartitionError",
     "Problem",
     "ProblemResult",
+    "Region",
     "RunResult",
     "bind_family",
     "bind_open_target",
@@ -160,9 +173,12 @@ __all__ = [
     "model_new_source",
     "optimize",
     "parameter_elements",
+    "partition",
+    "plan_regions",
     "plan_reduced_model",
     "plan_reduced_sizes",
     "probe_inputs",
+    "rank_by_cost",
     "run",
     "run_problem",
     "safe_name",

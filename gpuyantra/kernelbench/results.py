@@ -59,6 +59,9 @@ class ProblemResult:
     reduced: str | None = None  # "live shape -> reduced shape" when run on reduced sizes
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per stage of the run
+    # A whole model optimized region by region (level 3): each region's ops, share of the forward's
+    # cost, status and what runs it in ModelNew (`Region.to_dict`); empty for one-target problems.
+    regions: list[dict[str, Any]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Any:

@@ -33,6 +33,17 @@ from gpuyantra.kernelbench.problems import (
     parameter_elements,
     safe_name,
 )
+from gpuyantra.kernelbench.region_loop import (
+    ComposeError,
+    RegionRun,
+    describe,
+    no_kernel_reason,
+    optimize_regions,
+    plan_regions,
+    record,
+    write_model_new,
+)
+from gpuyantra.kernelbench.regions import Partition
 from gpuyantra.kernelbench.results import Attempt, ProblemResult, RunResult, fast_p, geomean_speedups
 from gpuyantra.kernelbench.sizes import (
     CPU_MAX_ELEMENTS,
@@ -166,7 +177,15 @@ def _run_problem(
     # 2. bind by computation: a registered family first, else an open target (the Model itself)
     with result.phase("bind"):  # small probe inputs; tracing is host work: no GPU lock held through it
         probe = probe_inputs(model, inputs)  # binding needs values, not the problem's full size
-        bound = bind_family(model, probe) or bind_open_target(model, inputs, file, module, result)
+        bound = bind_family(model, probe)
+        # A whole model (level 3): its forward in regions, a kernel per region; else one open target.
+        found = plan_regions(model, inputs) if bound is None else None
+        if bound is None and found is None:
+            bound = bind_open_target(model, inputs, file, module, result)
+    if found is not None:
+        del probe, model
+        _run_regions(result, found, module, file, out, device, sizes, init, len(inputs), max_iterations, log)
+        return
     if bound is None:
         return
     family, adapter = bound
@@ -305,6 +324,9 @@ class _Judging:
         except Exception as exc:  # noqa: BLE001 - correct, but the timing itself failed: say so
             evaluation.timing_error = f"{type(exc).__name__}: {exc}"[:300]
 
+    def describe(self, attempt: Attempt) -> str:
+        return f"candidate_{attempt.iteration}.py, reward {attempt.reward:+d}"
+
     def report(self, chosen: Evaluation) -> None:
         result, attempt, baselines = self.result, chosen.attempt, self.baselines
         result.reward, result.library_calls = attempt.reward, list(attempt.library_calls)
@@ -312,7 +334,7 @@ class _Judging:
         if not chosen.correct:
             result.status, result.reason = "incorrect", chosen.why
             return
-        result.reason = f"candidate_{attempt.iteration}.py, reward {attempt.reward:+d}; {chosen.why}"
+        result.reason = f"{self.describe(attempt)}; {chosen.why}"
         if attempt.library_calls:
             result.reason += f"; library calls: {', '.join(attempt.library_calls)} (the rest is Triton)"
         if result.reduced:
@@ -333,6 +355,89 @@ class _Judging:
         result.status = "optimized" if won else "not_faster"
         verdict = "faster than the better of eager and torch.compile" if won else "correct, not faster"
         result.reason += f"; {verdict}: {summary(chosen, baselines)}"
+
+
+def _run_regions(
+    result: ProblemResult,
+    found: Partition,
+    module: ModuleType,
+    file: Path,
+    out: Path,
+    device: str,
+    sizes: Shapes | None,
+    init: list[Any] | None,
+    n_inputs: int,
+    max_iterations: int,
+    log: Callable[[str], None],
+) -> None:
+    """Steps 3 to 5 for a partitioned model: a kernel per region (costliest first), then ModelNew
+    composing the kept ones, checked and timed as any ModelNew."""
+    result.op, result.adapter = "regions", []
+    log(
+        f"  {result.name}: {len(found.regions)} regions"
+        + ("" if found.traced else f" (module tree: {found.why_untraced})")
+    )
+    folder = out / safe_name(result.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ModelNew.py").unlink(missing_ok=True)
+
+    def timer(fn: Callable[[], Any]) -> tuple[float, float]:
+        with on_gpu(device, timing=True):
+            timing = time_cuda(fn)
+        return timing.us, timing.spread
+
+    try:
+        with result.phase("optimize"):
+            run = optimize_regions(
+                found,
+                result.name,
+                file,
+                module,
+                folder,
+                device,
+                max_iterations,
+                log,
+                timer if device == "cuda" else None,
+            )
+    except ImportError as exc:
+        result.reason = f"the verifier is not available: {exc}"
+        return
+    record(result, run)
+    if not run.kernels:
+        result.status, result.reason = no_kernel_reason(run)
+        return
+    judging = _RegionJudging(result, module, run.family, [], file, folder, device, sizes, init, n_inputs, run)
+    attempt = Attempt(
+        iteration=0,
+        candidate=str(folder / "ModelNew.py"),
+        strategy={},
+        reward=result.reward if result.reward is not None else 1,
+        accepted=True,
+        library_calls=list(result.library_calls),
+    )
+    try:
+        chosen = judging.evaluate(attempt)
+    except ComposeError as exc:
+        result.status, result.reason = "error", f"cannot write ModelNew from the regions: {exc}"
+        return
+    judging.report(chosen)
+    result.regions = [r.to_dict() for r in run.regions]
+
+
+class _RegionJudging(_Judging):
+    """ModelNew composed from the regions' kept kernels, judged as any ModelNew."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.run: RegionRun = args[-1]
+        super().__init__(*args[:-1], **kwargs)
+
+    def write_model_new(self, attempt: Attempt) -> Path:
+        path = write_model_new(self.run, self.file, self.folder)
+        self.result.model_new = str(path)
+        return path
+
+    def describe(self, attempt: Attempt) -> str:
+        return describe(self.run)
 
 
 def _sized_model(
