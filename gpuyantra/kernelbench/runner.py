@@ -1,3 +1,4 @@
+# Over 600 lines: one problem read top to bottom, file to result, for a single target and for a model in regions.
 """One problem from file to result (load, size, bind, optimize, ModelNew, timing) and a whole run
 over PATH, whose summary with fast_0/fast_1/fast_2 is written to OUT/kernelbench.json."""
 
