@@ -40,14 +40,16 @@ def run_bench(
     return json.loads(out.read_text())
 
 
-# The smoke's sections in three runs the test workers take in parallel (the interpreter makes each
-# swap and graph capture slow): the two longest sections alone, then every other section.
-SWAPS_AND_LINEAR = "graphs+attn+fused+swaps+linear"
+# The smoke's sections in four runs the test workers take in parallel (the interpreter makes each
+# swap and graph capture slow): the three longest groups of sections alone, then every other section.
+FUSED = "graphs+attn+fused+swaps"  # with its run-ahead off and on again
+SWAPS_AND_LINEAR = f"{FUSED}+linear"
 CAMPAIGN_ORDER = "order projections first"
 SERVING_SMOKE_PARTS = {
     "campaign_order": ("--sections", CAMPAIGN_ORDER),
     "linear_and_norms": ("--sections", SWAPS_AND_LINEAR),
-    "the_rest": ("--skip-sections", f"{CAMPAIGN_ORDER},{SWAPS_AND_LINEAR}"),
+    "fused": ("--sections", FUSED, "--skip-sections", SWAPS_AND_LINEAR),
+    "the_rest": ("--skip-sections", f"{CAMPAIGN_ORDER},{FUSED}"),
 }
 
 
@@ -65,8 +67,11 @@ def test_serving_bench_smoke(tmp_path, part):
     elif part == "linear_and_norms":
         swapped = [s["op"] for s in paths["graphs+attn+fused+swaps+linear+add_norm"]["swaps"] if "binding" in s]
         assert {"linear", "add_rms_norm"} <= set(swapped), swapped
+    elif part == "fused":
+        assert sorted(paths) == [FUSED, f"{FUSED} again", f"{FUSED} waiting"]
+        assert paths[FUSED]["fused_projection_groups"], paths[FUSED]
     else:
-        assert CAMPAIGN_ORDER not in paths and not any(name.startswith(SWAPS_AND_LINEAR) for name in paths)
+        assert CAMPAIGN_ORDER not in paths and not any(name.startswith(FUSED) for name in paths)
         assert result["checks"]["check_counter_in_graph"]["ok"]
         assert result["checks"]["check_weights_live_in_graph"]["ok"]
         final = paths["graphs+attn+swaps"]
