@@ -38,9 +38,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Unit tests only (no Temporal server, no serving processes).
+# Unit tests only: no Temporal server, no serving processes, nothing run end to end in Triton's
+# interpreter (the `slow` modules listed in tests/conftest.py).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration" --durations=10
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration and not slow" --durations=10
 
 clean:
 	rm -rf $(VENV) .state

@@ -42,13 +42,60 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
     return any(d.scope != "function" and d.baseid for defs in info.name2fixturedefs.values() for d in defs)
 
 
+# Modules whose tests run whole verifications, authored kernels, served models or benchmark scripts
+# in Triton's interpreter: tens of CPU-seconds a test. Marked `slow`; `make test-fast` leaves them
+# (and the `integration` tests) out, `make test` runs everything.
+SLOW_MODULES = frozenset(
+    {
+        "tests/authors/test_opengen.py",
+        "tests/authors/test_opengen_matmul.py",
+        "tests/authors/test_opengen_numerics.py",
+        "tests/kernelbench/test_kernelbench.py",
+        "tests/kernelbench/test_library_calls.py",
+        "tests/kernelbench/test_model_new_check.py",
+        "tests/kernelbench/test_reduced_model.py",
+        "tests/kernelbench/test_regions.py",
+        "tests/ops/test_binding.py",
+        "tests/ops/test_linear.py",
+        "tests/ops/test_open_targets.py",
+        "tests/ops/test_templates.py",
+        "tests/report/test_report.py",
+        "tests/serving/test_attention.py",
+        "tests/serving/test_engine.py",
+        "tests/serving/test_fusion.py",
+        "tests/serving/test_linear_swap.py",
+        "tests/serving/test_mixed_steps.py",
+        "tests/skills/test_store.py",
+        "tests/test_benchmarks.py",
+        "tests/test_cli.py",
+        "tests/test_errors_doc.py",
+        "tests/verifier/test_adversarial.py",
+        "tests/verifier/test_cli.py",
+        "tests/verifier/test_conditioning.py",
+        "tests/verifier/test_fork_server.py",
+        "tests/verifier/test_linear.py",
+        "tests/verifier/test_outputs.py",
+        "tests/verifier/test_plan_classes.py",
+        "tests/verifier/test_precompile_beside.py",
+        "tests/verifier/test_realistic_inputs.py",
+        "tests/verifier/test_timings.py",
+        "tests/verifier/test_verdict_reuse.py",
+        "tests/workflow/test_campaign_logic.py",
+    }
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`make test` runs `--dist loadgroup`: a module whose tests share a wider fixture goes to one xdist
-    worker whole (the fixture starts once), every other test to whichever worker is free."""
+    worker whole (the fixture starts once), every other test to whichever worker is free. Tests of
+    SLOW_MODULES are marked `slow`."""
     for item in items:
+        module = item.nodeid.split("::")[0]
         if not item.get_closest_marker("xdist_group") and _shares_a_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group(module))
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)
